@@ -1,0 +1,275 @@
+// tensord C++ client: share tensors between processes on one node without copying them.
+//
+// A producer allocates a tensor in the broker (`Allocate`), fills it through the pointer it
+// gets back, and publishes it under a name (`Publish`). A consumer acquires it by name or id
+// (`Acquire`) and gets a `TensorRef`: a lease on the tensor plus a mapping of its pages.
+// `ToDLPack()` / `ToDLPackVersioned()` make DLPack views that point at the same pages; each
+// view holds its own reference, and its deleter only drops that reference (it never
+// blocks and never makes an RPC). When the last reference to a lease goes, the release is
+// queued and sent by a client thread within 1 ms (or at 256 queued releases); `Flush()`
+// sends it at once. The broker keeps the memory alive while any lease is held, and releases
+// every lease of a process the instant that process exits, however it exits.
+//
+// Errors are `tensord::Status` values with canonical codes (the same numbers as gRPC's);
+// nothing here throws. This header exposes only tensord's own types.
+//
+// Thread-safety: a `Client` may be shared by any number of threads. A `TensorRef` is a
+// handle like a unique_ptr: move it between threads, do not use one from two threads at
+// once. DLPack views may be deleted from any thread, also after the Client is gone.
+//
+// fork(): a child process never keeps its parent's session alive. The child's Client drops
+// the inherited connection and opens a session of its own when the child first uses it;
+// TensorRefs inherited from the parent stay readable in the child but hold no lease there.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tensord/dlpack.h"
+#include "tensord/status.h"
+
+#define TENSORD_EXPORT __attribute__((visibility("default")))
+
+namespace tensord {
+
+namespace dtypes {
+inline constexpr DLDataType kBool{kDLBool, 8, 1};
+inline constexpr DLDataType kInt8{kDLInt, 8, 1};
+inline constexpr DLDataType kInt16{kDLInt, 16, 1};
+inline constexpr DLDataType kInt32{kDLInt, 32, 1};
+inline constexpr DLDataType kInt64{kDLInt, 64, 1};
+inline constexpr DLDataType kUInt8{kDLUInt, 8, 1};
+inline constexpr DLDataType kUInt16{kDLUInt, 16, 1};
+inline constexpr DLDataType kUInt32{kDLUInt, 32, 1};
+inline constexpr DLDataType kUInt64{kDLUInt, 64, 1};
+inline constexpr DLDataType kFloat16{kDLFloat, 16, 1};
+inline constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+inline constexpr DLDataType kFloat64{kDLFloat, 64, 1};
+inline constexpr DLDataType kBFloat16{kDLBfloat, 16, 1};
+inline constexpr DLDataType kComplex64{kDLComplex, 64, 1};
+inline constexpr DLDataType kComplex128{kDLComplex, 128, 1};
+}  // namespace dtypes
+
+// How long a call waits for a name to appear. Zero (the default) fails at once with
+// NOT_FOUND; a positive wait ends with DEADLINE_EXCEEDED; forever is explicit.
+class Wait {
+ public:
+  constexpr Wait() = default;
+  static constexpr Wait None() { return Wait(); }
+  static constexpr Wait For(std::chrono::milliseconds d) { return Wait(d.count() < 0 ? 0 : d.count(), false); }
+  static constexpr Wait Forever() { return Wait(0, true); }
+  constexpr bool forever() const { return forever_; }
+  constexpr int64_t millis() const { return millis_; }
+
+ private:
+  constexpr Wait(int64_t millis, bool forever) : millis_(millis), forever_(forever) {}
+  int64_t millis_ = 0;
+  bool forever_ = false;
+};
+
+// Identifies a tensor by id instead of by name.
+struct TensorId {
+  uint64_t value = 0;
+};
+
+// What to allocate.
+struct TensorSpec {
+  DLDataType dtype = dtypes::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements; empty: C order (row-major, compact)
+  DLDevice device{kDLCPU, 0};
+  bool isolated = false;  // ask for a dedicated buffer even for a small tensor
+  std::map<std::string, std::string> tags;
+};
+
+enum class TensorState { kCreating, kSealed, kRetired };
+
+struct TensorInfo {
+  uint64_t tensor_id = 0;
+  std::string name;  // empty when unnamed
+  uint64_t generation = 0;
+  DLDataType dtype{};
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements, always filled in
+  uint64_t byte_offset = 0;
+  DLDevice device{kDLCPU, 0};
+  TensorState state = TensorState::kCreating;
+  std::map<std::string, std::string> tags;
+  int64_t created_unix_ms = 0;
+  uint32_t lease_count = 0;
+  uint64_t nbytes = 0;  // element bytes: product of shape times item size
+  uint64_t buffer_id = 0;
+  uint64_t buffer_size = 0;
+};
+
+struct LeaseHolder {
+  uint64_t session_id = 0;
+  uint32_t pid = 0;  // 0 across pid namespaces; for display only
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t leases = 0;
+  bool producer = false;
+};
+
+struct TensorStat {
+  TensorInfo info;
+  std::vector<LeaseHolder> holders;
+};
+
+struct BrokerStatus {
+  std::string version;
+  uint32_t pid = 0;
+  uint32_t uid = 0;
+  int64_t uptime_ms = 0;
+  uint64_t host_bytes_in_use = 0;
+  uint64_t host_bytes_limit = 0;
+  uint64_t tensors = 0;
+  uint64_t named_tensors = 0;
+  uint64_t buffers = 0;
+  uint64_t leases = 0;
+  uint64_t sessions = 0;
+  std::string socket;
+  uint64_t releases_not_found = 0;
+};
+
+struct WatchEvent {
+  enum class Kind { kBound, kUnbound, kReset };
+  Kind kind = Kind::kBound;
+  std::string name;
+  uint64_t generation = 0;
+  std::optional<TensorInfo> tensor;  // for kBound
+};
+
+struct AcquireOptions {
+  Wait wait;
+  // With a name: the binding must be at least this generation.
+  uint64_t min_generation = 0;
+  // A shared read-only mapping (flagged read-only in versioned DLPack) instead of the
+  // default private copy-on-write one, where writes change only this process's pages.
+  bool readonly = false;
+};
+
+struct PublishOptions {
+  enum class Condition { kAlways, kIfAbsent, kIfGeneration };
+  Condition condition = Condition::kAlways;
+  uint64_t generation = 0;  // for kIfGeneration
+  std::chrono::milliseconds ttl{0};  // 0: the binding stays until deleted or replaced
+};
+
+struct ClientOptions {
+  // Empty: $TENSORD_SOCKET, else the per-user socket if one is there, else
+  // /run/tensord/tensord.sock.
+  std::string socket_path;
+  std::string client_name;  // shown by the broker; default: the program's name
+  // uids besides root and our own that the daemon may run as.
+  std::vector<uint32_t> trusted_daemon_uids;
+  // Keep a lease after its last local view goes, while the tensor is still the current
+  // binding of the name it was acquired by, so a repeated Acquire needs no round trip.
+  bool lease_cache = true;
+  std::chrono::milliseconds lease_cache_linger{2000};
+};
+
+namespace internal {
+class LeaseView;
+class ClientCore;
+}  // namespace internal
+
+// A held tensor: a lease plus a mapping of its memory. Move-only. Destroying it (or
+// Release()) drops this handle's reference; DLPack views made from it keep their own.
+class TENSORD_EXPORT TensorRef {
+ public:
+  TensorRef() = default;
+  TensorRef(TensorRef&& other) noexcept;
+  TensorRef& operator=(TensorRef&& other) noexcept;
+  TensorRef(const TensorRef&) = delete;
+  TensorRef& operator=(const TensorRef&) = delete;
+  ~TensorRef();
+
+  explicit operator bool() const { return view_ != nullptr; }
+  const TensorInfo& info() const;
+  uint64_t lease_id() const;
+  // Element 0 (byte_offset applied); null for a zero-byte tensor's placeholder.
+  const void* data() const;
+  // Writable pointer: the producer's mapping of an allocated tensor, or a consumer's
+  // private copy-on-write mapping. Null for a read-only view.
+  void* mutable_data() const;
+  bool readonly() const;
+
+  // New DLPack views with their own reference. Never null for a valid TensorRef.
+  DLManagedTensor* ToDLPack() const;
+  DLManagedTensorVersioned* ToDLPackVersioned() const;
+
+  // Drops this handle's reference now (the lease goes once no view holds it).
+  void Release();
+
+ private:
+  friend class internal::ClientCore;
+  explicit TensorRef(internal::LeaseView* view) : view_(view) {}
+  internal::LeaseView* view_ = nullptr;
+};
+
+class Watcher;
+
+class TENSORD_EXPORT Client {
+ public:
+  // Connects to the broker: opens the fd channel (the session) and the gRPC channel.
+  // UNAVAILABLE with the socket path when no broker answers; PERMISSION_DENIED when the
+  // daemon runs as a uid that is neither root, us, nor a trusted one.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // A writable tensor in broker-owned memory; fill it through mutable_data(), then Publish.
+  Result<TensorRef> Allocate(std::string_view ns, const TensorSpec& spec);
+  // Registers a memfd the caller already has (sealed SHRINK|GROW here if it is not yet).
+  Result<TensorRef> Export(int memfd, uint64_t offset, std::string_view ns,
+                           const TensorSpec& spec);
+  // Seals the tensor against writes by anyone else and binds it to `name` (empty: unnamed).
+  Result<TensorInfo> Publish(const TensorRef& tensor, std::string_view name,
+                             const PublishOptions& options = {});
+
+  Result<TensorRef> Acquire(std::string_view name, const AcquireOptions& options = {});
+  Result<TensorRef> Acquire(TensorId id, const AcquireOptions& options = {});
+  // Acquires and unbinds atomically. A name ending in '/' takes the oldest tensor under it.
+  Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait = {});
+
+  Status Delete(std::string_view name, uint64_t if_generation = 0);
+  Result<std::vector<TensorInfo>> List(std::string_view prefix = "");
+  Result<TensorStat> Stat(std::string_view name);
+  Result<TensorStat> Stat(TensorId id);
+  Result<BrokerStatus> GetStatus();
+  Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial = false);
+
+  // Sends queued releases now and waits until the broker has them.
+  Status Flush();
+
+  uint64_t session_id() const;
+  const std::string& socket_path() const;
+
+ private:
+  explicit Client(std::shared_ptr<internal::ClientCore> core);
+  std::shared_ptr<internal::ClientCore> core_;
+};
+
+// A stream of binding changes under a prefix. Destroying it cancels the stream.
+class TENSORD_EXPORT Watcher {
+ public:
+  virtual ~Watcher() = default;
+  // The next event; nullopt when `timeout` passes first. UNAVAILABLE once the stream ends.
+  virtual Result<std::optional<WatchEvent>> Next(std::chrono::milliseconds timeout) = 0;
+  // Ends the stream; a Next() in progress returns CANCELLED.
+  virtual void Cancel() = 0;
+};
+
+// The socket a client uses by default (see ClientOptions::socket_path).
+TENSORD_EXPORT std::string DefaultClientSocketPath();
+
+}  // namespace tensord

@@ -1,0 +1,57 @@
+// The fd channel's framing: one protobuf message per SOCK_SEQPACKET datagram, file
+// descriptors attached with SCM_RIGHTS. Used by the broker's fd server and the client.
+//
+// Receiving: MSG_CMSG_CLOEXEC always; MSG_TRUNC or MSG_CTRUNC fails the message (every fd
+// that did arrive is closed) with RESOURCE_EXHAUSTED or INVALID_ARGUMENT; a message with
+// more fds than the caller allows has all its fds closed and is refused. A closed peer
+// answers UNAVAILABLE "peer closed the fd channel". EINTR is retried; nothing else loops.
+// Thread-safety: none of its own; callers serialise use of one socket per direction.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "google/protobuf/message_lite.h"
+
+namespace tensord::common {
+
+inline constexpr size_t kMaxFdMessageBytes = 64 * 1024;
+inline constexpr size_t kMaxFdsPerMessage = 253;  // SCM_MAX_FD
+inline constexpr uint32_t kFdProtocolVersion = 1;
+
+struct ReceivedMessage {
+  std::string bytes;
+  std::vector<UniqueFd> fds;
+};
+
+// Serializes `message` and sends it with `fds` attached (the caller keeps its fds).
+// INVALID_ARGUMENT when the message exceeds kMaxFdMessageBytes or there are too many fds.
+absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& message,
+                           std::span<const int> fds = {});
+
+// Receives one datagram, blocking unless the socket is non-blocking (then EAGAIN gives
+// UNAVAILABLE with "would block" and an empty result is never returned).
+absl::StatusOr<ReceivedMessage> ReceiveFdMessage(int socket, size_t max_fds);
+
+// Parses `received.bytes` into `message`: INVALID_ARGUMENT "fd channel: malformed <type>".
+absl::Status ParseFdMessage(const ReceivedMessage& received, google::protobuf::MessageLite* message);
+
+struct PeerCredentials {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+};
+// SO_PEERCRED of a connected Unix socket.
+absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
+
+// A connected SOCK_SEQPACKET|SOCK_CLOEXEC client socket to `path`. UNAVAILABLE naming the
+// path when nothing listens there.
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path);
+
+}  // namespace tensord::common

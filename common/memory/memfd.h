@@ -1,0 +1,44 @@
+// Host memory as sealed memfds: the mechanism behind the host backend and producer exports.
+//
+// A buffer is created with memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING|MFD_NOEXEC_SEAL),
+// retried without MFD_NOEXEC_SEAL on EINVAL (older kernels), sized with ftruncate, reserved
+// with fallocate (so an over-committed node fails here with RESOURCE_EXHAUSTED instead of
+// SIGBUS on first touch) and sealed F_SEAL_SHRINK|F_SEAL_GROW. F_SEAL_SEAL is not added:
+// the producer still adds F_SEAL_FUTURE_WRITE after mapping it writable.
+// Thread-safe free functions; errors name `what` and the syscall.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace tensord::common {
+
+// Seals a published buffer must carry before any reader gets its fd.
+inline constexpr int kRequiredReaderSeals = 0x0002 /*F_SEAL_SHRINK*/ | 0x0004 /*F_SEAL_GROW*/ |
+                                            0x0010 /*F_SEAL_FUTURE_WRITE*/;
+
+// A new sealed (SHRINK|GROW) memfd of `size` bytes (size 0 is refused: zero-byte tensors
+// have no buffer). `debug_name` shows in /proc/<pid>/fd.
+absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& debug_name, uint64_t size);
+
+// Adds F_SEAL_SHRINK|F_SEAL_GROW to an exported memfd (FAILED_PRECONDITION when it does
+// not allow sealing or is already sealed against it) and returns its size (fstat).
+absl::StatusOr<uint64_t> PrepareExportedMemfd(int fd, const std::string& what);
+
+// Adds F_SEAL_FUTURE_WRITE (producer side, after mapping writable).
+absl::Status SealFutureWrite(int fd, const std::string& what);
+
+// F_GET_SEALS.
+absl::StatusOr<int> GetSeals(int fd, const std::string& what);
+
+// OK when `fd` is a memfd carrying kRequiredReaderSeals; FAILED_PRECONDITION naming the
+// missing seals otherwise.
+absl::Status CheckReaderSeals(int fd, const std::string& what);
+
+// fstat size.
+absl::StatusOr<uint64_t> FdSize(int fd, const std::string& what);
+
+}  // namespace tensord::common

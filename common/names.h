@@ -1,0 +1,29 @@
+// Tensor names: `[A-Za-z0-9._-]` segments joined by single '/', no empty, '.' or '..'
+// segments, at most kMaxNameBytes. The first segment is the namespace that ACLs and quotas
+// apply to. Names are compared byte for byte; there is no canonicalisation beyond refusing
+// anything that is not already canonical. Thread-safe pure functions.
+//
+// Errors: INVALID_ARGUMENT that quotes the (truncated) name and says which rule it broke.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace tensord::common {
+
+inline constexpr size_t kMaxNameBytes = 512;
+inline constexpr size_t kMaxSegmentBytes = 255;
+
+absl::Status ValidateName(std::string_view name);
+// A namespace: one segment.
+absl::Status ValidateNamespace(std::string_view ns);
+// A prefix for List/Watch/Take: empty, a valid name, or a valid name followed by '/'.
+absl::Status ValidatePrefix(std::string_view prefix);
+// The first segment of a valid name.
+std::string_view NamespaceOf(std::string_view name);
+// Whether `name` lies under `prefix` as ValidatePrefix accepts it: "" matches everything,
+// "a/" matches "a/x" but not "ab", "a" matches "a" and "a/x".
+bool NameHasPrefix(std::string_view name, std::string_view prefix);
+
+}  // namespace tensord::common
