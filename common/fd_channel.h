@@ -2,8 +2,9 @@
 // descriptors attached with SCM_RIGHTS. Used by the broker's fd server and the client.
 //
 // Receiving: MSG_CMSG_CLOEXEC always; MSG_TRUNC or MSG_CTRUNC fails the message (every fd
-// that did arrive is closed) with RESOURCE_EXHAUSTED or INVALID_ARGUMENT; a message with
-// more fds than the caller allows has all its fds closed and is refused. A closed peer
+// that did arrive is closed): INVALID_ARGUMENT for an oversized datagram or more fds than
+// the caller allows, RESOURCE_EXHAUSTED when fewer than max_fds arrived (our fd table is
+// full). A message with more fds than allowed has all its fds closed and is refused. A closed peer
 // answers UNAVAILABLE "peer closed the fd channel". EINTR is retried; nothing else loops.
 // Thread-safety: none of its own; callers serialise use of one socket per direction.
 #pragma once
@@ -31,7 +32,10 @@ struct ReceivedMessage {
 };
 
 // Serializes `message` and sends it with `fds` attached (the caller keeps its fds).
-// INVALID_ARGUMENT when the message exceeds kMaxFdMessageBytes or there are too many fds.
+// INVALID_ARGUMENT when the message exceeds kMaxFdMessageBytes, serializes to zero bytes
+// (a zero-length SOCK_SEQPACKET datagram reads as end-of-file at the receiver, so give
+// every message a field: FdRequest/FdResponse always have their oneof set), or there are
+// too many fds. UNAVAILABLE "peer closed the fd channel" when the peer is gone.
 absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& message,
                            std::span<const int> fds = {});
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace tensord::common {
 
@@ -11,7 +12,7 @@ absl::Status SetLogLevel(std::string_view level) {
   // from_str answers "off" for anything it does not know: accept "off" only when asked.
   if (parsed == spdlog::level::off && level != "off") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "log level '", level, "': expected trace, debug, info, warn, error, critical or off"));
+        "log level '", AbslView(level), "': expected trace, debug, info, warn, error, critical or off"));
   }
   spdlog::set_level(parsed);
   return absl::OkStatus();

@@ -8,7 +8,7 @@
 namespace tensord::common {
 
 absl::Status ErrnoToStatus(std::string_view what, int err) {
-  std::string message = absl::StrCat(what, ": ", std::strerror(err), " (errno ", err, ")");
+  std::string message = absl::StrCat(AbslView(what), ": ", std::strerror(err), " (errno ", err, ")");
   switch (err) {
     case ENOMEM:
     case ENOSPC:

@@ -10,6 +10,11 @@
 
 namespace tensord::common {
 
+// Debian's abseil is built with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW
+// is 0), so absl::StrCat, StrJoin and CHexEscape do not accept a std::string_view: pass
+// AbslView(s). It copies nothing.
+inline absl::string_view AbslView(std::string_view s) { return {s.data(), s.size()}; }
+
 // Wraps a failed syscall: "<what>: <strerror> (errno N)", with the code that fits errno
 // (ENOMEM/ENOSPC/EMFILE/ENFILE -> RESOURCE_EXHAUSTED, EACCES/EPERM -> PERMISSION_DENIED, ...).
 absl::Status ErrnoToStatus(std::string_view what, int err);

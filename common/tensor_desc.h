@@ -2,7 +2,7 @@
 // every request) and the client (which checks every description it gets back before it
 // builds a DLTensor). Pure functions; thread-safe.
 //
-// Errors: INVALID_ARGUMENT naming the field ("desc.shape[2]: -1 is negative", ...).
+// Errors: INVALID_ARGUMENT naming the field ("desc.shape[2] is -1: dimensions must be >= 0").
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,7 @@ struct TensorLayout {
   // is 0. Negative strides are refused, so the lowest element is element 0.
   uint64_t extent = 0;
   std::vector<int64_t> strides;  // in elements, filled in (C order when none were given)
+  // Strides equal CompactStrides, ignoring dims of size 1; true for an empty tensor.
   bool c_contiguous = false;
 };
 
@@ -39,7 +40,8 @@ struct TensorLayout {
 absl::StatusOr<TensorLayout> ValidateDesc(const tensord::v1::TensorDesc& desc);
 
 // Checks that every reachable element of `layout` lies inside `buffer` (offset + extent
-// <= size, without overflow). Errors name the tensor by `what`.
+// <= size, without overflow). A non-zero buffer.extent also bounds layout.extent and must
+// itself fit the buffer; 0 means the buffer states none. Errors name the tensor by `what`.
 absl::Status ValidateFitsBuffer(const TensorLayout& layout, const tensord::v1::BufferRef& buffer,
                                 std::string_view what);
 

@@ -21,7 +21,10 @@ inline constexpr int kRequiredReaderSeals = 0x0002 /*F_SEAL_SHRINK*/ | 0x0004 /*
                                             0x0010 /*F_SEAL_FUTURE_WRITE*/;
 
 // A new sealed (SHRINK|GROW) memfd of `size` bytes (size 0 is refused: zero-byte tensors
-// have no buffer). `debug_name` shows in /proc/<pid>/fd.
+// have no buffer). `debug_name` shows in /proc/<pid>/fd. RESOURCE_EXHAUSTED "reserve N MiB
+// for <debug_name>: ..." when fallocate fails with ENOSPC/ENOMEM, or at once when `size`
+// exceeds the node's RAM plus swap (fallocate on tmpfs would otherwise grind through
+// reclaim and the OOM killer first). Callers still enforce quotas before calling this.
 absl::StatusOr<UniqueFd> CreateSealedMemfd(const std::string& debug_name, uint64_t size);
 
 // Adds F_SEAL_SHRINK|F_SEAL_GROW to an exported memfd (FAILED_PRECONDITION when it does
@@ -34,8 +37,9 @@ absl::Status SealFutureWrite(int fd, const std::string& what);
 // F_GET_SEALS.
 absl::StatusOr<int> GetSeals(int fd, const std::string& what);
 
-// OK when `fd` is a memfd carrying kRequiredReaderSeals; FAILED_PRECONDITION naming the
-// missing seals otherwise.
+// OK when `fd` is a memfd carrying kRequiredReaderSeals (F_SEAL_WRITE counts for
+// F_SEAL_FUTURE_WRITE: it forbids even more); FAILED_PRECONDITION naming the missing seals
+// otherwise, or "not a memfd".
 absl::Status CheckReaderSeals(int fd, const std::string& what);
 
 // fstat size.
