@@ -1,0 +1,563 @@
+// tensorctl: a command-line client of the tensord broker.
+//
+//   tensorctl [--socket PATH] [--json] status | ls [PREFIX] | stat NAME | put NAME FILE.npy
+//             | get NAME [-o FILE.npy] [--wait SECONDS] | rm NAME | watch [PREFIX]
+//
+// Human tables by default, --json for scripts (one JSON document, or one JSON object per
+// line for `watch`). Any error prints exactly one line on stderr, "tensorctl: <what>:
+// <status message>", and exits non-zero: 2 for a usage error, 1 for anything else.
+// `put` validates the whole .npy header against the file before it allocates anything, so
+// a hostile file registers nothing; the data is read with pread straight into the
+// broker's memory, and a Fortran-ordered array keeps its layout (Fortran strides).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "client/tensor_convert.h"
+#include "common/names.h"
+#include "common/npy.h"
+#include "common/tensor_desc.h"
+#include "common/unique_fd.h"
+#include "tensord/client.h"
+
+namespace tensord::cli {
+namespace {
+
+constexpr int kExitError = 1;
+constexpr int kExitUsage = 2;
+
+std::atomic<bool> interrupted{false};
+
+void OnSigint(int) { interrupted.store(true); }
+
+// A failure of one step: "<what>: <status message>".
+struct Failure {
+  std::string what;
+  Status status;
+};
+
+int Fail(const std::string& what, const std::string& message, int code = kExitError) {
+  std::string line = "tensorctl: " + what + ": " + message;
+  for (char& c : line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return code;
+}
+
+int Fail(const std::string& what, const Status& status) {
+  return Fail(what, status.message().empty() ? std::string(StatusCodeName(status.code()))
+                                             : status.message());
+}
+
+// --- formatting ---
+
+std::string JsonString(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonInts(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+std::string ShapeText(const std::vector<int64_t>& v) {
+  std::string out = "(";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  if (v.size() == 1) out += ",";
+  return out + ")";
+}
+
+std::string DTypeText(DLDataType dtype) {
+  auto proto = common::FromDLDataType(dtype);
+  if (!proto.ok()) return "code" + std::to_string(dtype.code) + "x" + std::to_string(dtype.bits);
+  return common::DTypeName(*proto);
+}
+
+std::string BytesText(uint64_t n) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) {
+    std::snprintf(buf, sizeof(buf), "%" PRIu64 " B", n);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[u]);
+  }
+  return buf;
+}
+
+std::string DeviceText(DLDevice d) {
+  switch (d.device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda:" + std::to_string(d.device_id);
+    case kDLCUDAHost: return "cuda_host";
+    case kDLOneAPI: return "oneapi:" + std::to_string(d.device_id);
+    default: return "device" + std::to_string(d.device_type) + ":" + std::to_string(d.device_id);
+  }
+}
+
+std::string InfoJson(const TensorInfo& t) {
+  std::string tags = "{";
+  bool first = true;
+  for (const auto& [k, v] : t.tags) {
+    tags += (first ? "" : ",") + JsonString(k) + ":" + JsonString(v);
+    first = false;
+  }
+  tags += "}";
+  return "{\"tensor_id\":" + std::to_string(t.tensor_id) + ",\"name\":" + JsonString(t.name) +
+         ",\"generation\":" + std::to_string(t.generation) + ",\"dtype\":" +
+         JsonString(DTypeText(t.dtype)) + ",\"shape\":" + JsonInts(t.shape) +
+         ",\"strides\":" + JsonInts(t.strides) + ",\"byte_offset\":" +
+         std::to_string(t.byte_offset) + ",\"device\":" + JsonString(DeviceText(t.device)) +
+         ",\"state\":" + JsonString(internal::TensorStateName(t.state)) + ",\"tags\":" + tags +
+         ",\"created_unix_ms\":" + std::to_string(t.created_unix_ms) + ",\"lease_count\":" +
+         std::to_string(t.lease_count) + ",\"nbytes\":" + std::to_string(t.nbytes) +
+         ",\"buffer_id\":" + std::to_string(t.buffer_id) + ",\"buffer_size\":" +
+         std::to_string(t.buffer_size) + "}";
+}
+
+void PrintInfoHuman(const TensorInfo& t) {
+  std::printf("name        %s\n", t.name.empty() ? "(unnamed)" : t.name.c_str());
+  std::printf("tensor id   %" PRIu64 "\n", t.tensor_id);
+  std::printf("generation  %" PRIu64 "\n", t.generation);
+  std::printf("state       %s\n", internal::TensorStateName(t.state));
+  std::printf("dtype       %s\n", DTypeText(t.dtype).c_str());
+  std::printf("shape       %s\n", ShapeText(t.shape).c_str());
+  std::printf("strides     %s\n", ShapeText(t.strides).c_str());
+  std::printf("byte offset %" PRIu64 "\n", t.byte_offset);
+  std::printf("device      %s\n", DeviceText(t.device).c_str());
+  std::printf("bytes       %" PRIu64 " (%s)\n", t.nbytes, BytesText(t.nbytes).c_str());
+  std::printf("buffer      %" PRIu64 " (%" PRIu64 " bytes)\n", t.buffer_id, t.buffer_size);
+  std::printf("leases      %" PRIu32 "\n", t.lease_count);
+  std::printf("created     %" PRId64 " (unix ms)\n", t.created_unix_ms);
+  for (const auto& [k, v] : t.tags) std::printf("tag         %s=%s\n", k.c_str(), v.c_str());
+}
+
+// Prints rows with columns padded to their widest cell.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+// --- file I/O ---
+
+Status ErrnoStatus(const std::string& what, int err) {
+  StatusCode code = (err == ENOENT) ? StatusCode::kNotFound
+                    : (err == EACCES || err == EPERM) ? StatusCode::kPermissionDenied
+                    : (err == ENOSPC || err == ENOMEM) ? StatusCode::kResourceExhausted
+                    : StatusCode::kUnknown;
+  return Status(code, what + ": " + std::strerror(err));
+}
+
+Status PreadAll(int fd, uint8_t* dst, uint64_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    ssize_t got = ::pread(fd, dst, std::min<uint64_t>(n, 1u << 30), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ErrnoStatus("read " + path, errno);
+    if (got == 0) return Status(StatusCode::kDataLoss, path + " is shorter than its header says");
+    dst += got;
+    n -= static_cast<uint64_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return Status();
+}
+
+Status WriteAll(int fd, const uint8_t* src, uint64_t n, const std::string& path) {
+  while (n > 0) {
+    ssize_t put = ::write(fd, src, std::min<uint64_t>(n, 1u << 30));
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) return ErrnoStatus("write " + path, errno);
+    src += put;
+    n -= static_cast<uint64_t>(put);
+  }
+  return Status();
+}
+
+std::vector<int64_t> FortranStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+// Equal strides, ignoring dims of size <= 1 (their stride never matters).
+bool SameLayout(const std::vector<int64_t>& shape, const std::vector<int64_t>& a,
+                const std::vector<int64_t>& b) {
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] > 1 && a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+// Writes the elements of a strided tensor in C order, a chunk at a time.
+Status WriteCOrder(int fd, const TensorInfo& t, const uint8_t* base, uint64_t item,
+                   const std::string& path) {
+  const size_t nd = t.shape.size();
+  std::vector<int64_t> index(nd, 0);
+  std::vector<uint8_t> chunk;
+  chunk.reserve(1 << 20);
+  const uint64_t count = t.nbytes / item;
+  for (uint64_t e = 0; e < count; ++e) {
+    int64_t off = 0;
+    for (size_t d = 0; d < nd; ++d) off += index[d] * t.strides[d];
+    const uint8_t* src = base + static_cast<uint64_t>(off) * item;
+    chunk.insert(chunk.end(), src, src + item);
+    if (chunk.size() >= (1 << 20)) {
+      Status s = WriteAll(fd, chunk.data(), chunk.size(), path);
+      if (!s.ok()) return s;
+      chunk.clear();
+    }
+    for (size_t d = nd; d-- > 0;) {
+      if (++index[d] < t.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return WriteAll(fd, chunk.data(), chunk.size(), path);
+}
+
+// --- commands ---
+
+struct Globals {
+  std::string socket;
+  bool json = false;
+};
+
+Result<std::unique_ptr<Client>> ConnectFromFlags(const Globals& g) {
+  ClientOptions options;
+  options.socket_path = g.socket;
+  options.client_name = "tensorctl";
+  options.lease_cache = false;  // one-shot process: release at once
+  return Client::Connect(options);
+}
+
+int CmdStatus(Client& client, const Globals& g) {
+  Result<BrokerStatus> st = client.GetStatus();
+  if (!st.ok()) return Fail("status", st.status());
+  const BrokerStatus& s = *st;
+  if (g.json) {
+    std::printf(
+        "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime_ms\":%" PRId64 ",\"host_bytes_in_use\":%" PRIu64
+        ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
+        ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
+        ",\"socket\":%s,\"releases_not_found\":%" PRIu64 "}\n",
+        JsonString(s.version).c_str(), s.pid, s.uid, s.uptime_ms, s.host_bytes_in_use,
+        s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
+        JsonString(s.socket).c_str(), s.releases_not_found);
+    return 0;
+  }
+  double pct = s.host_bytes_limit ? 100.0 * static_cast<double>(s.host_bytes_in_use) /
+                                        static_cast<double>(s.host_bytes_limit)
+                                  : 0.0;
+  std::printf("broker       tensord %s, pid %u, uid %u, up %.1f s\n", s.version.c_str(), s.pid,
+              s.uid, static_cast<double>(s.uptime_ms) / 1000.0);
+  std::printf("socket       %s\n", s.socket.empty() ? client.socket_path().c_str() : s.socket.c_str());
+  std::printf("host memory  %s in use of %s (%.1f%%)\n", BytesText(s.host_bytes_in_use).c_str(),
+              BytesText(s.host_bytes_limit).c_str(), pct);
+  std::printf("tensors      %" PRIu64 " (%" PRIu64 " named), %" PRIu64 " buffers\n", s.tensors,
+              s.named_tensors, s.buffers);
+  std::printf("leases       %" PRIu64 " in %" PRIu64 " sessions (%" PRIu64
+              " releases of unheld leases)\n",
+              s.leases, s.sessions, s.releases_not_found);
+  return 0;
+}
+
+int CmdLs(Client& client, const Globals& g, const std::string& prefix) {
+  Result<std::vector<TensorInfo>> list = client.List(prefix);
+  if (!list.ok()) return Fail("ls " + (prefix.empty() ? std::string("''") : prefix), list.status());
+  if (g.json) {
+    std::string out = "[";
+    for (size_t i = 0; i < list->size(); ++i) out += (i ? "," : "") + InfoJson((*list)[i]);
+    std::printf("%s]\n", out.c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {{"NAME", "GEN", "DTYPE", "SHAPE", "BYTES", "LEASES"}};
+  for (const TensorInfo& t : *list) {
+    rows.push_back({t.name, std::to_string(t.generation), DTypeText(t.dtype), ShapeText(t.shape),
+                    BytesText(t.nbytes), std::to_string(t.lease_count)});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+int CmdStat(Client& client, const Globals& g, const std::string& name) {
+  Result<TensorStat> st = client.Stat(name);
+  if (!st.ok()) return Fail("stat " + name, st.status());
+  if (g.json) {
+    std::string holders = "[";
+    for (size_t i = 0; i < st->holders.size(); ++i) {
+      const LeaseHolder& h = st->holders[i];
+      holders += std::string(i ? "," : "") + "{\"session_id\":" + std::to_string(h.session_id) +
+                 ",\"pid\":" + std::to_string(h.pid) + ",\"uid\":" + std::to_string(h.uid) +
+                 ",\"gid\":" + std::to_string(h.gid) + ",\"leases\":" + std::to_string(h.leases) +
+                 ",\"producer\":" + (h.producer ? "true" : "false") + "}";
+    }
+    std::printf("{\"tensor\":%s,\"holders\":%s]}\n", InfoJson(st->info).c_str(), holders.c_str());
+    return 0;
+  }
+  PrintInfoHuman(st->info);
+  if (st->holders.empty()) return 0;
+  std::printf("\n");
+  std::vector<std::vector<std::string>> rows = {{"SESSION", "PID", "UID", "GID", "LEASES", "PRODUCER"}};
+  for (const LeaseHolder& h : st->holders) {
+    rows.push_back({std::to_string(h.session_id), h.pid ? std::to_string(h.pid) : "-",
+                    std::to_string(h.uid), std::to_string(h.gid), std::to_string(h.leases),
+                    h.producer ? "yes" : ""});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+int CmdPut(Client& client, const Globals& g, const std::string& name, const std::string& path) {
+  const std::string what = "put " + name;
+  if (absl::Status valid = common::ValidateName(name); !valid.ok()) {
+    return Fail(what, std::string(valid.message()));
+  }
+  common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Fail(what, ErrnoStatus("open " + path, errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Fail(what, ErrnoStatus("stat " + path, errno));
+  if (!S_ISREG(st.st_mode)) return Fail(what, path + " is not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::string prefix(std::min<uint64_t>(size, 1 << 20), '\0');
+  Status read = PreadAll(fd.get(), reinterpret_cast<uint8_t*>(prefix.data()), prefix.size(), 0, path);
+  if (!read.ok()) return Fail(what, read);
+  // Everything about the file is checked here, before the broker sees anything.
+  absl::StatusOr<common::NpyHeader> header = common::ParseNpyHeader(prefix, size);
+  if (!header.ok()) return Fail(what, path + ": " + std::string(header.status().message()));
+
+  TensorSpec spec;
+  spec.dtype = common::ToDLDataType(header->dtype);
+  spec.shape = header->shape;
+  if (header->fortran_order) spec.strides = FortranStrides(header->shape);
+  Result<TensorRef> ref = client.Allocate(common::NamespaceOf(name), spec);
+  if (!ref.ok()) return Fail(what, ref.status());
+  if (header->data_bytes > 0) {
+    auto* dst = static_cast<uint8_t*>(ref->mutable_data());
+    Status filled = PreadAll(fd.get(), dst, header->data_bytes, header->data_offset, path);
+    if (!filled.ok()) return Fail(what, filled);
+  }
+  Result<TensorInfo> info = client.Publish(*ref, name);
+  if (!info.ok()) return Fail(what, info.status());
+  if (g.json) {
+    std::printf("%s\n", InfoJson(*info).c_str());
+  } else {
+    std::printf("%s: generation %" PRIu64 ", %s %s, %s\n", name.c_str(), info->generation,
+                DTypeText(info->dtype).c_str(), ShapeText(info->shape).c_str(),
+                BytesText(info->nbytes).c_str());
+  }
+  return 0;
+}
+
+Status WriteNpy(const TensorRef& ref, const std::string& path) {
+  const TensorInfo& t = ref.info();
+  absl::StatusOr<tensord::v1::DataType> dtype = common::FromDLDataType(t.dtype);
+  if (!dtype.ok()) return Status(StatusCode::kInvalidArgument, std::string(dtype.status().message()));
+  const uint64_t item = common::ItemBytes(*dtype);
+  const bool c_order = SameLayout(t.shape, t.strides, common::CompactStrides(t.shape));
+  const bool f_order = !c_order && SameLayout(t.shape, t.strides, FortranStrides(t.shape));
+  absl::StatusOr<std::string> header = common::FormatNpyHeader(*dtype, t.shape, f_order);
+  if (!header.ok()) return Status(StatusCode::kInvalidArgument, std::string(header.status().message()));
+  common::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return ErrnoStatus("open " + path, errno);
+  Status s = WriteAll(fd.get(), reinterpret_cast<const uint8_t*>(header->data()), header->size(), path);
+  if (!s.ok()) return s;
+  const auto* data = static_cast<const uint8_t*>(ref.data());
+  if (t.nbytes == 0) return Status();
+  if (c_order || f_order) return WriteAll(fd.get(), data, t.nbytes, path);
+  return WriteCOrder(fd.get(), t, data, item, path);
+}
+
+int CmdGet(Client& client, const Globals& g, const std::string& name, const std::string& out,
+           std::optional<double> wait_seconds) {
+  const std::string what = "get " + name;
+  AcquireOptions options;
+  options.readonly = true;
+  if (wait_seconds.has_value()) {
+    if (std::isnan(*wait_seconds) || *wait_seconds < 0) {
+      return Fail(what, "--wait must be a non-negative number of seconds", kExitUsage);
+    }
+    if (std::isinf(*wait_seconds)) {
+      options.wait = Wait::Forever();
+    } else {
+      options.wait = Wait::For(std::chrono::milliseconds(
+          static_cast<int64_t>(std::min(*wait_seconds, 1e9) * 1000.0)));
+    }
+  }
+  Result<TensorRef> ref = client.Acquire(name, options);
+  if (!ref.ok()) return Fail(what, ref.status());
+  if (!out.empty()) {
+    Status written = WriteNpy(*ref, out);
+    if (!written.ok()) return Fail(what, written);
+  }
+  if (g.json) {
+    std::printf("%s\n", InfoJson(ref->info()).c_str());
+  } else if (out.empty()) {
+    PrintInfoHuman(ref->info());
+  } else {
+    std::printf("%s: generation %" PRIu64 ", %s %s -> %s\n", name.c_str(), ref->info().generation,
+                DTypeText(ref->info().dtype).c_str(), ShapeText(ref->info().shape).c_str(),
+                out.c_str());
+  }
+  return 0;
+}
+
+int CmdRm(Client& client, const Globals& g, const std::string& name) {
+  Status s = client.Delete(name);
+  if (!s.ok()) return Fail("rm " + name, s);
+  if (g.json) std::printf("{\"deleted\":%s}\n", JsonString(name).c_str());
+  return 0;
+}
+
+int CmdWatch(Client& client, const Globals& g, const std::string& prefix) {
+  const std::string what = "watch " + (prefix.empty() ? std::string("''") : prefix);
+  Result<std::unique_ptr<Watcher>> watcher = client.Watch(prefix, false);
+  if (!watcher.ok()) return Fail(what, watcher.status());
+  struct sigaction sa {};
+  sa.sa_handler = &OnSigint;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  while (!interrupted.load()) {
+    Result<std::optional<WatchEvent>> next = (*watcher)->Next(std::chrono::milliseconds(200));
+    if (!next.ok()) return Fail(what, next.status());
+    if (!next->has_value()) continue;
+    const WatchEvent& e = **next;
+    const char* kind = e.kind == WatchEvent::Kind::kBound     ? "bound"
+                       : e.kind == WatchEvent::Kind::kUnbound ? "unbound"
+                                                              : "reset";
+    if (g.json) {
+      std::printf("{\"event\":\"%s\",\"name\":%s,\"generation\":%" PRIu64 "%s%s}\n", kind,
+                  JsonString(e.name).c_str(), e.generation, e.tensor ? ",\"tensor\":" : "",
+                  e.tensor ? InfoJson(*e.tensor).c_str() : "");
+    } else if (e.kind == WatchEvent::Kind::kBound && e.tensor) {
+      std::printf("bound    %s  gen %" PRIu64 "  %s %s  %s\n", e.name.c_str(), e.generation,
+                  DTypeText(e.tensor->dtype).c_str(), ShapeText(e.tensor->shape).c_str(),
+                  BytesText(e.tensor->nbytes).c_str());
+    } else if (e.kind == WatchEvent::Kind::kReset) {
+      std::printf("reset    (events were dropped; list again)\n");
+    } else {
+      std::printf("%-8s %s  gen %" PRIu64 "\n", kind, e.name.c_str(), e.generation);
+    }
+  }
+  (*watcher)->Cancel();
+  return 0;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"tensorctl: inspect and use a tensord broker"};
+  app.name("tensorctl");
+  Globals g;
+  app.add_option("--socket", g.socket, "broker socket (default: $TENSORD_SOCKET, the per-user "
+                                       "socket, or /run/tensord/tensord.sock)");
+  app.add_flag("--json", g.json, "machine-readable output");
+  app.require_subcommand(1, 1);
+
+  auto* status = app.add_subcommand("status", "broker memory use, limits and counts");
+  std::string ls_prefix;
+  auto* ls = app.add_subcommand("ls", "list bound names");
+  ls->add_option("PREFIX", ls_prefix, "only names under this prefix");
+  std::string stat_name;
+  auto* stat = app.add_subcommand("stat", "everything about one tensor, with its lease holders");
+  stat->add_option("NAME", stat_name)->required();
+  std::string put_name, put_file;
+  auto* put = app.add_subcommand("put", "publish a .npy file under NAME");
+  put->add_option("NAME", put_name)->required();
+  put->add_option("FILE", put_file, ".npy file")->required();
+  std::string get_name, get_out;
+  std::optional<double> get_wait;
+  auto* get = app.add_subcommand("get", "acquire NAME; write it as .npy with -o");
+  get->add_option("NAME", get_name)->required();
+  get->add_option("-o,--output", get_out, "write the tensor to this .npy file");
+  get->add_option("--wait", get_wait, "wait up to SECONDS for the name to appear (inf: forever)");
+  std::string rm_name;
+  auto* rm = app.add_subcommand("rm", "unbind NAME");
+  rm->add_option("NAME", rm_name)->required();
+  std::string watch_prefix;
+  auto* watch = app.add_subcommand("watch", "print binding changes until Ctrl-C");
+  watch->add_option("PREFIX", watch_prefix, "only names under this prefix");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Fail("usage", std::string(e.what()) + " (see tensorctl --help)", kExitUsage);
+  }
+
+  Result<std::unique_ptr<Client>> client = ConnectFromFlags(g);
+  if (!client.ok()) return Fail("connect", client.status());
+  Client& c = **client;
+  if (status->parsed()) return CmdStatus(c, g);
+  if (ls->parsed()) return CmdLs(c, g, ls_prefix);
+  if (stat->parsed()) return CmdStat(c, g, stat_name);
+  if (put->parsed()) return CmdPut(c, g, put_name, put_file);
+  if (get->parsed()) return CmdGet(c, g, get_name, get_out, get_wait);
+  if (rm->parsed()) return CmdRm(c, g, rm_name);
+  if (watch->parsed()) return CmdWatch(c, g, watch_prefix);
+  return Fail("usage", "no command given (see tensorctl --help)", kExitUsage);
+}
+
+}  // namespace
+}  // namespace tensord::cli
+
+int main(int argc, char** argv) {
+  try {
+    return tensord::cli::Run(argc, argv);
+  } catch (const std::exception& e) {
+    return tensord::cli::Fail("error", e.what());
+  }
+}

@@ -1,0 +1,134 @@
+// The public API (tensord/client.h): thin wrappers over internal::ClientCore and
+// internal::LeaseView. Every entry point catches std exceptions (Guard), so nothing throws
+// across the API.
+#include "tensord/client.h"
+
+#include <utility>
+
+#include "client/client_core.h"
+#include "client/dlpack_context.h"
+#include "client/lease_view.h"
+#include "client/status_util.h"
+#include "common/socket_paths.h"
+
+namespace tensord {
+
+using internal::Guard;
+
+// --- TensorRef ---
+
+TensorRef::TensorRef(TensorRef&& other) noexcept : view_(std::exchange(other.view_, nullptr)) {}
+
+TensorRef& TensorRef::operator=(TensorRef&& other) noexcept {
+  if (this != &other) {
+    Release();
+    view_ = std::exchange(other.view_, nullptr);
+  }
+  return *this;
+}
+
+TensorRef::~TensorRef() { Release(); }
+
+void TensorRef::Release() {
+  if (internal::LeaseView* view = std::exchange(view_, nullptr)) view->Unref();
+}
+
+const TensorInfo& TensorRef::info() const {
+  static const TensorInfo* empty = new TensorInfo();
+  return view_ != nullptr ? view_->info() : *empty;
+}
+
+uint64_t TensorRef::lease_id() const { return view_ != nullptr ? view_->lease_id() : 0; }
+
+const void* TensorRef::data() const { return view_ != nullptr ? view_->data() : nullptr; }
+
+void* TensorRef::mutable_data() const {
+  if (view_ == nullptr || view_->readonly()) return nullptr;
+  return view_->data();
+}
+
+bool TensorRef::readonly() const { return view_ != nullptr && view_->readonly(); }
+
+DLManagedTensor* TensorRef::ToDLPack() const {
+  return view_ != nullptr ? internal::MakeDLPack(view_) : nullptr;
+}
+
+DLManagedTensorVersioned* TensorRef::ToDLPackVersioned() const {
+  return view_ != nullptr ? internal::MakeDLPackVersioned(view_) : nullptr;
+}
+
+// --- Client ---
+
+Client::Client(std::shared_ptr<internal::ClientCore> core) : core_(std::move(core)) {}
+
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  return Guard("connect", [&]() -> Result<std::unique_ptr<Client>> {
+    Result<std::shared_ptr<internal::ClientCore>> core = internal::ClientCore::Create(options);
+    if (!core.ok()) return core.status();
+    return std::unique_ptr<Client>(new Client(std::move(core).value()));
+  });
+}
+
+Result<TensorRef> Client::Allocate(std::string_view ns, const TensorSpec& spec) {
+  return Guard("allocate", [&] { return core_->Allocate(ns, spec); });
+}
+
+Result<TensorRef> Client::Export(int memfd, uint64_t offset, std::string_view ns,
+                                 const TensorSpec& spec) {
+  return Guard("export", [&] { return core_->Export(memfd, offset, ns, spec); });
+}
+
+Result<TensorInfo> Client::Publish(const TensorRef& tensor, std::string_view name,
+                                   const PublishOptions& options) {
+  return Guard("publish", [&] { return core_->Publish(tensor, name, options); });
+}
+
+Result<TensorRef> Client::Acquire(std::string_view name, const AcquireOptions& options) {
+  return Guard("acquire", [&] { return core_->Acquire(std::string(name), options); });
+}
+
+Result<TensorRef> Client::Acquire(TensorId id, const AcquireOptions& options) {
+  return Guard("acquire", [&] { return core_->Acquire(id.value, options); });
+}
+
+Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
+  return Guard("take", [&] { return core_->Take(name_or_prefix, wait); });
+}
+
+Status Client::Delete(std::string_view name, uint64_t if_generation) {
+  return Guard("delete", [&] { return core_->Delete(name, if_generation); });
+}
+
+Result<std::vector<TensorInfo>> Client::List(std::string_view prefix) {
+  return Guard("list", [&] { return core_->List(prefix); });
+}
+
+Result<TensorStat> Client::Stat(std::string_view name) {
+  return Guard("stat", [&] { return core_->Stat(std::string(name)); });
+}
+
+Result<TensorStat> Client::Stat(TensorId id) {
+  return Guard("stat", [&] { return core_->Stat(id.value); });
+}
+
+Result<BrokerStatus> Client::GetStatus() {
+  return Guard("status", [&] { return core_->GetStatus(); });
+}
+
+Result<std::unique_ptr<Watcher>> Client::Watch(std::string_view prefix, bool initial) {
+  return Guard("watch", [&] { return core_->Watch(prefix, initial); });
+}
+
+Status Client::Flush() {
+  return Guard("flush", [&] { return core_->Flush(); });
+}
+
+uint64_t Client::session_id() const { return core_->session_id(); }
+
+const std::string& Client::socket_path() const { return core_->socket_path(); }
+
+std::string DefaultClientSocketPath() { return common::DefaultClientSocketPath(); }
+
+}  // namespace tensord

@@ -1,0 +1,262 @@
+#include "client/client_core.h"
+
+#include <pthread.h>
+
+#include <cstdlib>
+#include <set>
+#include <utility>
+
+#include "client/status_util.h"
+#include "client/tensor_convert.h"
+#include "client/watcher.h"
+#include "common/socket_paths.h"
+#include "common/status.h"
+
+namespace tensord::internal {
+namespace {
+
+// Every live ClientCore, for the fork and exit hooks. Leaked on purpose so it outlives
+// static destruction. std::mutex for the same reason as ClientCore::mu_.
+struct Registry {
+  std::mutex mu;
+  std::set<ClientCore*> cores;
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry();
+  return *registry;
+}
+
+void PrepareFork() {
+  Registry& r = GetRegistry();
+  r.mu.lock();
+  for (ClientCore* core : r.cores) core->LockForFork();
+}
+
+void ParentAfterFork() {
+  Registry& r = GetRegistry();
+  for (ClientCore* core : r.cores) core->UnlockAfterForkInParent();
+  r.mu.unlock();
+}
+
+void ChildAfterFork() {
+  Registry& r = GetRegistry();
+  for (ClientCore* core : r.cores) core->ResetAfterForkInChild();
+  r.mu.unlock();
+}
+
+void ShutdownAllAtExit() {
+  std::vector<ClientCore*> cores;
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (ClientCore* core : r.cores) core->ShutdownAtExit();
+}
+
+void InstallProcessHooks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork);
+    std::atexit(&ShutdownAllAtExit);
+  });
+}
+
+Status AnnotatedFromAbsl(const absl::Status& status) { return FromAbsl(status); }
+
+}  // namespace
+
+std::string ResolveSocketPath(const ClientOptions& options) {
+  return options.socket_path.empty() ? common::DefaultClientSocketPath() : options.socket_path;
+}
+
+Result<std::shared_ptr<ClientCore>> ClientCore::Create(const ClientOptions& options) {
+  std::shared_ptr<ClientCore> core(new ClientCore(options, ResolveSocketPath(options)));
+  absl::StatusOr<std::shared_ptr<Session>> session = Session::Open(options, core->socket_path_);
+  if (!session.ok()) return FromAbsl(session.status());
+  {
+    std::lock_guard<std::mutex> lock(core->mu_);
+    core->session_ = *std::move(session);
+  }
+  // After gRPC is initialised (Session::Open made a channel), so this atexit hook runs
+  // before gRPC's own static destructors.
+  InstallProcessHooks();
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.cores.insert(core.get());
+  return core;
+}
+
+ClientCore::~ClientCore() {
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.cores.erase(this);
+  }
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session = std::move(session_);
+  }
+  // The Session's destructor stops its sender and closes the fd channel (the broker then
+  // releases every lease of the session); views still held keep their mappings.
+}
+
+absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
+  std::shared_ptr<Session> stale;  // destroyed outside the lock (it joins threads)
+  std::lock_guard<std::mutex> lock(mu_);
+  if (exiting_) return absl::UnavailableError("the process is exiting");
+  if (session_ != nullptr && !session_->dead()) return session_;
+  stale = std::move(session_);
+  TENSORD_ASSIGN_OR_RETURN(session_, Session::Open(options_, socket_path_));
+  return session_;
+}
+
+void ClientCore::LockForFork() { mu_.lock(); }
+
+void ClientCore::UnlockAfterForkInParent() { mu_.unlock(); }
+
+void ClientCore::ResetAfterForkInChild() {
+  if (session_ != nullptr) {
+    session_->AbandonInForkedChild();
+    // Never destroyed: its destructor would join threads and tear down gRPC objects that
+    // belong to the parent.
+    new std::shared_ptr<Session>(std::move(session_));
+  }
+  mu_.unlock();
+}
+
+void ClientCore::ShutdownAtExit() {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exiting_ = true;
+    session = session_;
+  }
+  if (session != nullptr) session->ShutdownAtExit();
+}
+
+uint64_t ClientCore::session_id() {
+  absl::StatusOr<std::shared_ptr<Session>> session = CurrentSession();
+  return session.ok() ? (*session)->session_id() : 0;
+}
+
+#define TENSORD_SESSION_OR_RETURN(var)                                        \
+  absl::StatusOr<std::shared_ptr<Session>> var##_or = CurrentSession();      \
+  if (!var##_or.ok()) return AnnotatedFromAbsl(var##_or.status());            \
+  std::shared_ptr<Session> var = *std::move(var##_or)
+
+namespace {
+
+Result<TensorRef> ToRef(absl::StatusOr<LeaseView*> view) {
+  if (!view.ok()) return FromAbsl(view.status());
+  return ClientCore::MakeRef(*view);
+}
+
+}  // namespace
+
+Result<TensorRef> ClientCore::Allocate(std::string_view ns, const TensorSpec& spec) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRef(session->Allocate(ns, spec));
+}
+
+Result<TensorRef> ClientCore::Export(int memfd, uint64_t offset, std::string_view ns,
+                                     const TensorSpec& spec) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRef(session->Export(memfd, offset, ns, spec));
+}
+
+Result<TensorInfo> ClientCore::Publish(const TensorRef& tensor, std::string_view name,
+                                       const PublishOptions& options) {
+  LeaseView* view = ViewOf(tensor);
+  if (view == nullptr) return Status(StatusCode::kInvalidArgument, "publish: an empty TensorRef");
+  TENSORD_SESSION_OR_RETURN(session);
+  absl::StatusOr<TensorInfo> info = session->Publish(*view, name, options);
+  if (!info.ok()) return FromAbsl(info.status());
+  return *std::move(info);
+}
+
+Result<TensorRef> ClientCore::Acquire(const Session::Target& target, const AcquireOptions& options) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRef(session->Acquire(target, options));
+}
+
+Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, Wait wait) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRef(session->Take(name_or_prefix, wait));
+}
+
+Status ClientCore::Delete(std::string_view name, uint64_t if_generation) {
+  TENSORD_SESSION_OR_RETURN(session);
+  tensord::v1::DeleteRequest request;
+  request.set_name(std::string(name));
+  request.set_if_generation(if_generation);
+  tensord::v1::DeleteResponse response;
+  auto context = session->NewContext();
+  grpc::Status status = session->stub()->Delete(context.get(), request, &response);
+  // Whatever the outcome, a cached lease of the name must ask the broker again.
+  session->ForgetName(name);
+  return FromGrpc(status);
+}
+
+Result<std::vector<TensorInfo>> ClientCore::List(std::string_view prefix) {
+  TENSORD_SESSION_OR_RETURN(session);
+  tensord::v1::ListRequest request;
+  request.set_prefix(std::string(prefix));
+  tensord::v1::ListResponse response;
+  auto context = session->NewContext();
+  grpc::Status status = session->stub()->List(context.get(), request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  std::vector<TensorInfo> out;
+  out.reserve(static_cast<size_t>(response.tensors_size()));
+  for (const tensord::v1::TensorInfo& t : response.tensors()) {
+    absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(t, "list entry '" + t.name() + "'");
+    if (!valid.ok()) return FromAbsl(valid.status());
+    out.push_back(std::move(valid->info));
+  }
+  return out;
+}
+
+Result<TensorStat> ClientCore::Stat(const Session::Target& target) {
+  TENSORD_SESSION_OR_RETURN(session);
+  tensord::v1::StatRequest request;
+  if (const std::string* name = std::get_if<std::string>(&target)) {
+    request.set_name(*name);
+  } else {
+    request.set_tensor_id(std::get<uint64_t>(target));
+  }
+  tensord::v1::StatResponse response;
+  auto context = session->NewContext();
+  grpc::Status status = session->stub()->Stat(context.get(), request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(response.tensor(), "stat");
+  if (!valid.ok()) return FromAbsl(valid.status());
+  TensorStat out;
+  out.info = std::move(valid->info);
+  for (const tensord::v1::LeaseHolder& h : response.holders()) {
+    out.holders.push_back(ToPublicHolder(h));
+  }
+  return out;
+}
+
+Result<BrokerStatus> ClientCore::GetStatus() {
+  TENSORD_SESSION_OR_RETURN(session);
+  tensord::v1::StatusRequest request;
+  tensord::v1::StatusResponse response;
+  auto context = session->NewContext();
+  grpc::Status status = session->stub()->Status(context.get(), request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return ToPublicStatus(response);
+}
+
+Result<std::unique_ptr<Watcher>> ClientCore::Watch(std::string_view prefix, bool initial) {
+  TENSORD_SESSION_OR_RETURN(session);
+  absl::StatusOr<std::unique_ptr<Watcher>> watcher = WatcherImpl::Start(session, prefix, initial);
+  if (!watcher.ok()) return FromAbsl(watcher.status());
+  return *std::move(watcher);
+}
+
+Status ClientCore::Flush() {
+  TENSORD_SESSION_OR_RETURN(session);
+  return FromAbsl(session->Flush());
+}
+
+}  // namespace tensord::internal

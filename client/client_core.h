@@ -1,0 +1,88 @@
+// ClientCore: what a tensord::Client is inside. It owns the options and the current Session
+// (the connection), connects a new Session when the broker hung up the old one or when
+// this process is a fork child that has not used the client yet, and turns the Session's
+// results into the public types (TensorRef, TensorInfo, Status).
+//
+// fork(): pthread_atfork handlers, registered once, walk every live ClientCore. `prepare`
+// takes the registry lock and each core's mutex so no core is mid-swap at fork time; in
+// the child each core closes its inherited fd-channel socket at once (so the parent's death
+// releases the parent's leases while the child lives on), abandons the parent's Session
+// without running its destructors (its gRPC objects and threads belong to the parent), and
+// connects a NEW session on first use. Views inherited from the parent stay mapped and
+// readable; dropping them frees them locally and sends nothing.
+//
+// Exit: an atexit hook, registered once, stops every live core's release sender and closes
+// its Session stream before static destructors run; later calls fail UNAVAILABLE.
+//
+// Thread-safe. Errors: tensord::Status, canonical codes; nothing throws out of here.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/session.h"
+#include "tensord/client.h"
+
+namespace tensord::internal {
+
+// options.socket_path, else common::DefaultClientSocketPath().
+std::string ResolveSocketPath(const ClientOptions& options);
+
+class ClientCore {
+ public:
+  static Result<std::shared_ptr<ClientCore>> Create(const ClientOptions& options);
+  ~ClientCore();
+  ClientCore(const ClientCore&) = delete;
+  ClientCore& operator=(const ClientCore&) = delete;
+
+  Result<TensorRef> Allocate(std::string_view ns, const TensorSpec& spec);
+  Result<TensorRef> Export(int memfd, uint64_t offset, std::string_view ns, const TensorSpec& spec);
+  Result<TensorInfo> Publish(const TensorRef& tensor, std::string_view name,
+                             const PublishOptions& options);
+  Result<TensorRef> Acquire(const Session::Target& target, const AcquireOptions& options);
+  Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait);
+  Status Delete(std::string_view name, uint64_t if_generation);
+  Result<std::vector<TensorInfo>> List(std::string_view prefix);
+  Result<TensorStat> Stat(const Session::Target& target);
+  Result<BrokerStatus> GetStatus();
+  Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial);
+  Status Flush();
+
+  uint64_t session_id();
+  const std::string& socket_path() const { return socket_path_; }
+
+  // The current session, connecting one if needed.
+  absl::StatusOr<std::shared_ptr<Session>> CurrentSession();
+
+  // TensorRef's private constructor, for the helpers in client_core.cc.
+  static TensorRef MakeRef(LeaseView* view) { return TensorRef(view); }
+  static LeaseView* ViewOf(const TensorRef& ref) { return ref.view_; }
+
+  // Fork and exit hooks (see the header comment).
+  void LockForFork();
+  void UnlockAfterForkInParent();
+  void ResetAfterForkInChild();
+  void ShutdownAtExit();
+
+ private:
+  ClientCore(const ClientOptions& options, std::string socket_path)
+      : options_(options), socket_path_(std::move(socket_path)) {}
+
+  const ClientOptions options_;
+  const std::string socket_path_;
+
+  // A plain futex mutex, not absl::Mutex: the fork handlers lock it in the parent and
+  // unlock it in the child, where waiter records of the parent's other threads would be
+  // dangling. Held only briefly, and across connecting a new session.
+  std::mutex mu_;
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  bool exiting_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tensord::internal

@@ -1,0 +1,178 @@
+#include "client/fd_connection.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <utility>
+
+#include "client/status_util.h"
+#include "common/fd_channel.h"
+#include "common/status.h"
+
+namespace tensord::internal {
+
+absl::Status CheckDaemonUid(uid_t daemon_uid, uid_t our_uid, std::span<const uint32_t> trusted_uids,
+                            const std::string& path) {
+  if (daemon_uid == 0 || daemon_uid == our_uid) return absl::OkStatus();
+  for (uint32_t uid : trusted_uids) {
+    if (uid == daemon_uid) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      "the daemon at " + path + " runs as uid " + std::to_string(daemon_uid) +
+      ", which is neither root, our uid " + std::to_string(our_uid) +
+      ", nor in trusted_daemon_uids");
+}
+
+absl::StatusOr<std::unique_ptr<FdConnection>> FdConnection::Connect(
+    const std::string& fd_path, const std::string& client_name,
+    std::span<const uint32_t> trusted_uids, std::chrono::milliseconds reply_timeout) {
+  TENSORD_ASSIGN_OR_RETURN(common::UniqueFd socket, common::ConnectSeqpacket(fd_path));
+  TENSORD_ASSIGN_OR_RETURN(common::PeerCredentials peer, common::GetPeerCredentials(socket.get()));
+  TENSORD_RETURN_IF_ERROR(CheckDaemonUid(peer.uid, ::getuid(), trusted_uids, fd_path));
+
+  std::unique_ptr<FdConnection> conn(new FdConnection(std::move(socket), reply_timeout));
+  conn->daemon_uid_ = peer.uid;
+  tensord::v1::FdRequest hello;
+  hello.mutable_hello()->set_protocol_version(common::kFdProtocolVersion);
+  hello.mutable_hello()->set_client_name(client_name);
+  absl::StatusOr<tensord::v1::FdResponse> reply;
+  {
+    absl::MutexLock lock(&conn->mu_);
+    reply = conn->Call(std::move(hello), {}, 0, nullptr);
+  }
+  if (!reply.ok()) return Annotate(reply.status(), "fd channel hello");
+  if (!reply->has_welcome()) {
+    return absl::InternalError("fd channel hello: the broker answered without a welcome");
+  }
+  if (reply->welcome().protocol_version() != common::kFdProtocolVersion) {
+    return absl::FailedPreconditionError(
+        "fd channel hello: the broker speaks protocol " +
+        std::to_string(reply->welcome().protocol_version()) + ", this client " +
+        std::to_string(common::kFdProtocolVersion));
+  }
+  if (reply->welcome().session_token().empty()) {
+    return absl::InternalError("fd channel hello: the broker sent no session token");
+  }
+  conn->welcome_ = reply->welcome();
+  return conn;
+}
+
+absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdRequest request,
+                                                           std::span<const int> fds,
+                                                           size_t max_fds,
+                                                           std::vector<common::UniqueFd>* fds_out) {
+  if (broken_.load(std::memory_order_acquire) || !socket_.valid()) {
+    return absl::UnavailableError("fd channel is closed");
+  }
+  const uint64_t seq = next_seq_++;
+  request.set_seq(seq);
+  absl::Status sent = common::SendFdMessage(socket_.get(), request, fds);
+  if (!sent.ok()) {
+    if (sent.code() != absl::StatusCode::kInvalidArgument) broken_.store(true);
+    return sent;
+  }
+  // One request in flight, so the next datagram is its reply; wait for it with a bound so
+  // a wedged broker cannot hang this thread forever while it holds mu_.
+  pollfd pfd{socket_.get(), POLLIN, 0};
+  int timeout_ms = static_cast<int>(reply_timeout_.count());
+  int rc;
+  do {
+    rc = ::poll(&pfd, 1, timeout_ms);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) {
+    broken_.store(true);
+    return common::ErrnoToStatus("poll fd channel", errno);
+  }
+  if (rc == 0) {
+    broken_.store(true);
+    return absl::DeadlineExceededError("the broker did not answer on the fd channel within " +
+                                       std::to_string(reply_timeout_.count()) + " ms");
+  }
+  absl::StatusOr<common::ReceivedMessage> received = common::ReceiveFdMessage(socket_.get(), max_fds);
+  if (!received.ok()) {
+    broken_.store(true);
+    return received.status();
+  }
+  tensord::v1::FdResponse response;
+  absl::Status parsed = common::ParseFdMessage(*received, &response);
+  if (!parsed.ok()) {
+    broken_.store(true);
+    return parsed;
+  }
+  if (response.seq() != seq) {
+    broken_.store(true);
+    return absl::InternalError("fd channel: reply seq " + std::to_string(response.seq()) +
+                               " does not match request " + std::to_string(seq));
+  }
+  if (response.has_error()) {
+    if (!received->fds.empty()) {
+      return absl::InternalError("fd channel: an error reply carried fds");
+    }
+    return ToAbsl(FromRpcError(response.error()));
+  }
+  if (fds_out != nullptr) {
+    *fds_out = std::move(received->fds);
+  } else if (!received->fds.empty()) {
+    // Unexpected fds were closed by ReceivedMessage's destructor; refuse the message.
+    return absl::InternalError("fd channel: unexpected fds in the reply");
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<FetchedFd>> FdConnection::Fetch(std::span<const uint64_t> buffer_ids) {
+  if (buffer_ids.empty() || buffer_ids.size() > common::kMaxFdsPerMessage) {
+    return absl::InvalidArgumentError("fetch: between 1 and 253 buffers per request");
+  }
+  tensord::v1::FdRequest request;
+  for (uint64_t id : buffer_ids) request.mutable_fetch()->add_buffer_ids(id);
+  std::vector<common::UniqueFd> fds;
+  absl::StatusOr<tensord::v1::FdResponse> reply;
+  {
+    absl::MutexLock lock(&mu_);
+    reply = Call(std::move(request), {}, buffer_ids.size(), &fds);
+  }
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_fetched()) return absl::InternalError("fetch: the broker answered without buffers");
+  const auto& buffers = reply->fetched().buffers();
+  if (static_cast<size_t>(buffers.size()) != buffer_ids.size() || fds.size() != buffer_ids.size()) {
+    return absl::InternalError("fetch: asked for " + std::to_string(buffer_ids.size()) +
+                               " buffers, got " + std::to_string(buffers.size()) + " entries and " +
+                               std::to_string(fds.size()) + " fds");
+  }
+  std::vector<FetchedFd> out;
+  out.reserve(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (buffers[static_cast<int>(i)].buffer_id() != buffer_ids[i]) {
+      return absl::InternalError("fetch: asked for buffer " + std::to_string(buffer_ids[i]) +
+                                 ", got " + std::to_string(buffers[static_cast<int>(i)].buffer_id()));
+    }
+    out.push_back(FetchedFd{buffer_ids[i], buffers[static_cast<int>(i)].size(), std::move(fds[i])});
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> FdConnection::Stage(int memfd) {
+  tensord::v1::FdRequest request;
+  request.mutable_stage();
+  const int fds[1] = {memfd};
+  absl::StatusOr<tensord::v1::FdResponse> reply;
+  {
+    absl::MutexLock lock(&mu_);
+    reply = Call(std::move(request), fds, 0, nullptr);
+  }
+  if (!reply.ok()) return reply.status();
+  if (!reply->has_staged()) return absl::InternalError("stage: the broker answered without an id");
+  return reply->staged().staged_fd_id();
+}
+
+void FdConnection::CloseInForkedChild() {
+  broken_.store(true);
+  // Only this thread exists in the child; release() then close() so no destructor ever
+  // closes the number again (it may be reused by then).
+  int fd = socket_.release();
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace tensord::internal

@@ -1,0 +1,203 @@
+#include "client/lease_table.h"
+
+#include "common/check.h"
+
+namespace tensord::internal {
+namespace {
+constexpr ViewKind kAllKinds[] = {ViewKind::kPrivate, ViewKind::kReadOnly, ViewKind::kProducer};
+}  // namespace
+
+bool LeaseTable::Claim(LeaseView* view) {
+  if (view->idle) {
+    view->idle = false;
+    view->ReviveFromIdle();
+    return true;
+  }
+  return view->TryRef();
+}
+
+void LeaseTable::Unindex(LeaseView* view) {
+  auto held = held_.find(HeldKey(view->tensor_id(), view->kind()));
+  if (held != held_.end() && held->second == view) held_.erase(held);
+  if (!view->cache_name.empty()) {
+    auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
+    if (named != by_name_.end() && named->second == view) by_name_.erase(named);
+  }
+  idle_.erase(view);
+}
+
+void LeaseTable::MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out) {
+  if (view->idle) {
+    Unindex(view);
+    view->idle = false;
+    view->cache_name.clear();
+    out->push_back(view);
+    return;
+  }
+  if (!view->cache_name.empty()) {
+    auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
+    if (named != by_name_.end() && named->second == view) by_name_.erase(named);
+    view->cache_name.clear();
+  }
+}
+
+LeaseView* LeaseTable::FindByName(std::string_view name, ViewKind kind, uint64_t min_generation) {
+  if (!cache_enabled_) return nullptr;
+  absl::MutexLock lock(&mu_);
+  auto it = by_name_.find(NameKey(std::string(name), kind));
+  if (it == by_name_.end()) return nullptr;
+  LeaseView* view = it->second;
+  if (view->retired() || view->info().generation < min_generation) return nullptr;
+  return Claim(view) ? view : nullptr;
+}
+
+LeaseView* LeaseTable::FindByTensor(uint64_t tensor_id, ViewKind kind,
+                                    std::string_view acquired_name) {
+  absl::MutexLock lock(&mu_);
+  auto it = held_.find(HeldKey(tensor_id, kind));
+  if (it == held_.end()) return nullptr;
+  LeaseView* view = it->second;
+  if (!Claim(view)) return nullptr;
+  // Held by id so far and now acquired by name: it may serve that name from now on.
+  if (cache_enabled_ && !acquired_name.empty() && view->cache_name.empty() && !view->retired() &&
+      kind != ViewKind::kProducer) {
+    NameKey key(std::string(acquired_name), kind);
+    if (by_name_.find(key) == by_name_.end()) {
+      view->cache_name = key.first;
+      by_name_[key] = view;
+    }
+  }
+  return view;
+}
+
+LeaseTable::InsertResult LeaseTable::Insert(LeaseView* view) {
+  InsertResult result;
+  absl::MutexLock lock(&mu_);
+  HeldKey key(view->tensor_id(), view->kind());
+  auto it = held_.find(key);
+  if (it != held_.end() && it->second != view && Claim(it->second)) {
+    result.view = it->second;
+    return result;
+  }
+  held_[key] = view;  // replaces a view at refcount zero, on its way out
+  if (!view->cache_name.empty()) {
+    if (!cache_enabled_) {
+      view->cache_name.clear();
+    } else {
+      NameKey name_key(view->cache_name, view->kind());
+      auto named = by_name_.find(name_key);
+      if (named != by_name_.end() && named->second != view) {
+        LeaseView* old = named->second;
+        by_name_.erase(named);
+        // The name's binding moved on: the old view no longer serves it.
+        old->cache_name.clear();
+        if (old->idle) {
+          old->idle = false;
+          idle_.erase(old);
+          auto old_held = held_.find(HeldKey(old->tensor_id(), old->kind()));
+          if (old_held != held_.end() && old_held->second == old) held_.erase(old_held);
+          result.to_release.push_back(old);
+        }
+      }
+      by_name_[name_key] = view;
+    }
+  }
+  result.view = view;
+  result.inserted = true;
+  return result;
+}
+
+bool LeaseTable::Park(LeaseView* view, Clock::time_point now) {
+  absl::MutexLock lock(&mu_);
+  TENSORD_CHECK(view->refs() == 0 && !view->idle);
+  bool cacheable = cache_enabled_ && !view->retired() && !view->cache_name.empty() &&
+                   view->kind() != ViewKind::kProducer;
+  if (cacheable) {
+    auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
+    cacheable = named != by_name_.end() && named->second == view;
+  }
+  if (!cacheable) {
+    Unindex(view);
+    return false;
+  }
+  view->idle = true;
+  view->idle_deadline = now + linger_;
+  idle_.insert(view);
+  return true;
+}
+
+void LeaseTable::Remove(LeaseView* view) {
+  absl::MutexLock lock(&mu_);
+  Unindex(view);
+  view->idle = false;
+}
+
+std::vector<LeaseView*> LeaseTable::OnRetired(uint64_t tensor_id) {
+  std::vector<LeaseView*> out;
+  absl::MutexLock lock(&mu_);
+  for (ViewKind kind : kAllKinds) {
+    auto it = held_.find(HeldKey(tensor_id, kind));
+    if (it == held_.end()) continue;
+    LeaseView* view = it->second;
+    view->MarkRetired();
+    MakeUncacheable(view, &out);
+  }
+  return out;
+}
+
+std::vector<LeaseView*> LeaseTable::DropAllCached() {
+  std::vector<LeaseView*> out;
+  absl::MutexLock lock(&mu_);
+  std::vector<LeaseView*> named;
+  for (auto& [key, view] : by_name_) named.push_back(view);
+  for (LeaseView* view : named) MakeUncacheable(view, &out);
+  std::vector<LeaseView*> left(idle_.begin(), idle_.end());  // none expected; be thorough
+  for (LeaseView* view : left) MakeUncacheable(view, &out);
+  return out;
+}
+
+std::vector<LeaseView*> LeaseTable::DropName(std::string_view name) {
+  std::vector<LeaseView*> out;
+  absl::MutexLock lock(&mu_);
+  for (ViewKind kind : kAllKinds) {
+    auto it = by_name_.find(NameKey(std::string(name), kind));
+    if (it != by_name_.end()) MakeUncacheable(it->second, &out);
+  }
+  return out;
+}
+
+std::vector<LeaseView*> LeaseTable::TakeExpired(Clock::time_point now, Clock::time_point* next) {
+  std::vector<LeaseView*> out;
+  *next = Clock::time_point::max();
+  absl::MutexLock lock(&mu_);
+  std::vector<LeaseView*> expired;
+  for (LeaseView* view : idle_) {
+    if (view->idle_deadline <= now) {
+      expired.push_back(view);
+    } else if (view->idle_deadline < *next) {
+      *next = view->idle_deadline;
+    }
+  }
+  for (LeaseView* view : expired) MakeUncacheable(view, &out);
+  return out;
+}
+
+std::vector<LeaseView*> LeaseTable::TakeAllIdle() {
+  std::vector<LeaseView*> out;
+  absl::MutexLock lock(&mu_);
+  std::vector<LeaseView*> idle(idle_.begin(), idle_.end());
+  for (LeaseView* view : idle) MakeUncacheable(view, &out);
+  return out;
+}
+
+size_t LeaseTable::idle_count() {
+  absl::MutexLock lock(&mu_);
+  return idle_.size();
+}
+
+size_t LeaseTable::held_count() {
+  absl::MutexLock lock(&mu_);
+  return held_.size();
+}
+
+}  // namespace tensord::internal

@@ -1,0 +1,100 @@
+// LeaseView: this process's hold on one remote lease plus the mapping its data lives in.
+// There is at most one LeaseView per (tensor, map mode) per session; every TensorRef and
+// every DLPack view made from it holds one reference (`refs_`, atomic).
+//
+// Unref() is what DLPack deleters call: it never blocks, never allocates, never makes an
+// RPC, and may run on any thread, also after the Client is gone or while the process exits.
+// The last Unref() hands the view to its ReleaseQueue (a lock-free push); the release sender
+// then decides whether the lease is kept in the lease cache or released, and destroys the
+// view (which drops its mapping reference: munmap when it was the last).
+//
+// Fields are constant after construction, except refs_/next_ (atomics) and the lease-cache
+// fields, which only LeaseTable touches, under its mutex.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "client/mapping_cache.h"
+#include "tensord/client.h"
+
+namespace tensord::internal {
+
+class ReleaseQueue;
+
+// How a view maps its buffer; part of the view's identity.
+enum class ViewKind : uint8_t {
+  kPrivate,   // consumer, copy-on-write (MAP_PRIVATE)
+  kReadOnly,  // consumer, readonly=true (MAP_SHARED, PROT_READ)
+  kProducer,  // the producer's writable mapping (MAP_SHARED, PROT_READ|PROT_WRITE)
+};
+common::MapMode MapModeOf(ViewKind kind);
+
+class LeaseView {
+ public:
+  struct Params {
+    TensorInfo info;
+    uint64_t lease_id = 0;
+    uint64_t session_id = 0;     // the session the lease belongs to
+    ViewKind kind = ViewKind::kPrivate;
+    std::shared_ptr<Mapping> mapping;  // null for a zero-byte tensor
+    uint64_t offset_in_mapping = 0;    // buffer offset of the extent + byte_offset
+    std::string cache_name;  // the name it was acquired by (lease-cache candidate), or empty
+  };
+  // Starts with one reference, owned by the caller.
+  LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue);
+  ~LeaseView();
+  LeaseView(const LeaseView&) = delete;
+  LeaseView& operator=(const LeaseView&) = delete;
+
+  // Adds a reference; the caller must already hold one.
+  void Ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  // Adds a reference unless the count already reached zero (the view is on its way to the
+  // release sender and must not come back). Used by lookups that hold no reference.
+  bool TryRef() noexcept;
+  // Drops a reference; the last one queues the view. Never blocks.
+  void Unref() noexcept;
+  int64_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
+  // Only for a view the LeaseTable holds idle at zero references (no one else can see it).
+  void ReviveFromIdle() noexcept { refs_.store(1, std::memory_order_release); }
+
+  const TensorInfo& info() const { return info_; }
+  uint64_t tensor_id() const { return info_.tensor_id; }
+  uint64_t lease_id() const { return lease_id_; }
+  uint64_t session_id() const { return session_id_; }
+  ViewKind kind() const { return kind_; }
+  bool readonly() const { return kind_ == ViewKind::kReadOnly; }
+  // Element 0; a static non-null byte for a zero-byte tensor.
+  uint8_t* data() const { return data_; }
+  bool has_mapping() const { return mapping_ != nullptr; }
+
+  // Marked by a `retired` push: the lease is never cached once its last reference goes.
+  void MarkRetired() noexcept { retired_.store(true, std::memory_order_release); }
+  bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
+
+  // Intrusive link for ReleaseQueue's lock-free stack.
+  LeaseView* next_in_queue = nullptr;
+
+  // Lease-cache state, guarded by the owning LeaseTable's mutex.
+  std::string cache_name;
+  bool idle = false;
+  std::chrono::steady_clock::time_point idle_deadline{};
+
+ private:
+  std::atomic<int64_t> refs_{1};
+  std::atomic<bool> retired_{false};
+  const TensorInfo info_;
+  const uint64_t lease_id_;
+  const uint64_t session_id_;
+  const ViewKind kind_;
+  std::shared_ptr<Mapping> mapping_;
+  uint8_t* data_ = nullptr;
+  friend class ReleaseQueue;
+  // Keeps the queue alive for the last Unref(), whenever that comes.
+  std::shared_ptr<ReleaseQueue> queue_;
+};
+
+}  // namespace tensord::internal

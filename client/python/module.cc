@@ -1,0 +1,573 @@
+// tensord._tensord: the C++ half of `import tensord` (the Python package re-exports it with a
+// cleaner API). Classes:
+//   _Client  one tensord::Client; every call releases the GIL while it talks to the broker;
+//            waits run as bounded broker waits with signal checks between them, so Ctrl-C
+//            interrupts them and the total deadline holds. Any number of threads may share it.
+//   Tensor   one TensorRef (the handle's own reference) plus a snapshot of its description;
+//            DLPack capsules and array views made from it hold their own references, so
+//            release() drops only the handle's.
+//   _Watcher a stream of binding changes.
+//   _Source  memory that put() copies (see py_source.h); _ArrayView memory for numpy.
+// Errors: tensord.Error subclasses (py_errors.h); BufferError for DLPack requests that cannot
+// be honoured; ValueError for a released tensor or a closed client.
+//
+// This module links only the shared client library (never tensord_common / tensord_proto:
+// a second copy of the generated protobuf code in one process aborts at startup).
+#include <Python.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "py_convert.h"
+#include "py_dlpack.h"
+#include "py_errors.h"
+#include "py_source.h"
+#include "tensord/client.h"
+
+namespace tensord::python {
+namespace {
+
+namespace py = pybind11;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// The longest single broker wait: the bound on how late Ctrl-C is noticed.
+constexpr milliseconds kWaitSlice{150};
+
+class PyTensor {
+ public:
+  PyTensor(TensorRef ref, bool producer)
+      : info_(ref.info()),
+        readonly_(ref.readonly()),
+        producer_(producer),
+        ref_(std::make_shared<TensorRef>(std::move(ref))) {}
+
+  const TensorInfo& info() const { return info_; }
+  void set_info(TensorInfo info) { info_ = std::move(info); }
+  bool readonly() const { return readonly_; }
+  bool producer() const { return producer_; }
+  bool released() const { return ref_ == nullptr; }
+
+  // The handle's reference; ValueError once released. Shared so that a call running without
+  // the GIL keeps the TensorRef alive if another thread releases the handle meanwhile.
+  std::shared_ptr<TensorRef> Ref() const {
+    if (!ref_) throw py::value_error("tensor " + Describe() + " was released");
+    return ref_;
+  }
+
+  void Release() { ref_.reset(); }
+
+  std::string Describe() const {
+    return info_.name.empty() ? "#" + std::to_string(info_.tensor_id) : "'" + info_.name + "'";
+  }
+
+  py::tuple Device() const {
+    return py::make_tuple(info_.device.device_type, info_.device.device_id);
+  }
+
+  py::object DLPack(py::object stream, py::object max_version, py::object dl_device,
+                    py::object copy) const {
+    // Host memory has no stream to synchronise with: `stream` is accepted and ignored.
+    (void)stream;
+    if (!copy.is_none() && copy.cast<bool>()) {
+      throw py::buffer_error("tensord exports zero-copy views only (copy=True refused); "
+                             "copy the result instead");
+    }
+    if (!dl_device.is_none()) {
+      auto wanted = dl_device.cast<std::pair<int32_t, int32_t>>();
+      if (wanted.first != info_.device.device_type || wanted.second != info_.device.device_id) {
+        throw py::buffer_error("tensor " + Describe() + " lives on device (" +
+                               std::to_string(info_.device.device_type) + ", " +
+                               std::to_string(info_.device.device_id) + "); cannot export to (" +
+                               std::to_string(wanted.first) + ", " +
+                               std::to_string(wanted.second) + ") without a copy");
+      }
+    }
+    bool versioned = false;
+    if (!max_version.is_none()) {
+      auto version = max_version.cast<std::pair<uint32_t, uint32_t>>();
+      versioned = version.first >= kDLPackMajorVersion;
+    }
+    std::shared_ptr<TensorRef> ref = Ref();
+    if (versioned) {
+      DLManagedTensorVersioned* view = ref->ToDLPackVersioned();
+      if (readonly_) view->flags |= kDLFlagBitMaskReadOnly;
+      return MakeVersionedCapsule(view);
+    }
+    if (readonly_) {
+      throw py::buffer_error("tensor " + Describe() + " is a read-only mapping, which a legacy "
+                             "DLPack capsule cannot signal; pass max_version=(1, 0), use "
+                             ".numpy(), or get it without readonly=True");
+    }
+    return MakeLegacyCapsule(ref->ToDLPack());
+  }
+
+  // A legacy capsule for .torch(): elements reinterpreted as `as_dtype` (same size), and a
+  // read-only mapping allowed (the caller warns).
+  py::object LegacyCapsuleAs(const std::string& as_dtype) const {
+    DLDataType dtype = DtypeFromName(as_dtype);
+    if (ItemSize(dtype) != ItemSize(info_.dtype)) {
+      throw py::type_error("cannot view " + DtypeName(info_.dtype).value_or("?") + " as " +
+                           as_dtype + ": different item size");
+    }
+    DLManagedTensor* view = Ref()->ToDLPack();
+    view->dl_tensor.dtype = dtype;
+    return MakeLegacyCapsule(view);
+  }
+
+  std::unique_ptr<ArrayView> MakeArrayView() const {
+    std::shared_ptr<TensorRef> ref = Ref();
+    if (!NumpyTypestr(info_.dtype)) {
+      std::string name = DtypeName(info_.dtype).value_or("this dtype");
+      throw py::type_error("numpy has no " + name + " dtype; use .torch() for " + name +
+                           " tensors");
+    }
+    return std::make_unique<ArrayView>(ref->ToDLPack(), readonly_);
+  }
+
+  uintptr_t DataPtr() const {
+    return reinterpret_cast<uintptr_t>(Ref()->data());
+  }
+
+ private:
+  TensorInfo info_;
+  bool readonly_;
+  bool producer_;
+  std::shared_ptr<TensorRef> ref_;  // null once released
+};
+
+std::string SecondsText(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g s", s);
+  return buf;
+}
+
+// Runs fn(Wait) as a loop of bounded broker waits with the GIL released, checking for
+// signals (Ctrl-C) between them. timeout: nullopt waits forever, <= 0 fails at once.
+template <typename T, typename Fn>
+T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
+  if (timeout && !(*timeout > 0)) {
+    Result<T> r = [&]() -> Result<T> {
+      py::gil_scoped_release release;
+      return fn(Wait::None());
+    }();
+    return Unwrap(std::move(r));
+  }
+  const Clock::time_point deadline =
+      timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(*timeout))
+              : Clock::time_point::max();
+  for (;;) {
+    milliseconds slice = kWaitSlice;
+    if (timeout) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      slice = std::clamp(left, milliseconds(1), kWaitSlice);
+    }
+    Result<T> r = [&]() -> Result<T> {
+      py::gil_scoped_release release;
+      return fn(Wait::For(slice));
+    }();
+    if (r.ok()) return std::move(r).value();
+    if (r.status().code() != StatusCode::kDeadlineExceeded) throw StatusError(r.status());
+    if (timeout && Clock::now() >= deadline) {
+      throw StatusError(Status(StatusCode::kDeadlineExceeded,
+                               what + " did not arrive within " + SecondsText(*timeout) + " (" +
+                                   r.status().message() + ")"));
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+class PyWatcher {
+ public:
+  explicit PyWatcher(std::unique_ptr<Watcher> watcher) : watcher_(std::move(watcher)) {}
+  ~PyWatcher() {
+    if (watcher_) watcher_->Cancel();
+  }
+
+  // The next event as a dict; None when `timeout` passes (nullopt: wait forever) or the
+  // watch was cancelled (then `done` is set).
+  py::object Next(std::optional<double> timeout, bool* done) {
+    *done = false;
+    std::shared_ptr<Watcher> watcher = watcher_;
+    if (!watcher) {
+      *done = true;
+      return py::none();
+    }
+    const Clock::time_point deadline =
+        timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(std::max(*timeout, 0.0)))
+                : Clock::time_point::max();
+    for (;;) {
+      milliseconds slice = kWaitSlice;
+      if (timeout) {
+        auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+        slice = std::clamp(left, milliseconds(0), kWaitSlice);
+      }
+      Result<std::optional<WatchEvent>> r = [&]() -> Result<std::optional<WatchEvent>> {
+        py::gil_scoped_release release;
+        return watcher->Next(slice);
+      }();
+      if (!r.ok()) {
+        if (r.status().code() == StatusCode::kCancelled) {
+          *done = true;
+          return py::none();
+        }
+        throw StatusError(r.status());
+      }
+      if (r.value()) return EventToDict(*r.value());
+      if (timeout && Clock::now() >= deadline) return py::none();
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+  void Cancel() {
+    if (std::shared_ptr<Watcher> watcher = std::move(watcher_)) {
+      py::gil_scoped_release release;
+      watcher->Cancel();
+    }
+  }
+
+ private:
+  std::shared_ptr<Watcher> watcher_;  // null once cancelled
+};
+
+PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_generation,
+                                  std::optional<double> ttl) {
+  PublishOptions options;
+  if (if_absent && if_generation) {
+    throw py::value_error("publish: if_absent and if_generation exclude each other");
+  }
+  if (if_absent) options.condition = PublishOptions::Condition::kIfAbsent;
+  if (if_generation) {
+    options.condition = PublishOptions::Condition::kIfGeneration;
+    options.generation = *if_generation;
+  }
+  if (ttl) {
+    if (!(*ttl > 0)) throw py::value_error("publish: ttl must be positive seconds");
+    options.ttl = milliseconds(std::max<int64_t>(1, static_cast<int64_t>(*ttl * 1000.0)));
+  }
+  return options;
+}
+
+// The namespace of a name: its first segment.
+std::string NamespaceOf(const std::string& name) { return name.substr(0, name.find('/')); }
+
+class PyClient {
+ public:
+  static std::unique_ptr<PyClient> Connect(std::optional<std::string> socket,
+                                           std::optional<std::string> client_name,
+                                           bool lease_cache, double lease_cache_linger) {
+    ClientOptions options;
+    if (socket) options.socket_path = *socket;
+    if (client_name) options.client_name = *client_name;
+    options.lease_cache = lease_cache;
+    options.lease_cache_linger =
+        milliseconds(static_cast<int64_t>(std::max(lease_cache_linger, 0.0) * 1000.0));
+    Result<std::unique_ptr<Client>> client = [&]() -> Result<std::unique_ptr<Client>> {
+      py::gil_scoped_release release;
+      return Client::Connect(options);
+    }();
+    return std::unique_ptr<PyClient>(new PyClient(Unwrap(std::move(client))));
+  }
+
+  ~PyClient() {
+    // Stopping the client joins its threads, none of which needs the GIL.
+    py::gil_scoped_release release;
+    client_.reset();
+  }
+
+  std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
+                                  std::optional<std::string> ns) {
+    TensorSpec spec;
+    spec.dtype = DtypeFromName(dtype);
+    spec.shape = std::move(shape);
+    spec.isolated = !ns.has_value();
+    std::shared_ptr<Client> client = Core();
+    Result<TensorRef> ref = [&]() -> Result<TensorRef> {
+      py::gil_scoped_release release;
+      return client->Allocate(ns.value_or(""), spec);
+    }();
+    return std::make_unique<PyTensor>(Unwrap(std::move(ref)), /*producer=*/true);
+  }
+
+  py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
+                   std::optional<uint64_t> if_generation, std::optional<double> ttl) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+    if (!tensor.producer()) {
+      throw py::value_error("publish: tensor " + tensor.Describe() +
+                            " was not made by empty(); use put() to publish a copy");
+    }
+    std::shared_ptr<TensorRef> ref = tensor.Ref();
+    std::shared_ptr<Client> client = Core();
+    Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
+      py::gil_scoped_release release;
+      return client->Publish(*ref, name, options);
+    }();
+    tensor.set_info(Unwrap(std::move(info)));
+    return InfoToDict(tensor.info());
+  }
+
+  // Allocates, copies `source` in (the one copy) and publishes; the producer's own
+  // reference goes when this returns, so the binding is what holds the tensor.
+  py::dict Put(const std::string& name, Source& source, bool if_absent,
+               std::optional<uint64_t> if_generation, std::optional<double> ttl,
+               std::optional<std::string> ns) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+    TensorSpec spec;
+    spec.dtype = source.dtype();
+    spec.shape = source.shape();
+    std::string space = ns.value_or(NamespaceOf(name));
+    source.nbytes();  // refuses an overflowing shape before anything is allocated
+    std::shared_ptr<Client> client = Core();
+    Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
+      py::gil_scoped_release release;
+      Result<TensorRef> ref = client->Allocate(space, spec);
+      if (!ref.ok()) return ref.status();
+      source.CopyTo(ref->mutable_data());
+      return client->Publish(*ref, name, options);
+    }();
+    return InfoToDict(Unwrap(std::move(info)));
+  }
+
+  std::unique_ptr<PyTensor> Get(const std::string& name, std::optional<double> timeout,
+                                std::optional<uint64_t> min_generation, bool readonly) {
+    AcquireOptions options;
+    options.min_generation = min_generation.value_or(0);
+    options.readonly = readonly;
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = WaitLoop<TensorRef>("'" + name + "'", timeout, [&](Wait wait) {
+      AcquireOptions o = options;
+      o.wait = wait;
+      return client->Acquire(name, o);
+    });
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+  }
+
+  std::unique_ptr<PyTensor> GetById(uint64_t id, bool readonly) {
+    AcquireOptions options;
+    options.readonly = readonly;
+    std::shared_ptr<Client> client = Core();
+    Result<TensorRef> ref = [&]() -> Result<TensorRef> {
+      py::gil_scoped_release release;
+      return client->Acquire(TensorId{id}, options);
+    }();
+    return std::make_unique<PyTensor>(Unwrap(std::move(ref)), /*producer=*/false);
+  }
+
+  std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
+                                 std::optional<double> timeout) {
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = WaitLoop<TensorRef>("'" + name_or_prefix + "'", timeout, [&](Wait wait) {
+      return client->Take(name_or_prefix, wait);
+    });
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+  }
+
+  void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
+    std::shared_ptr<Client> client = Core();
+    Status status = [&] {
+      py::gil_scoped_release release;
+      return client->Delete(name, if_generation.value_or(0));
+    }();
+    ThrowIfError(status);
+  }
+
+  py::list List(const std::string& prefix) {
+    std::shared_ptr<Client> client = Core();
+    Result<std::vector<TensorInfo>> infos = [&]() -> Result<std::vector<TensorInfo>> {
+      py::gil_scoped_release release;
+      return client->List(prefix);
+    }();
+    py::list out;
+    for (const TensorInfo& info : Unwrap(std::move(infos))) out.append(InfoToDict(info));
+    return out;
+  }
+
+  py::dict Stat(const std::string& name) {
+    std::shared_ptr<Client> client = Core();
+    Result<TensorStat> stat = [&]() -> Result<TensorStat> {
+      py::gil_scoped_release release;
+      return client->Stat(name);
+    }();
+    return StatToDict(Unwrap(std::move(stat)));
+  }
+
+  py::dict StatById(uint64_t id) {
+    std::shared_ptr<Client> client = Core();
+    Result<TensorStat> stat = [&]() -> Result<TensorStat> {
+      py::gil_scoped_release release;
+      return client->Stat(TensorId{id});
+    }();
+    return StatToDict(Unwrap(std::move(stat)));
+  }
+
+  py::dict BrokerStatusDict() {
+    std::shared_ptr<Client> client = Core();
+    Result<BrokerStatus> status = [&]() -> Result<BrokerStatus> {
+      py::gil_scoped_release release;
+      return client->GetStatus();
+    }();
+    return StatusToDict(Unwrap(std::move(status)));
+  }
+
+  std::unique_ptr<PyWatcher> Watch(const std::string& prefix, bool initial) {
+    std::shared_ptr<Client> client = Core();
+    Result<std::unique_ptr<Watcher>> watcher = [&]() -> Result<std::unique_ptr<Watcher>> {
+      py::gil_scoped_release release;
+      return client->Watch(prefix, initial);
+    }();
+    return std::make_unique<PyWatcher>(Unwrap(std::move(watcher)));
+  }
+
+  void Flush() {
+    std::shared_ptr<Client> client = Core();
+    Status status = [&] {
+      py::gil_scoped_release release;
+      return client->Flush();
+    }();
+    ThrowIfError(status);
+  }
+
+  void Close() {
+    std::shared_ptr<Client> client = std::move(client_);
+    py::gil_scoped_release release;
+    client.reset();  // the last call in flight, if any, destroys it instead
+  }
+
+  bool closed() const { return client_ == nullptr; }
+  uint64_t session_id() { return Core()->session_id(); }
+  std::string socket_path() { return Core()->socket_path(); }
+
+ private:
+  explicit PyClient(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+
+  // Read and written with the GIL held only. Calls copy it so that close() from another
+  // thread never destroys a Client in use.
+  std::shared_ptr<Client> Core() const {
+    if (!client_) throw py::value_error("the tensord client is closed");
+    return client_;
+  }
+
+  std::shared_ptr<Client> client_;
+};
+
+}  // namespace
+}  // namespace tensord::python
+
+PYBIND11_MODULE(_tensord, m) {
+  using namespace tensord;          // NOLINT: the binding table reads better unqualified
+  using namespace tensord::python;  // NOLINT
+  namespace py = pybind11;
+  m.doc() = "C++ half of the tensord package; use `import tensord`.";
+  RegisterErrors(m);
+  m.attr("DLPACK_VERSION") = py::make_tuple(kDLPackMajorVersion, kDLPackMinorVersion);
+  m.def("default_socket_path", &DefaultClientSocketPath,
+        "The socket a client uses when connect() is given none.");
+  m.def("_consume_on_native_thread_for_test", &ConsumeOnNativeThreadForTest, py::arg("capsule"));
+
+  py::class_<ArrayView>(m, "_ArrayView")
+      .def_property_readonly("__array_interface__", &ArrayView::ArrayInterface);
+
+  py::class_<Source>(m, "_Source")
+      .def_static("from_dlpack", &Source::FromDLPack, py::arg("capsule"))
+      .def_static("from_buffer", &Source::FromBuffer, py::arg("obj"))
+      .def_static("from_array_interface", &Source::FromArrayInterface, py::arg("obj"))
+      .def_property_readonly("dtype", [](const Source& s) { return DtypeName(s.dtype()); })
+      .def_property_readonly("shape", [](const Source& s) { return py::tuple(py::cast(s.shape())); })
+      .def("override_dtype",
+           [](Source& s, const std::string& dtype) { s.OverrideDtype(DtypeFromName(dtype)); });
+
+  py::class_<PyTensor>(m, "Tensor", "A tensor held through tensord (see tensord.Tensor).")
+      .def("__dlpack__", &PyTensor::DLPack, py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none())
+      .def("__dlpack_device__", &PyTensor::Device)
+      .def("_legacy_capsule_as", &PyTensor::LegacyCapsuleAs, py::arg("dtype"))
+      .def("_array_view", &PyTensor::MakeArrayView)
+      .def_property_readonly("_data_ptr", &PyTensor::DataPtr)
+      .def("release", &PyTensor::Release,
+           "Drops this handle's own reference now; views made from it keep theirs.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyTensor& t, py::args) { t.Release(); })
+      .def_property_readonly("shape",
+                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().shape)); })
+      .def_property_readonly("strides",
+                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().strides)); })
+      .def_property_readonly("dtype",
+                             [](const PyTensor& t) { return DtypeName(t.info().dtype); })
+      .def_property_readonly("name",
+                             [](const PyTensor& t) -> std::optional<std::string> {
+                               if (t.info().name.empty()) return std::nullopt;
+                               return t.info().name;
+                             })
+      .def_property_readonly("tensor_id", [](const PyTensor& t) { return t.info().tensor_id; })
+      .def_property_readonly("generation", [](const PyTensor& t) { return t.info().generation; })
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info().nbytes; })
+      .def_property_readonly("device", &PyTensor::Device)
+      .def_property_readonly("readonly", &PyTensor::readonly)
+      .def_property_readonly("writable", &PyTensor::producer,
+                             "True for a tensor from empty(): fill it, then publish it.")
+      .def_property_readonly("released", &PyTensor::released)
+      .def_property_readonly("info", [](const PyTensor& t) { return InfoToDict(t.info()); })
+      .def("__repr__", [](const PyTensor& t) {
+        std::string shape;
+        for (int64_t d : t.info().shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        return "<tensord.Tensor " + t.Describe() + " " +
+               DtypeName(t.info().dtype).value_or("?") + "[" + shape + "]" +
+               (t.released() ? " released" : "") + ">";
+      });
+
+  py::class_<PyWatcher>(m, "_Watcher")
+      .def("next",
+           [](PyWatcher& w, std::optional<double> timeout) {
+             bool done = false;
+             return w.Next(timeout, &done);
+           },
+           py::arg("timeout") = py::none())
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__",
+           [](PyWatcher& w) {
+             bool done = false;
+             py::object event = w.Next(std::nullopt, &done);
+             if (done) throw py::stop_iteration();
+             return event;
+           })
+      .def("cancel", &PyWatcher::Cancel);
+
+  py::class_<PyClient>(m, "_Client")
+      .def_static("connect", &PyClient::Connect, py::arg("socket") = py::none(),
+                  py::arg("client_name") = py::none(), py::arg("lease_cache") = true,
+                  py::arg("lease_cache_linger") = 2.0)
+      .def("empty", &PyClient::Empty, py::arg("shape"), py::arg("dtype"),
+           py::arg("ns") = py::none())
+      .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
+           py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
+           py::arg("ttl") = py::none())
+      .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,
+           py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
+           py::arg("ns") = py::none())
+      .def("get", &PyClient::Get, py::arg("name"), py::arg("timeout") = 0.0,
+           py::arg("min_generation") = py::none(), py::arg("readonly") = false)
+      .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false)
+      .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0)
+      .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
+      .def("list", &PyClient::List, py::arg("prefix") = "")
+      .def("stat", &PyClient::Stat, py::arg("name"))
+      .def("stat_by_id", &PyClient::StatById, py::arg("tensor_id"))
+      .def("status", &PyClient::BrokerStatusDict)
+      .def("watch", &PyClient::Watch, py::arg("prefix") = "", py::arg("initial") = false)
+      .def("flush", &PyClient::Flush)
+      .def("close", &PyClient::Close)
+      .def_property_readonly("closed", &PyClient::closed)
+      .def_property_readonly("session_id", &PyClient::session_id)
+      .def_property_readonly("socket", &PyClient::socket_path);
+}

@@ -1,0 +1,30 @@
+// Conversions between tensord's C++ values and plain Python data: dtype names ('float32'),
+// numpy array-interface type strings, and dicts for TensorInfo, TensorStat, BrokerStatus and
+// WatchEvent. Call with the GIL held.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <pybind11/pybind11.h>
+
+#include "tensord/client.h"
+
+namespace tensord::python {
+
+// 'float32', 'bool', 'bfloat16', ...; nullopt for a dtype tensord does not name.
+std::optional<std::string> DtypeName(DLDataType dtype);
+// The inverse; throws InvalidArgument (as a StatusError) naming the dtype.
+DLDataType DtypeFromName(std::string_view name);
+// numpy's array-interface typestr ('<f4', '|b1'); nullopt when numpy has no such type
+// (bfloat16).
+std::optional<std::string> NumpyTypestr(DLDataType dtype);
+size_t ItemSize(DLDataType dtype);
+
+pybind11::dict InfoToDict(const TensorInfo& info);
+pybind11::dict StatToDict(const TensorStat& stat);
+pybind11::dict StatusToDict(const BrokerStatus& status);
+pybind11::dict EventToDict(const WatchEvent& event);
+
+}  // namespace tensord::python

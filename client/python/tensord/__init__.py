@@ -1,0 +1,60 @@
+"""tensord: share tensors between processes on one node without copying them.
+
+    import tensord, torch
+    client = tensord.connect()                     # $TENSORD_SOCKET or the default socket
+    client.put("demo/weights", torch.randn(1000))  # one copy into broker memory
+    t = client.get("demo/weights", timeout=5.0)    # a lease; no copy
+    w = torch.from_dlpack(t)                       # or t.torch(), t.numpy(), numpy.from_dlpack(t)
+
+    buf = client.empty((64, 3, 224, 224), "float32")  # fill in place, publish without a copy
+    torch.from_dlpack(buf).normal_()
+    client.publish(buf, "demo/batch/0001")
+    batch = client.take("demo/batch/", timeout=None)  # oldest under the prefix, unbinds it
+
+Lifetime: a tensor from get() or take() holds a lease; every view made from it (numpy array,
+torch tensor, DLPack capsule) holds its own reference, and the lease goes when the last of
+them is garbage-collected (the client may keep it cached briefly while the name still points
+at it), when the process exits or is killed, or, for the handle's own reference, at once with
+release() or at the end of a with block.
+
+Errors are tensord.Error subclasses carrying the broker's message: NotFound, Timeout,
+ResourceExhausted, PermissionDenied, InvalidArgument, Unavailable; other codes raise Error
+with .code set.
+"""
+
+from . import _convert
+from ._client import Client, Watch, connect, dtype_name
+from ._tensord import (
+    DLPACK_VERSION,
+    Error,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Tensor,
+    Timeout,
+    Unavailable,
+    default_socket_path,
+)
+
+Tensor.numpy = _convert.to_numpy
+Tensor.torch = _convert.to_torch
+Tensor.__array__ = _convert.to_array
+
+__all__ = [
+    "Client",
+    "DLPACK_VERSION",
+    "Error",
+    "InvalidArgument",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Tensor",
+    "Timeout",
+    "Unavailable",
+    "Watch",
+    "connect",
+    "default_socket_path",
+    "dtype_name",
+]
+__version__ = "0.1.0"

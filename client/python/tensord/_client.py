@@ -1,0 +1,233 @@
+"""tensord.Client: the Python face of one broker session (see tensord's docstring)."""
+
+import sys
+import time
+
+from . import _tensord
+from ._tensord import Tensor
+
+
+def dtype_name(dtype):
+    """'float32' from 'float32', numpy.float32, numpy.dtype('float32') or torch.float32."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    try:
+        import numpy
+
+        return numpy.dtype(dtype).name
+    except (ImportError, TypeError) as e:
+        raise TypeError(f"not a dtype: {dtype!r}") from e
+
+
+def _shape(shape):
+    if isinstance(shape, int):
+        return [shape]
+    return [int(d) for d in shape]
+
+
+def _torch_source(obj):
+    """A torch tensor as something put() can read: detached, bool as its uint8 bytes."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return obj, None
+    obj = obj.detach()
+    if obj.dtype == torch.bool:  # torch refuses bool over DLPack
+        return obj.view(torch.uint8), "bool"
+    return obj, None
+
+
+def source_of(obj):
+    """An _Source over obj's memory: __dlpack__ (max_version first, then without it for
+    producers that do not accept it, like numpy 1.24 and torch 1.13), else the buffer
+    protocol, else the array interface."""
+    obj, override = _torch_source(obj)
+    refusals = []
+    dlpack = getattr(obj, "__dlpack__", None)
+    if dlpack is not None:
+        try:
+            try:
+                capsule = dlpack(max_version=_tensord.DLPACK_VERSION)
+            except TypeError:
+                capsule = dlpack()
+            source = _tensord._Source.from_dlpack(capsule)
+        except (BufferError, RuntimeError, TypeError) as e:
+            # numpy refuses bool and read-only arrays over DLPack; the buffer protocol takes
+            # them. An unconsumed capsule frees itself.
+            refusals.append(f"__dlpack__: {e}")
+        else:
+            if override:
+                source.override_dtype(override)
+            return source
+    try:
+        return _tensord._Source.from_buffer(obj)
+    except (TypeError, BufferError, ValueError) as e:
+        refusals.append(f"buffer protocol: {e}")
+    if hasattr(obj, "__array_interface__"):
+        return _tensord._Source.from_array_interface(obj)
+    raise TypeError(
+        f"put: cannot read a {type(obj).__name__}: " + "; ".join(refusals or ["no __dlpack__, "
+        "buffer protocol or __array_interface__"])
+    )
+
+
+class Watch:
+    """Binding changes under a prefix, as dicts:
+    {'kind': 'bound'|'unbound'|'reset', 'name', 'generation', 'tensor': info dict or None}.
+    Iterating waits for each event (Ctrl-C interrupts); next(timeout) returns None when the
+    timeout passes. close() (or leaving a with block) ends it and the iteration."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._core.__next__()
+
+    def next(self, timeout=None):
+        return self._core.next(timeout)
+
+    def close(self):
+        self._core.cancel()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Client:
+    """One session with the broker. Share it between threads freely; a forked child may use
+    it too (it opens its own session on first use and never keeps the parent's alive)."""
+
+    def __init__(self, core):
+        self._core = core
+
+    # Producing.
+
+    def empty(self, shape, dtype, ns=None):
+        """A writable tensor in broker memory: fill it in place (numpy.from_dlpack(t),
+        torch.from_dlpack(t) or t.numpy()), then publish(t, name). Without a namespace it
+        gets a dedicated buffer; with one it may be carved from that namespace's arena and can
+        only be published into that namespace."""
+        return self._core.empty(_shape(shape), dtype_name(dtype), ns)
+
+    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None):
+        """Seals the tensor from empty() and binds it to name, without a copy. if_absent /
+        if_generation make it conditional; ttl (seconds) unbinds it after that long.
+        Returns the tensor's description (a dict with 'generation', ...)."""
+        if not isinstance(t, Tensor):
+            raise TypeError("publish takes a tensor from client.empty(); use put() for other arrays")
+        return self._core.publish(t, name, if_absent, if_generation, ttl)
+
+    def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None):
+        """Copies any array once into broker memory and publishes it: anything with
+        __dlpack__, the buffer protocol or __array_interface__, any strides, any dtype
+        tensord has (bool and unsigned ints included). Returns its description."""
+        source = source_of(obj)
+        return self._core.put(name, source, if_absent, if_generation, ttl, ns)
+
+    def put_many(self, items, **options):
+        """put() for each (name, obj) of a dict or an iterable of pairs; returns the
+        descriptions in order."""
+        pairs = items.items() if isinstance(items, dict) else items
+        return [self.put(name, obj, **options) for name, obj in pairs]
+
+    # Consuming.
+
+    def get(self, name, timeout=0.0, min_generation=None, readonly=False):
+        """A lease on the tensor bound to name (or with this tensor id). timeout: 0 fails at
+        once with NotFound, a positive number of seconds waits then raises Timeout, None
+        waits forever; Ctrl-C interrupts a wait. min_generation waits for a binding at least
+        that new. readonly=True maps the pages shared read-only instead of copy-on-write."""
+        if isinstance(name, int):
+            return self._core.get_by_id(name, readonly)
+        return self._core.get(name, timeout, min_generation, readonly)
+
+    def get_many(self, names, timeout=0.0, min_generation=None, readonly=False):
+        """get() for each name; a positive timeout bounds the whole batch."""
+        deadline = None if timeout is None or timeout <= 0 else time.monotonic() + timeout
+        out = []
+        for name in names:
+            left = timeout
+            if deadline is not None:
+                left = max(deadline - time.monotonic(), 1e-3)
+            out.append(self.get(name, left, min_generation, readonly))
+        return out
+
+    def take(self, name_or_prefix, timeout=0.0):
+        """Acquires and unbinds atomically. A prefix ending in '/' takes the oldest tensor
+        published under it: a zero-copy work queue. timeout as for get()."""
+        return self._core.take(name_or_prefix, timeout)
+
+    def watch(self, prefix="", initial=False):
+        """A Watch of binding changes under prefix (initial=True starts with the current
+        bindings)."""
+        return Watch(self._core.watch(prefix, initial))
+
+    # Managing.
+
+    def delete(self, name, if_generation=None):
+        self._core.delete(name, if_generation)
+
+    def list(self, prefix=""):
+        """Descriptions (dicts) of the tensors bound under prefix."""
+        return self._core.list(prefix)
+
+    def stat(self, name):
+        """A tensor's description plus 'holders': one dict per session holding leases
+        (session_id, pid, uid, gid, leases, producer). An int is a tensor id."""
+        if isinstance(name, int):
+            return self._core.stat_by_id(name)
+        return self._core.stat(name)
+
+    def status(self):
+        """The broker's status as a dict."""
+        return self._core.status()
+
+    def flush(self):
+        """Sends queued lease releases now and waits until the broker has them."""
+        self._core.flush()
+
+    def close(self):
+        """Ends the session; tensors and views already made stay valid."""
+        self._core.close()
+
+    @property
+    def closed(self):
+        return self._core.closed
+
+    @property
+    def session_id(self):
+        return self._core.session_id
+
+    @property
+    def socket(self):
+        return self._core.socket
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self.closed:
+            return "<tensord.Client closed>"
+        return f"<tensord.Client socket={self.socket!r} session={self.session_id}>"
+
+
+def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0):
+    """Connects to the broker. socket: the daemon's socket path; default $TENSORD_SOCKET,
+    else the per-user socket if one is there, else /run/tensord/tensord.sock. lease_cache
+    keeps a lease for lease_cache_linger seconds after its last view goes, while the name
+    still points at it, so a repeated get() needs no round trip."""
+    core = _tensord._Client.connect(
+        None if socket is None else str(socket), client_name, lease_cache, lease_cache_linger
+    )
+    return Client(core)

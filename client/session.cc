@@ -1,0 +1,464 @@
+#include "client/session.h"
+
+#include <errno.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "client/status_util.h"
+#include "client/tensor_convert.h"
+#include "common/fd_channel.h"
+#include "common/logging.h"
+#include "common/memory/memfd.h"
+#include "common/socket_paths.h"
+#include "common/status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace tensord::internal {
+namespace {
+
+constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
+// How much longer than the broker's own acquire wait we wait for its answer.
+constexpr std::chrono::milliseconds kWaitSlack{10000};
+constexpr size_t kMaxLeasesPerRelease = 65536;
+constexpr size_t kMaxUnsentReleases = size_t{1} << 20;
+
+std::optional<std::chrono::milliseconds> ReplyBound(Wait wait) {
+  if (wait.forever()) return std::nullopt;
+  if (wait.millis() <= 0) return kDefaultCallTimeout;
+  return std::chrono::milliseconds(wait.millis()) + kWaitSlack;
+}
+
+std::string DefaultClientName() { return program_invocation_short_name; }
+
+std::string Unavailable(const std::string& socket_path, std::string_view cause) {
+  return "no tensord broker at " + socket_path + ": " + std::string(cause) +
+         " (is the daemon running?)";
+}
+
+}  // namespace
+
+Session::Session(const ClientOptions& options, std::string socket_path)
+    : options_(options),
+      socket_path_(std::move(socket_path)),
+      table_(options.lease_cache, options.lease_cache_linger) {}
+
+absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
+                                                       const std::string& socket_path) {
+  std::shared_ptr<Session> s(new Session(options, socket_path));
+  const std::string name = options.client_name.empty() ? DefaultClientName() : options.client_name;
+  absl::StatusOr<std::unique_ptr<FdConnection>> fd =
+      FdConnection::Connect(common::FdChannelPath(socket_path), name, options.trusted_daemon_uids);
+  if (!fd.ok()) {
+    if (fd.status().code() == absl::StatusCode::kPermissionDenied) return fd.status();
+    return absl::UnavailableError(Unavailable(socket_path, std::string(fd.status().message())));
+  }
+  s->fd_ = *std::move(fd);
+  s->instance_nonce_ = s->fd_->welcome().instance_nonce();
+  s->channel_ = grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials());
+  s->stub_ = tensord::v1::Broker::NewStub(s->channel_);
+  TENSORD_ASSIGN_OR_RETURN(s->queue_, ReleaseQueue::Create());
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->Stream();
+  if (!stream.ok()) return absl::UnavailableError(Unavailable(socket_path, std::string(stream.status().message())));
+  ReleaseSender::Options sender_options;
+  sender_options.hangup_fd = s->fd_->socket();
+  Session* raw = s.get();
+  sender_options.on_hangup = [raw] {
+    raw->dead_.store(true, std::memory_order_release);
+    spdlog::warn("tensord: the broker at {} closed the session", raw->socket_path_);
+  };
+  s->sender_ = std::make_unique<ReleaseSender>(s->queue_, raw, std::move(sender_options));
+  return s;
+}
+
+Session::~Session() {
+  closing_.store(true);
+  if (sender_ != nullptr) sender_->Stop();
+  std::shared_ptr<SessionStream> stream;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    stream = std::move(stream_);
+  }
+  if (stream != nullptr) stream->Close();
+  // Cached leases go with the session (closing the fd channel releases them).
+  for (LeaseView* view : table_.TakeAllIdle()) delete view;
+}
+
+void Session::ShutdownAtExit() {
+  closing_.store(true);
+  if (sender_ != nullptr) sender_->Stop();
+  std::shared_ptr<SessionStream> stream;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    stream = stream_;
+  }
+  if (stream != nullptr) stream->Close();
+}
+
+void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Only the forking thread exists here; any lock another thread held stays held, so
+  // nothing below takes one.
+  dead_.store(true);
+  closing_.store(true);
+  if (fd_ != nullptr) fd_->CloseInForkedChild();
+  if (sender_ != nullptr) {
+    sender_->AbandonInForkedChild();
+    (void)sender_.release();
+  }
+  if (stream_ != nullptr) {
+    stream_->AbandonInForkedChild();
+    new std::shared_ptr<SessionStream>(std::move(stream_));
+  }
+  (void)stub_.release();
+  new std::shared_ptr<grpc::Channel>(std::move(channel_));
+}
+
+absl::Status Session::CheckOpen() const {
+  if (closing_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError("the tensord client is shut down");
+  }
+  if (dead_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError("the broker at " + socket_path_ + " closed the session");
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<grpc::ClientContext> Session::NewContext(
+    std::optional<std::chrono::milliseconds> timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->AddMetadata("tensord-session", fd_->welcome().session_token());
+  if (timeout.has_value()) context->set_deadline(std::chrono::system_clock::now() + *timeout);
+  return context;
+}
+
+absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
+  std::shared_ptr<SessionStream> old;  // closed outside the lock
+  absl::MutexLock lock(&stream_mu_);
+  if (stream_ != nullptr && !stream_->broken()) return stream_;
+  if (closing_.load()) return absl::UnavailableError("the tensord client is shut down");
+  old = std::move(stream_);
+  TENSORD_ASSIGN_OR_RETURN(
+      std::unique_ptr<SessionStream> fresh,
+      SessionStream::Open(
+          stub_.get(), fd_->welcome().session_token(),
+          [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
+          [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); }));
+  stream_ = std::move(fresh);
+  return stream_;
+}
+
+absl::StatusOr<tensord::v1::SessionResponse> Session::StreamCall(
+    tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait) {
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, Stream());
+  std::optional<SessionStream::Clock::time_point> deadline;
+  if (wait.has_value()) deadline = SessionStream::Clock::now() + *wait;
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           stream->Call(std::move(request), deadline));
+  if (response.has_error()) return ToAbsl(FromRpcError(response.error()));
+  return response;
+}
+
+void Session::OnPush(const tensord::v1::SessionResponse& push) {
+  std::vector<LeaseView*> dropped;
+  if (push.has_retired()) {
+    dropped = table_.OnRetired(push.retired().tensor_id());
+  } else if (push.has_cache_reset()) {
+    dropped = table_.DropAllCached();
+  }
+  // Idle views are at refcount zero and no longer cacheable: the sender releases them.
+  for (LeaseView* view : dropped) ReleaseQueue::Push(view);
+}
+
+void Session::OnOrphan(const tensord::v1::SessionResponse& reply) {
+  // The caller gave up waiting; a lease the reply grants is nobody's: release it.
+  uint64_t lease = 0;
+  if (reply.has_acquire()) lease = reply.acquire().lease_id();
+  if (reply.has_take()) lease = reply.take().lease_id();
+  if (lease != 0) queue_->PushLeaseIds({lease});
+}
+
+void Session::ForgetName(std::string_view name) {
+  for (LeaseView* view : table_.DropName(name)) ReleaseQueue::Push(view);
+}
+
+absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::TensorInfo& tensor,
+                                                            ViewKind kind, int export_fd) {
+  const uint64_t buffer_id = tensor.buffer().buffer_id();
+  MappingKey key{instance_nonce_, buffer_id, MapModeOf(kind)};
+  const std::string what = "buffer " + std::to_string(buffer_id);
+  MappingCache::AfterMapFn after_map;
+  if (kind == ViewKind::kProducer) {
+    // Readers are protected by this seal; our own mapping made just before stays writable.
+    after_map = [what](int fd) { return common::SealFutureWrite(fd, what); };
+  }
+  if (export_fd >= 0) {
+    return mappings_.GetOrMapFd(key, export_fd, tensor.buffer().size(), after_map);
+  }
+  MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<BufferFd> {
+    const uint64_t ids[1] = {buffer_id};
+    TENSORD_ASSIGN_OR_RETURN(std::vector<FetchedFd> fetched, fd_->Fetch(ids));
+    return BufferFd{std::move(fetched[0].fd), fetched[0].size};
+  };
+  return mappings_.GetOrMap(key, fetch, after_map);
+}
+
+absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
+                                               const tensord::v1::TensorInfo& tensor,
+                                               ViewKind kind, std::string_view cache_name,
+                                               std::string_view what, int export_fd) {
+  auto give_back = [&](absl::Status status) -> absl::Status {
+    queue_->PushLeaseIds({lease_id});
+    return status;
+  };
+  if (lease_id == 0) return absl::InternalError(std::string(what) + ": the broker sent no lease");
+  absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(tensor, what);
+  if (!valid.ok()) return give_back(valid.status());
+  if (valid->info.device.device_type != kDLCPU) {
+    return give_back(absl::UnimplementedError(
+        std::string(what) + ": device type " + std::to_string(valid->info.device.device_type) +
+        " is not supported by this client build (host memory only)"));
+  }
+  if (kind != ViewKind::kProducer) {
+    if (LeaseView* held = table_.FindByTensor(valid->info.tensor_id, kind, cache_name)) {
+      queue_->PushLeaseIds({lease_id});  // one remote lease per tensor is enough
+      return held;
+    }
+  }
+  std::shared_ptr<Mapping> mapping;
+  uint64_t offset = 0;
+  if (valid->layout.nbytes > 0) {
+    absl::StatusOr<std::shared_ptr<Mapping>> mapped = MapBuffer(tensor, kind, export_fd);
+    if (!mapped.ok()) return give_back(Annotate(mapped.status(), what));
+    mapping = *std::move(mapped);
+    offset = valid->buffer_offset + valid->info.byte_offset;
+    if (valid->buffer_offset > mapping->size() ||
+        valid->layout.extent > mapping->size() - valid->buffer_offset) {
+      return give_back(absl::DataLossError(std::string(what) + ": the tensor reaches past its " +
+                                           std::to_string(mapping->size()) + "-byte buffer"));
+    }
+  }
+  LeaseView::Params params;
+  params.info = std::move(valid->info);
+  params.lease_id = lease_id;
+  params.session_id = session_id();
+  params.kind = kind;
+  params.mapping = std::move(mapping);
+  params.offset_in_mapping = offset;
+  params.cache_name = std::string(cache_name);
+  auto* view = new LeaseView(std::move(params), queue_);
+  LeaseTable::InsertResult inserted = table_.Insert(view);
+  for (LeaseView* old : inserted.to_release) ReleaseQueue::Push(old);
+  if (!inserted.inserted) {
+    // Another acquire of the same tensor won the race; keep its lease, give back ours.
+    queue_->PushLeaseIds({lease_id});
+    delete view;
+  }
+  return inserted.view;
+}
+
+absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireOptions& options) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const ViewKind kind = options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
+  const std::string* name = std::get_if<std::string>(&target);
+  const std::string what = name != nullptr
+                               ? "acquire '" + *name + "'"
+                               : "acquire tensor " + std::to_string(std::get<uint64_t>(target));
+  if (name != nullptr) {
+    if (LeaseView* hit = table_.FindByName(*name, kind, options.min_generation)) return hit;
+  }
+  tensord::v1::SessionRequest request;
+  tensord::v1::AcquireRequest* acquire = request.mutable_acquire();
+  if (name != nullptr) {
+    acquire->set_name(*name);
+  } else {
+    acquire->set_tensor_id(std::get<uint64_t>(target));
+  }
+  if (options.wait.forever()) {
+    acquire->set_forever(true);
+  } else if (options.wait.millis() > 0) {
+    acquire->set_timeout_ms(static_cast<uint64_t>(options.wait.millis()));
+  }
+  acquire->set_min_generation(options.min_generation);
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           StreamCall(std::move(request), ReplyBound(options.wait)));
+  if (!response.has_acquire()) {
+    return absl::InternalError(what + ": the broker answered with something else");
+  }
+  return AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), kind,
+                    name != nullptr ? std::string_view(*name) : std::string_view(), what);
+}
+
+absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait wait) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "take '" + std::string(name_or_prefix) + "'";
+  tensord::v1::SessionRequest request;
+  tensord::v1::TakeRequest* take = request.mutable_take();
+  take->set_name_or_prefix(std::string(name_or_prefix));
+  if (wait.forever()) {
+    take->set_forever(true);
+  } else if (wait.millis() > 0) {
+    take->set_timeout_ms(static_cast<uint64_t>(wait.millis()));
+  }
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           StreamCall(std::move(request), ReplyBound(wait)));
+  if (!response.has_take()) {
+    return absl::InternalError(what + ": the broker answered with something else");
+  }
+  // The name is unbound now: a cached lease of it must not serve it any more.
+  ForgetName(response.take().tensor().name());
+  return AdoptLease(response.take().lease_id(), response.take().tensor(), ViewKind::kPrivate, "",
+                    what);
+}
+
+absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSpec& spec) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "allocate in '" + std::string(ns) + "'";
+  absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
+  if (!desc.ok()) return Annotate(desc.status(), what);
+  tensord::v1::AllocateRequest request;
+  request.set_ns(std::string(ns));
+  *request.mutable_desc() = *std::move(desc);
+  request.set_isolated(spec.isolated);
+  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
+  tensord::v1::AllocateResponse response;
+  auto context = NewContext();
+  grpc::Status status = stub_->Allocate(context.get(), request, &response);
+  if (!status.ok()) return ToAbsl(FromGrpc(status));
+  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what);
+}
+
+absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::string_view ns,
+                                           const TensorSpec& spec) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "export into '" + std::string(ns) + "'";
+  absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
+  if (!desc.ok()) return Annotate(desc.status(), what);
+  absl::StatusOr<uint64_t> size = common::PrepareExportedMemfd(memfd, what);
+  if (!size.ok()) return size.status();
+  absl::StatusOr<uint64_t> staged = fd_->Stage(memfd);
+  if (!staged.ok()) return Annotate(staged.status(), what);
+  tensord::v1::ExportRequest request;
+  request.set_staged_fd_id(*staged);
+  request.set_ns(std::string(ns));
+  *request.mutable_desc() = *std::move(desc);
+  request.set_offset(offset);
+  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
+  tensord::v1::AllocateResponse response;
+  auto context = NewContext();
+  grpc::Status status = stub_->Export(context.get(), request, &response);
+  if (!status.ok()) return ToAbsl(FromGrpc(status));
+  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, memfd);
+}
+
+absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_view name,
+                                            const PublishOptions& options) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "publish tensor " + std::to_string(view.tensor_id()) + " as '" +
+                           std::string(name) + "'";
+  if (view.session_id() != session_id()) {
+    return absl::FailedPreconditionError(what + ": it was allocated in another session");
+  }
+  if (view.kind() != ViewKind::kProducer) {
+    return absl::FailedPreconditionError(
+        what + ": only a tensor this client allocated or exported can be published");
+  }
+  tensord::v1::SessionRequest request;
+  tensord::v1::PublishRequest* publish = request.mutable_publish();
+  publish->set_tensor_id(view.tensor_id());
+  publish->set_name(std::string(name));
+  switch (options.condition) {
+    case PublishOptions::Condition::kAlways: break;
+    case PublishOptions::Condition::kIfAbsent: publish->set_if_absent(true); break;
+    case PublishOptions::Condition::kIfGeneration:
+      publish->set_if_generation(options.generation);
+      break;
+  }
+  publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           StreamCall(std::move(request), kDefaultCallTimeout));
+  if (!response.has_publish()) {
+    return absl::InternalError(what + ": the broker answered with something else");
+  }
+  TENSORD_ASSIGN_OR_RETURN(ValidatedTensor valid,
+                           ValidateTensorInfo(response.publish().tensor(), what));
+  return std::move(valid.info);
+}
+
+absl::Status Session::Flush() {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  if (!sender_->Flush(kDefaultCallTimeout)) {
+    return absl::DeadlineExceededError("flush: the release sender did not finish in time");
+  }
+  // The stream is ordered: once the broker answers this, it has every release sent before.
+  tensord::v1::SessionRequest request;
+  request.mutable_release();
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           StreamCall(std::move(request), kDefaultCallTimeout));
+  if (!response.has_release()) {
+    return absl::InternalError("flush: the broker answered with something else");
+  }
+  return absl::OkStatus();
+}
+
+// --- release path (sender thread) ---
+
+void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
+  const Clock::time_point now = Clock::now();
+  const bool closing = closing_.load(std::memory_order_acquire);
+  std::vector<LeaseView*> doomed;
+  doomed.reserve(views.size());
+  for (LeaseView* view : views) {
+    if (closing) {
+      table_.Remove(view);
+    } else if (table_.Park(view, now)) {
+      continue;  // kept in the lease cache
+    }
+    doomed.push_back(view);
+  }
+  ReleaseAndDestroy(std::move(doomed), std::move(lease_ids));
+}
+
+void Session::ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
+  for (LeaseView* view : views) lease_ids.push_back(view->lease_id());
+  SendReleases(std::move(lease_ids));
+  // The munmap of a last mapping happens here, on the sender thread, after the release.
+  for (LeaseView* view : views) delete view;
+}
+
+void Session::SendReleases(std::vector<uint64_t> lease_ids) {
+  if (!unsent_release_ids_.empty()) {
+    lease_ids.insert(lease_ids.begin(), unsent_release_ids_.begin(), unsent_release_ids_.end());
+    unsent_release_ids_.clear();
+  }
+  if (lease_ids.empty() || dead_.load()) return;  // a dead session released everything
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
+  size_t sent = 0;
+  while (stream.ok() && sent < lease_ids.size()) {
+    size_t n = std::min(kMaxLeasesPerRelease, lease_ids.size() - sent);
+    tensord::v1::SessionRequest request;
+    auto* release = request.mutable_release();
+    for (size_t i = 0; i < n; ++i) release->add_lease_ids(lease_ids[sent + i]);
+    if (!(*stream)->Send(std::move(request)).ok()) break;
+    sent += n;
+  }
+  if (sent < lease_ids.size()) {
+    size_t left = lease_ids.size() - sent;
+    if (left > kMaxUnsentReleases) {
+      spdlog::error("tensord: dropping {} unsent releases (the session stream is down)",
+                    left - kMaxUnsentReleases);
+      left = kMaxUnsentReleases;
+    }
+    unsent_release_ids_.assign(lease_ids.end() - static_cast<ptrdiff_t>(left), lease_ids.end());
+  }
+}
+
+ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
+  Clock::time_point next;
+  std::vector<LeaseView*> expired = table_.TakeExpired(now, &next);
+  if (!expired.empty() || !unsent_release_ids_.empty()) ReleaseAndDestroy(std::move(expired), {});
+  if (!unsent_release_ids_.empty()) next = std::min(next, now + std::chrono::milliseconds(100));
+  return next;
+}
+
+}  // namespace tensord::internal

@@ -1,0 +1,129 @@
+// Session: one connected tensord session and everything bound to it: the fd channel (whose
+// life IS the session), the gRPC channel and stub, the Session stream (reopened when it
+// breaks), the mapping cache, the lease table (with the lease cache), and the release queue
+// and its sender thread.
+//
+// Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. The
+// broker-facing work (validation, dedupe of leases on one tensor, fetching and mapping
+// buffers) happens here; ClientCore turns views into TensorRefs and handles reconnects
+// and fork.
+//
+// Lifetime: shared_ptr-owned by ClientCore and by calls in flight. Views outlive it: their
+// ReleaseQueue is shared, and once this Session stops its sender, a view's last reference
+// frees it inline. dead() turns true when the broker hangs up the fd channel; the owner then
+// connects a new Session. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/fd_connection.h"
+#include "client/lease_table.h"
+#include "client/mapping_cache.h"
+#include "client/release_queue.h"
+#include "client/session_stream.h"
+#include "grpcpp/channel.h"
+#include "tensord/client.h"
+#include "tensord/v1/broker.grpc.pb.h"
+
+namespace tensord::internal {
+
+class Session final : public ReleaseSink {
+ public:
+  // Connects: fd channel (uid check, HELLO/WELCOME), gRPC channel, Session stream, sender.
+  static absl::StatusOr<std::shared_ptr<Session>> Open(const ClientOptions& options,
+                                                       const std::string& socket_path);
+  ~Session() override;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  using Target = std::variant<std::string, uint64_t>;  // name or tensor id
+  absl::StatusOr<LeaseView*> Acquire(const Target& target, const AcquireOptions& options);
+  absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, Wait wait);
+  absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
+  absl::StatusOr<LeaseView*> Export(int memfd, uint64_t offset, std::string_view ns,
+                                    const TensorSpec& spec);
+  absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
+                                     const PublishOptions& options);
+  // Drops this client's cached lease of `name` (after a Delete or Take by us).
+  void ForgetName(std::string_view name);
+  absl::Status Flush();
+
+  // A context for a unary Broker call: session metadata and a deadline.
+  std::unique_ptr<grpc::ClientContext> NewContext(
+      std::optional<std::chrono::milliseconds> timeout = std::chrono::seconds(30)) const;
+  tensord::v1::Broker::Stub* stub() const { return stub_.get(); }
+
+  uint64_t session_id() const { return fd_->welcome().session_id(); }
+  const std::string& socket_path() const { return socket_path_; }
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+
+  // Process exit: stop the sender and close the stream; later calls fail UNAVAILABLE.
+  void ShutdownAtExit();
+  // Fork child: close the inherited fd channel at once (so the parent's death releases its
+  // leases even while this child lives on) and abandon, without running any destructor,
+  // every thread and gRPC object of the parent's. The Session itself must then be leaked.
+  void AbandonInForkedChild() noexcept;
+
+  // ReleaseSink (sender thread).
+  void ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) override;
+  Clock::time_point Tick(Clock::time_point now) override;
+
+  LeaseTable& table_for_test() { return table_; }
+  MappingCache& mappings_for_test() { return mappings_; }
+
+ private:
+  Session(const ClientOptions& options, std::string socket_path);
+
+  absl::StatusOr<std::shared_ptr<SessionStream>> Stream();
+  absl::StatusOr<tensord::v1::SessionResponse> StreamCall(tensord::v1::SessionRequest request,
+                                                          std::optional<std::chrono::milliseconds> wait);
+  void OnPush(const tensord::v1::SessionResponse& push);
+  void OnOrphan(const tensord::v1::SessionResponse& reply);
+  // Builds (or finds) the view for a lease the broker just granted. On any failure the
+  // lease is released.
+  absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
+                                        ViewKind kind, std::string_view cache_name,
+                                        std::string_view what, int export_fd = -1);
+  absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
+                                                     ViewKind kind, int export_fd);
+  // Releases the leases of views at refcount zero (cache decisions already made) and
+  // destroys them.
+  void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
+  void SendReleases(std::vector<uint64_t> lease_ids);
+  absl::Status CheckOpen() const;
+
+  // Constant after Open().
+  const ClientOptions options_;
+  const std::string socket_path_;
+  std::string instance_nonce_;
+  std::unique_ptr<FdConnection> fd_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<tensord::v1::Broker::Stub> stub_;
+  std::shared_ptr<ReleaseQueue> queue_;
+
+  MappingCache mappings_;
+  LeaseTable table_;
+  std::atomic<bool> dead_{false};
+  std::atomic<bool> closing_{false};
+
+  absl::Mutex stream_mu_;
+  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(stream_mu_);
+
+  // Sender thread only: ids whose release could not be sent yet (stream down).
+  std::vector<uint64_t> unsent_release_ids_;
+
+  // Last: started once everything above exists, stopped first.
+  std::unique_ptr<ReleaseSender> sender_;
+};
+
+}  // namespace tensord::internal

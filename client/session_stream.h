@@ -1,0 +1,85 @@
+// SessionStream: one Broker.Session bidirectional stream (sync API) attached to a session
+// by its token. Acquire, Take, Publish and Release ride it.
+//
+// Call() sends a request with a fresh seq and waits for the response with that seq, up to
+// an optional deadline (the broker enforces an acquire's own wait; the caller adds slack).
+// Send() writes a request with seq 0 (a release that wants no reply). Writes are serialized
+// by a mutex. A reader thread matches responses to waiting callers and hands pushes
+// (seq 0: `retired`, `cache_reset`) to the push handler, and replies nobody waits for any
+// more (their caller timed out) to the orphan handler, so a lease they carry is released.
+// Both handlers run on the reader thread and must not block on this stream.
+//
+// When the stream breaks, every pending caller gets UNAVAILABLE and broken() turns true; the
+// owner opens a new stream for the next call (the session itself lives on the fd channel).
+// Close() cancels the call and joins the reader. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/sync_stream.h"
+#include "tensord/v1/broker.grpc.pb.h"
+
+namespace tensord::internal {
+
+class SessionStream {
+ public:
+  using Handler = std::function<void(const tensord::v1::SessionResponse&)>;
+  using Clock = std::chrono::steady_clock;
+
+  static absl::StatusOr<std::unique_ptr<SessionStream>> Open(tensord::v1::Broker::Stub* stub,
+                                                             const std::string& session_token,
+                                                             Handler on_push, Handler on_orphan);
+  ~SessionStream();  // Close()
+  SessionStream(const SessionStream&) = delete;
+  SessionStream& operator=(const SessionStream&) = delete;
+
+  // `deadline` nullopt: wait as long as the stream lives.
+  absl::StatusOr<tensord::v1::SessionResponse> Call(tensord::v1::SessionRequest request,
+                                                    std::optional<Clock::time_point> deadline);
+  absl::Status Send(tensord::v1::SessionRequest request);
+
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  void Close();
+  // In a fork child: the reader thread and gRPC's state belong to the parent; leak them.
+  void AbandonInForkedChild() noexcept;
+
+ private:
+  struct Waiter {
+    bool done = false;
+    absl::StatusOr<tensord::v1::SessionResponse> result;
+  };
+  SessionStream(Handler on_push, Handler on_orphan)
+      : on_push_(std::move(on_push)), on_orphan_(std::move(on_orphan)) {}
+  void ReadLoop();
+  absl::Status Write(const tensord::v1::SessionRequest& request);
+
+  const Handler on_push_;
+  const Handler on_orphan_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<tensord::v1::SessionRequest, tensord::v1::SessionResponse>>
+      stream_;
+  std::thread reader_;
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> closed_{false};
+
+  absl::Mutex write_mu_;
+
+  absl::Mutex mu_;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Waiter*> pending_ ABSL_GUARDED_BY(mu_);
+  std::string end_message_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tensord::internal

@@ -1,0 +1,122 @@
+#include "client/tensor_convert.h"
+
+#include <string>
+
+#include "common/status.h"
+
+namespace tensord::internal {
+
+TensorState ToPublicState(tensord::v1::TensorState state) {
+  switch (state) {
+    case tensord::v1::TENSOR_STATE_SEALED: return TensorState::kSealed;
+    case tensord::v1::TENSOR_STATE_RETIRED: return TensorState::kRetired;
+    default: return TensorState::kCreating;
+  }
+}
+
+const char* TensorStateName(TensorState state) {
+  switch (state) {
+    case TensorState::kCreating: return "creating";
+    case TensorState::kSealed: return "sealed";
+    case TensorState::kRetired: return "retired";
+  }
+  return "unknown";
+}
+
+TensorInfo ToPublicInfo(const tensord::v1::TensorInfo& proto, const common::TensorLayout& layout) {
+  TensorInfo info;
+  info.tensor_id = proto.tensor_id();
+  info.name = proto.name();
+  info.generation = proto.generation();
+  info.dtype = common::ToDLDataType(proto.desc().dtype());
+  info.shape.assign(proto.desc().shape().begin(), proto.desc().shape().end());
+  info.strides = layout.strides;
+  info.byte_offset = proto.desc().byte_offset();
+  info.device = common::ToDLDevice(proto.desc().device());
+  info.state = ToPublicState(proto.state());
+  info.tags = std::map<std::string, std::string>(proto.tags().begin(), proto.tags().end());
+  info.created_unix_ms = proto.created_unix_ms();
+  info.lease_count = proto.lease_count();
+  info.nbytes = layout.nbytes;
+  info.buffer_id = proto.buffer().buffer_id();
+  info.buffer_size = proto.buffer().size();
+  return info;
+}
+
+absl::StatusOr<ValidatedTensor> ValidateTensorInfo(const tensord::v1::TensorInfo& proto,
+                                                   std::string_view what) {
+  absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(proto.desc());
+  if (!layout.ok()) {
+    return absl::DataLossError(std::string(what) + ": the broker sent an invalid description: " +
+                               std::string(layout.status().message()));
+  }
+  // 0 is tolerated as "not filled in"; any other disagreement is the broker's bug.
+  if (proto.nbytes() != 0 && proto.nbytes() != layout->nbytes) {
+    return absl::DataLossError(std::string(what) + ": the broker says " +
+                               std::to_string(proto.nbytes()) + " bytes but the description has " +
+                               std::to_string(layout->nbytes));
+  }
+  if (layout->nbytes == 0) {
+    // Zero-byte tensors have no buffer; nothing is mapped, so nothing else to check.
+    if (proto.buffer().buffer_id() != 0) {
+      return absl::DataLossError(std::string(what) + ": a zero-byte tensor with buffer " +
+                                 std::to_string(proto.buffer().buffer_id()));
+    }
+  } else {
+    if (proto.buffer().buffer_id() == 0) {
+      return absl::DataLossError(std::string(what) + ": tensor of " +
+                                 std::to_string(layout->nbytes) + " bytes has no buffer");
+    }
+    absl::Status fits = common::ValidateFitsBuffer(*layout, proto.buffer(), what);
+    if (!fits.ok()) {
+      return absl::DataLossError(std::string(what) + ": the broker sent a tensor outside its " +
+                                 "buffer: " + std::string(fits.message()));
+    }
+  }
+  ValidatedTensor out;
+  out.info = ToPublicInfo(proto, *layout);
+  out.buffer_offset = proto.buffer().offset();
+  out.layout = *std::move(layout);
+  return out;
+}
+
+absl::StatusOr<tensord::v1::TensorDesc> SpecToDesc(const TensorSpec& spec) {
+  tensord::v1::TensorDesc desc;
+  TENSORD_ASSIGN_OR_RETURN(*desc.mutable_dtype(), common::FromDLDataType(spec.dtype));
+  TENSORD_ASSIGN_OR_RETURN(*desc.mutable_device(), common::FromDLDevice(spec.device));
+  for (int64_t d : spec.shape) desc.add_shape(d);
+  for (int64_t s : spec.strides) desc.add_strides(s);
+  TENSORD_RETURN_IF_ERROR(common::ValidateDesc(desc).status());
+  return desc;
+}
+
+LeaseHolder ToPublicHolder(const tensord::v1::LeaseHolder& holder) {
+  LeaseHolder out;
+  out.session_id = holder.session_id();
+  out.pid = holder.pid();
+  out.uid = holder.uid();
+  out.gid = holder.gid();
+  out.leases = holder.leases();
+  out.producer = holder.producer();
+  return out;
+}
+
+BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
+  BrokerStatus out;
+  out.version = status.version();
+  out.pid = status.pid();
+  out.uid = status.uid();
+  out.uptime_ms = status.uptime_ms();
+  out.host_bytes_in_use = status.host_bytes_in_use();
+  out.host_bytes_limit = status.host_bytes_limit();
+  out.tensors = status.tensors();
+  out.named_tensors = status.named_tensors();
+  out.buffers = status.buffers();
+  out.leases = status.leases();
+  out.sessions = status.sessions();
+  out.socket = status.socket();
+  out.releases_not_found = status.releases_not_found();
+  return out;
+}
+
+}  // namespace tensord::internal
