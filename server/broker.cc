@@ -1,0 +1,622 @@
+#include "server/broker.h"
+
+#include <sys/random.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/check.h"
+#include "common/memory/memfd.h"
+#include "common/memory/host_backend.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "common/tensor_desc.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+constexpr size_t kMaxReleaseBatch = 65536;
+constexpr size_t kMaxFetchBatch = common::kMaxFdsPerMessage;
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string NewInstanceNonce() {
+  std::string nonce(16, '\0');
+  // A nonce, not a secret: a short read only makes it less unique, never unsafe.
+  if (getrandom(nonce.data(), nonce.size(), 0) != static_cast<ssize_t>(nonce.size())) {
+    uint64_t fallback = static_cast<uint64_t>(NowUnixMs()) ^ static_cast<uint64_t>(getpid());
+    nonce.replace(0, sizeof(fallback), reinterpret_cast<const char*>(&fallback), sizeof(fallback));
+  }
+  return nonce;
+}
+
+std::string Quote(std::string_view text) {
+  // Names in messages are cut so a 100 kB name does not make a 100 kB error.
+  if (text.size() > 128) return "'" + std::string(text.substr(0, 128)) + "...'";
+  return "'" + std::string(text) + "'";
+}
+
+bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> host_backend)
+    : options_(std::move(options)),
+      instance_nonce_(NewInstanceNonce()),
+      started_unix_ms_(NowUnixMs()),
+      host_backend_(std::move(host_backend)) {}
+
+Broker::~Broker() {
+  Shutdown();
+  executor_.Shutdown();
+  timers_.Shutdown();
+}
+
+// ---------------------------------------------------------------------------------------
+// Effects and small helpers
+
+void Broker::Deliver(Effects& effects) {
+  for (uint64_t timer : effects.cancel_timers) timers_.Cancel(timer);
+  for (auto& [done, result] : effects.completions) std::move(done)(std::move(result));
+  for (auto& [sink, message] : effects.pushes) sink->Push(message);
+  for (auto& [sink, event] : effects.events) sink->Push(event);
+  if (!effects.garbage.empty()) {
+    // The last close of a large memfd returns its pages to the system: not on RPC threads.
+    executor_.Post([garbage = std::move(effects.garbage)]() mutable { garbage.clear(); });
+  }
+}
+
+absl::StatusOr<Session*> Broker::SessionLocked(uint64_t session_id) {
+  Session* session = sessions_.Find(session_id);
+  if (session == nullptr) {
+    return absl::UnauthenticatedError(absl::StrCat("session ", session_id, " is closed"));
+  }
+  return session;
+}
+
+bool Broker::MayRead(const common::PeerCredentials& creds, std::string_view ns) const {
+  if (creds.uid == 0 || creds.uid == options_.daemon_uid) return true;
+  auto it = options_.acls.find(std::string(ns));
+  if (it == options_.acls.end()) return false;
+  return Contains(it->second.read_uids, creds.uid) || Contains(it->second.read_gids, creds.gid) ||
+         Contains(it->second.write_uids, creds.uid) || Contains(it->second.write_gids, creds.gid);
+}
+
+absl::Status Broker::CheckAccess(const Session& session, std::string_view ns, bool write) const {
+  const common::PeerCredentials& creds = session.creds;
+  if (creds.uid == 0 || creds.uid == options_.daemon_uid) return absl::OkStatus();
+  auto it = options_.acls.find(std::string(ns));
+  bool allowed = false;
+  if (it != options_.acls.end()) {
+    const NamespaceAcl& acl = it->second;
+    allowed = write ? (Contains(acl.write_uids, creds.uid) || Contains(acl.write_gids, creds.gid))
+                    : MayRead(creds, ns);
+  }
+  if (allowed) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("uid ", creds.uid, " (gid ", creds.gid,
+                                                  ") may not ", write ? "write" : "read",
+                                                  " namespace ", Quote(ns)));
+}
+
+absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view what) {
+  if (bytes > options_.max_host_bytes || host_bytes_in_use_ > options_.max_host_bytes - bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        std::string(what), " needs ", bytes, " bytes of host memory: ", host_bytes_in_use_,
+        " bytes are in use of the limit of ", options_.max_host_bytes, " (--max-host-bytes)"));
+  }
+  host_bytes_in_use_ += bytes;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions
+
+absl::StatusOr<v1::Welcome> Broker::OpenSession(const common::PeerCredentials& creds,
+                                                std::string client_name) {
+  if (client_name.size() > 256) client_name.resize(256);
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("tensord is shutting down");
+  TENSORD_ASSIGN_OR_RETURN(Session * session, sessions_.Open(creds, std::move(client_name)));
+  v1::Welcome welcome;
+  welcome.set_protocol_version(common::kFdProtocolVersion);
+  welcome.set_session_token(session->token);
+  welcome.set_session_id(session->id);
+  welcome.set_instance_nonce(instance_nonce_);
+  welcome.set_broker_uid(static_cast<uint32_t>(getuid()));
+  welcome.set_broker_pid(static_cast<uint32_t>(getpid()));
+  SPDLOG_DEBUG("session {} opened: pid {} uid {} ({})", session->id, creds.pid, creds.uid,
+               session->client_name);
+  return welcome;
+}
+
+void Broker::CloseSession(uint64_t session_id) {
+  Effects effects;
+  size_t released = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    std::optional<Session> session = sessions_.Close(session_id);
+    if (!session) return;
+    for (uint64_t lease_id : session->leases) {
+      std::optional<Lease> lease = leases_.Remove(lease_id, session_id);
+      TENSORD_CHECK(lease.has_value());
+      DropLeaseLocked(*lease, effects);
+      ++released;
+    }
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->second.session_id == session_id) {
+        effects.cancel_timers.push_back(it->second.timer_id);
+        effects.completions.emplace_back(std::move(it->second.done),
+                                         absl::CancelledError("the session closed"));
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = watchers_.begin(); it != watchers_.end();) {
+      it = it->second.session_id == session_id ? watchers_.erase(it) : std::next(it);
+    }
+    // Tensors this session was still creating die with it: their only hold was its lease.
+  }
+  SPDLOG_DEBUG("session {} closed: {} leases released", session_id, released);
+  Deliver(effects);
+}
+
+absl::StatusOr<uint64_t> Broker::Authenticate(std::string_view token) {
+  absl::MutexLock lock(&mu_);
+  Session* session = sessions_.FindByToken(token);
+  if (session == nullptr) {
+    return absl::UnauthenticatedError(
+        "unknown or expired session token: connect on the fd channel first (metadata "
+        "'tensord-session')");
+  }
+  return session->id;
+}
+
+absl::StatusOr<std::vector<Broker::FetchedFd>> Broker::FetchFds(uint64_t session_id,
+                                                                const v1::FetchFd& request) {
+  if (request.buffer_ids_size() == 0 || static_cast<size_t>(request.buffer_ids_size()) > kMaxFetchBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fetch: between 1 and ", kMaxFetchBatch, " buffer ids per message"));
+  }
+  absl::MutexLock lock(&mu_);
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+  std::vector<FetchedFd> fds;
+  for (uint64_t buffer_id : request.buffer_ids()) {
+    Buffer* buffer = registry_.FindBuffer(buffer_id);
+    bool held = false;
+    if (buffer != nullptr) {
+      for (uint64_t tensor_id : buffer->tensor_ids) {
+        Tensor* tensor = registry_.Find(tensor_id);
+        if (tensor != nullptr && tensor->holders.contains(session->id)) {
+          held = true;
+          break;
+        }
+      }
+    }
+    // The same answer whether the buffer is absent or someone else's: no probing.
+    if (!held) {
+      return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not held by session ",
+                                              session->id, ": acquire a tensor in it first"));
+    }
+    int fd = fcntl(buffer->memory->shareable_fd(), F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return common::ErrnoToStatus(absl::StrCat("dup fd of buffer ", buffer_id), errno);
+    fds.push_back(FetchedFd{buffer_id, buffer->size, common::UniqueFd(fd)});
+  }
+  return fds;
+}
+
+absl::StatusOr<v1::Staged> Broker::StageFd(uint64_t session_id, common::UniqueFd fd) {
+  TENSORD_ASSIGN_OR_RETURN(uint64_t size, common::FdSize(fd.get(), "staged fd"));
+  absl::MutexLock lock(&mu_);
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+  if (session->staged_fds.size() >= 64) {
+    return absl::ResourceExhaustedError("session has 64 staged fds: export or close them first");
+  }
+  uint64_t id = ++session->last_staged_id;
+  session->staged_fds.emplace(id, std::move(fd));
+  v1::Staged staged;
+  staged.set_staged_fd_id(id);
+  staged.set_size(size);
+  return staged;
+}
+
+bool Broker::AttachSink(uint64_t session_id, std::shared_ptr<PushSink> sink) {
+  absl::MutexLock lock(&mu_);
+  Session* session = sessions_.Find(session_id);
+  if (session == nullptr) return false;
+  session->sink = std::move(sink);
+  return std::exchange(session->reset_pending, false);
+}
+
+void Broker::DetachSink(uint64_t session_id, const PushSink* sink) {
+  absl::MutexLock lock(&mu_);
+  Session* session = sessions_.Find(session_id);
+  if (session != nullptr && session->sink.get() == sink) {
+    session->sink.reset();
+    // Pushes sent while no stream is attached are lost: the next stream starts with a reset.
+    session->reset_pending = true;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Leases, bindings, retirement
+
+v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor) {
+  uint64_t lease_id = leases_.Add(session.id, tensor.id);
+  session.leases.insert(lease_id);
+  ++tensor.holders[session.id];
+  ++tensor.leases;
+  v1::AcquireResponse response;
+  response.set_lease_id(lease_id);
+  *response.mutable_tensor() = registry_.Describe(tensor);
+  return response;
+}
+
+void Broker::DropLeaseLocked(const Lease& lease, Effects& effects) {
+  Tensor* tensor = registry_.Find(lease.tensor_id);
+  TENSORD_CHECK(tensor != nullptr && tensor->leases > 0);
+  --tensor->leases;
+  auto holder = tensor->holders.find(lease.session_id);
+  TENSORD_CHECK(holder != tensor->holders.end());
+  if (--holder->second == 0) tensor->holders.erase(holder);
+  MaybeRemoveLocked(*tensor, effects);
+}
+
+void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
+  if (!tensor.name.empty() || tensor.leases > 0) return;
+  if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
+  uint64_t id = tensor.id;
+  std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
+  if (memory != nullptr) {
+    // Buffer sizes are page-rounded, the same as what was reserved.
+    TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
+    host_bytes_in_use_ -= memory->size();
+    effects.garbage.push_back(std::move(memory));
+  }
+  SPDLOG_TRACE("tensor {} dropped", id);
+}
+
+void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects) {
+  if (tensor.state == v1::TENSOR_STATE_SEALED) tensor.state = v1::TENSOR_STATE_RETIRED;
+  if (tensor.ttl_timer != 0) {
+    effects.cancel_timers.push_back(tensor.ttl_timer);
+    tensor.ttl_timer = 0;
+  }
+  // Holders may have cached their lease by this name: tell them it moved.
+  v1::SessionResponse push;
+  v1::TensorRetired* retired = push.mutable_retired();
+  retired->set_tensor_id(tensor.id);
+  retired->set_name(old_name);
+  Tensor* current = registry_.FindByName(old_name);
+  retired->set_generation(current != nullptr ? current->generation : 0);
+  for (const auto& [session_id, count] : tensor.holders) {
+    Session* session = sessions_.Find(session_id);
+    if (session == nullptr) continue;
+    if (session->sink != nullptr) {
+      effects.pushes.emplace_back(session->sink, push);
+    } else {
+      session->reset_pending = true;
+    }
+  }
+}
+
+void Broker::UnbindLocked(Tensor& tensor, Effects& effects) {
+  std::string old_name = tensor.name;
+  registry_.Unbind(tensor);
+  RetireLocked(tensor, old_name, effects);
+  v1::WatchEvent event;
+  event.set_kind(v1::WatchEvent::KIND_UNBOUND);
+  event.set_name(old_name);
+  event.set_generation(tensor.generation);
+  NotifyWatchersLocked(event, effects);
+  MaybeRemoveLocked(tensor, effects);
+}
+
+void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effects) {
+  uint64_t previous = registry_.Bind(name, tensor, registry_.NextGeneration());
+  if (previous != 0) {
+    Tensor* old = registry_.Find(previous);
+    TENSORD_CHECK(old != nullptr);
+    RetireLocked(*old, name, effects);
+    MaybeRemoveLocked(*old, effects);
+  }
+  v1::WatchEvent event;
+  event.set_kind(v1::WatchEvent::KIND_BOUND);
+  event.set_name(name);
+  event.set_generation(tensor.generation);
+  *event.mutable_tensor() = registry_.Describe(tensor);
+  NotifyWatchersLocked(event, effects);
+  WakeWaitersLocked(tensor, effects);
+}
+
+void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects) {
+  for (auto& [id, watcher] : watchers_) {
+    if (!common::NameHasPrefix(event.name(), watcher.prefix)) continue;
+    if (!MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
+    effects.events.emplace_back(watcher.sink, event);
+  }
+}
+
+void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
+  // Acquirers first: they all get the tensor. Then the oldest matching take, which unbinds it.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      Waiter& waiter = it->second;
+      bool match = false;
+      if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireName) {
+        match = !tensor.name.empty() && waiter.target == tensor.name &&
+                tensor.generation >= waiter.min_generation;
+      } else if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireId) {
+        match = waiter.tensor_id == tensor.id;
+      } else if (pass == 1 && waiter.kind == Waiter::Kind::kTake) {
+        match = !tensor.name.empty() && (waiter.target == tensor.name ||
+                                         (waiter.target.ends_with('/') &&
+                                          common::NameHasPrefix(tensor.name, waiter.target)));
+      }
+      if (!match) {
+        ++it;
+        continue;
+      }
+      Session* session = sessions_.Find(waiter.session_id);
+      TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
+      effects.cancel_timers.push_back(waiter.timer_id);
+      effects.completions.emplace_back(std::move(waiter.done), GrantLocked(*session, tensor));
+      it = waiters_.erase(it);
+      if (pass == 1) {
+        UnbindLocked(tensor, effects);
+        return;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Allocate, Export, Publish
+
+void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
+                      Completion<v1::AllocateResponse> done) {
+  auto fail = [&](absl::Status status) { std::move(done)(std::move(status)); };
+  absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(request.desc());
+  if (!layout.ok()) return fail(layout.status());
+  if (request.desc().device().type() != v1::DEVICE_TYPE_CPU) {
+    return fail(absl::FailedPreconditionError(
+        "only host (CPU) tensors are served by this build: the cuda and level_zero "
+        "backends are not built yet"));
+  }
+  if (!request.ns().empty()) {
+    if (absl::Status status = common::ValidateNamespace(request.ns()); !status.ok()) return fail(status);
+  }
+  if (request.tags_size() > 64) return fail(absl::InvalidArgumentError("tags: at most 64 entries"));
+  for (const auto& [key, value] : request.tags()) {
+    if (key.empty() || key.size() > 256 || value.size() > 4096) {
+      return fail(absl::InvalidArgumentError("tags: keys 1..256 bytes, values at most 4096 bytes"));
+    }
+  }
+  Tensor tensor;
+  tensor.ns = request.ns();
+  tensor.desc = request.desc();
+  tensor.desc.clear_strides();
+  tensor.layout = *layout;
+  tensor.tags.insert(request.tags().begin(), request.tags().end());
+  tensor.created_unix_ms = NowUnixMs();
+  tensor.producer_session = session_id;
+  uint64_t size = (layout->extent + kPageBytes - 1) / kPageBytes * kPageBytes;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> session = SessionLocked(session_id);
+    if (!session.ok()) return fail(session.status());
+    if (!tensor.ns.empty()) {
+      if (absl::Status status = CheckAccess(**session, tensor.ns, true); !status.ok()) return fail(status);
+    }
+    tensor.producer_uid = (*session)->creds.uid;
+    if (size > 0) {
+      absl::Status reserved = ReserveHostBytesLocked(
+          size, absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()), " tensor of ",
+                             layout->nbytes, " bytes"));
+      if (!reserved.ok()) return fail(reserved);
+    }
+  }
+  if (size == 0) {
+    return FinishAllocate(session_id, 0, std::move(tensor), std::unique_ptr<common::BackendBuffer>(),
+                          std::move(done));
+  }
+  executor_.Post([this, session_id, size, tensor = std::move(tensor), done = std::move(done)]() mutable {
+    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory =
+        host_backend_->Allocate(size, absl::StrCat("tensord-session-", session_id));
+    FinishAllocate(session_id, size, std::move(tensor), std::move(memory), std::move(done));
+  });
+}
+
+void Broker::FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
+                            absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
+                            Completion<v1::AllocateResponse> done) {
+  absl::StatusOr<v1::AllocateResponse> result;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    Session* session = sessions_.Find(session_id);
+    if (!memory.ok() || session == nullptr) {
+      host_bytes_in_use_ -= size;
+      if (memory.ok() && *memory != nullptr) effects.garbage.push_back(std::move(*memory));
+      result = memory.ok() ? absl::CancelledError("the session closed during Allocate") : memory.status();
+    } else {
+      if (size > 0) {
+        Buffer buffer;
+        buffer.id = registry_.NextBufferId();
+        buffer.size = size;
+        buffer.memory = std::move(*memory);
+        tensor.buffer_id = buffer.id;
+        registry_.AddBuffer(std::move(buffer));
+      }
+      tensor.id = registry_.NextTensorId();
+      Tensor& added = registry_.AddTensor(std::move(tensor));
+      v1::AcquireResponse granted = GrantLocked(*session, added);
+      v1::AllocateResponse response;
+      response.set_lease_id(granted.lease_id());
+      *response.mutable_tensor() = std::move(*granted.mutable_tensor());
+      result = std::move(response);
+    }
+  }
+  Deliver(effects);
+  std::move(done)(std::move(result));
+}
+
+absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v1::ExportRequest& request) {
+  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(request.desc()));
+  if (request.desc().device().type() != v1::DEVICE_TYPE_CPU) {
+    return absl::FailedPreconditionError("export: only host (CPU) memfds can be exported by this build");
+  }
+  if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(common::ValidateNamespace(request.ns()));
+  common::UniqueFd fd;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    auto staged = session->staged_fds.find(request.staged_fd_id());
+    if (staged == session->staged_fds.end()) {
+      return absl::NotFoundError(absl::StrCat("export: staged fd ", request.staged_fd_id(),
+                                              " is not staged by this session"));
+    }
+    fd = std::move(staged->second);
+    session->staged_fds.erase(staged);
+  }
+  TENSORD_ASSIGN_OR_RETURN(uint64_t size, common::PrepareExportedMemfd(fd.get(), "exported memfd"));
+  v1::BufferRef ref;
+  ref.set_size(size);
+  ref.set_offset(request.offset());
+  TENSORD_RETURN_IF_ERROR(common::ValidateFitsBuffer(layout, ref, "exported tensor"));
+  if (size == 0) return absl::InvalidArgumentError("export: the memfd is empty");
+
+  Effects effects;
+  absl::StatusOr<v1::AllocateResponse> result;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
+    uint64_t accounted = (size + kPageBytes - 1) / kPageBytes * kPageBytes;
+    TENSORD_RETURN_IF_ERROR(ReserveHostBytesLocked(accounted, "exporting a memfd"));
+    Buffer buffer;
+    buffer.id = registry_.NextBufferId();
+    buffer.size = accounted;
+    buffer.memory = std::make_unique<common::HostBuffer>(std::move(fd), accounted);
+    Tensor tensor;
+    tensor.id = registry_.NextTensorId();
+    tensor.ns = request.ns();
+    tensor.desc = request.desc();
+    tensor.desc.clear_strides();
+    tensor.layout = layout;
+    tensor.buffer_id = buffer.id;
+    tensor.offset = request.offset();
+    tensor.tags.insert(request.tags().begin(), request.tags().end());
+    tensor.created_unix_ms = NowUnixMs();
+    tensor.producer_session = session_id;
+    tensor.producer_uid = session->creds.uid;
+    registry_.AddBuffer(std::move(buffer));
+    Tensor& added = registry_.AddTensor(std::move(tensor));
+    v1::AcquireResponse granted = GrantLocked(*session, added);
+    v1::AllocateResponse response;
+    response.set_lease_id(granted.lease_id());
+    *response.mutable_tensor() = std::move(*granted.mutable_tensor());
+    result = std::move(response);
+  }
+  Deliver(effects);
+  return result;
+}
+
+absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v1::PublishRequest& request) {
+  const std::string& name = request.name();
+  if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
+  Effects effects;
+  v1::PublishResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    Tensor* tensor = registry_.Find(request.tensor_id());
+    if (tensor == nullptr || tensor->producer_session != session_id || !tensor->holders.contains(session_id)) {
+      return absl::NotFoundError(absl::StrCat("tensor ", request.tensor_id(),
+                                              " is not being created by this session"));
+    }
+    if (tensor->state != v1::TENSOR_STATE_CREATING) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor ", tensor->id, " is already published"));
+    }
+    std::string_view ns = name.empty() ? std::string_view(tensor->ns) : common::NamespaceOf(name);
+    if (!name.empty()) {
+      if (!tensor->ns.empty() && tensor->ns != ns) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor ", tensor->id, " was allocated in namespace ", Quote(tensor->ns),
+            " and cannot be published as ", Quote(name)));
+      }
+      TENSORD_RETURN_IF_ERROR(CheckAccess(*session, ns, true));
+      Tensor* current = registry_.FindByName(name);
+      if (request.has_if_absent() && request.if_absent() && current != nullptr) {
+        return absl::AlreadyExistsError(absl::StrCat(Quote(name), " is already bound (generation ",
+                                                     current->generation, ")"));
+      }
+      if (request.has_if_generation()) {
+        uint64_t have = current == nullptr ? 0 : current->generation;
+        if (have != request.if_generation()) {
+          return absl::AbortedError(absl::StrCat(Quote(name), " is at generation ", have,
+                                                 ", not ", request.if_generation()));
+        }
+      }
+    }
+    if (tensor->buffer_id != 0) {
+      // The seal is what protects readers: check it before any reader can get the fd.
+      Buffer* buffer = registry_.FindBuffer(tensor->buffer_id);
+      TENSORD_CHECK(buffer != nullptr);
+      TENSORD_RETURN_IF_ERROR(common::CheckReaderSeals(
+          buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
+    }
+    tensor->state = v1::TENSOR_STATE_SEALED;
+    tensor->ns = std::string(ns);
+    if (name.empty()) {
+      tensor->generation = registry_.NextGeneration();
+      WakeWaitersLocked(*tensor, effects);
+    } else {
+      BindLocked(*tensor, name, effects);
+      if (request.ttl_ms() > 0 && !tensor->name.empty()) ScheduleTtlLocked(*tensor, request.ttl_ms());
+    }
+    *response.mutable_tensor() = registry_.Describe(*tensor);
+  }
+  Deliver(effects);
+  return response;
+}
+
+void Broker::ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) {
+  ttl_ms = std::min<uint64_t>(ttl_ms, uint64_t{365} * 24 * 3600 * 1000);
+  uint64_t id = tensor.id;
+  uint64_t generation = tensor.generation;
+  tensor.ttl_timer = timers_.Schedule(
+      TimerQueue::Clock::now() + std::chrono::milliseconds(ttl_ms),
+      [this, id, generation] { ExpireTtl(id, generation); });
+}
+
+void Broker::ExpireTtl(uint64_t tensor_id, uint64_t generation) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    Tensor* tensor = registry_.Find(tensor_id);
+    if (tensor == nullptr || tensor->name.empty() || tensor->generation != generation) return;
+    tensor->ttl_timer = 0;
+    SPDLOG_DEBUG("binding {} expired (TTL)", tensor->name);
+    UnbindLocked(*tensor, effects);
+  }
+  Deliver(effects);
+}
+
+}  // namespace tensord::server

@@ -1,0 +1,205 @@
+// Broker: the one handler layer behind every transport (the Session stream, the unary RPCs
+// and the fd channel). It owns the registry, the leases, the sessions, the waits and the
+// watchers, all under one mutex; work that can block (allocating memory, freeing a large
+// buffer) runs on the Executor, and completions, pushes and watch events are delivered
+// after the mutex is released.
+//
+// Rules it keeps: a tensor lives while bound or leased; closing a session releases every
+// lease it held and cancels its waits; every description is validated before anything is
+// registered; quota failures answer RESOURCE_EXHAUSTED with use and limit; identity is the
+// session's SO_PEERCRED credentials, never a field in a request.
+//
+// Errors: INVALID_ARGUMENT (bad description, name), NOT_FOUND (no such name/tensor/lease),
+// DEADLINE_EXCEEDED (a wait expired), ALREADY_EXISTS / ABORTED (conditional publish),
+// FAILED_PRECONDITION (wrong state, missing seals), PERMISSION_DENIED (ACL),
+// RESOURCE_EXHAUSTED (quota, memory), UNAUTHENTICATED (unknown session token),
+// CANCELLED (a wait was cancelled or the broker is stopping). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/fd_channel.h"
+#include "common/memory/memory_backend.h"
+#include "server/config.h"
+#include "server/executor.h"
+#include "server/lease_table.h"
+#include "server/session_manager.h"
+#include "server/tensor_registry.h"
+#include "server/timer_queue.h"
+#include "tensord/v1/broker.pb.h"
+#include "tensord/v1/fd_channel.pb.h"
+
+namespace tensord::server {
+
+// Where a Watch stream's events go. Push never blocks; false means the event was dropped
+// (the watcher then gets a RESET event once it catches up).
+class WatchSink {
+ public:
+  virtual ~WatchSink() = default;
+  virtual bool Push(const tensord::v1::WatchEvent& event) = 0;
+  // The broker is stopping: end the stream.
+  virtual void Close() = 0;
+};
+
+struct BrokerOptions {
+  uint64_t max_host_bytes = 0;
+  uid_t daemon_uid = 0;
+  std::map<std::string, NamespaceAcl> acls;
+  std::string socket;
+  std::string version;
+};
+
+template <typename T>
+using Completion = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
+
+class Broker {
+ public:
+  Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> host_backend);
+  ~Broker();
+  Broker(const Broker&) = delete;
+  Broker& operator=(const Broker&) = delete;
+
+  // --- sessions (fd channel) ---
+  absl::StatusOr<tensord::v1::Welcome> OpenSession(const common::PeerCredentials& creds,
+                                                   std::string client_name);
+  void CloseSession(uint64_t session_id);
+  // The session a token names; UNAUTHENTICATED otherwise (the message never holds the token).
+  absl::StatusOr<uint64_t> Authenticate(std::string_view token);
+  struct FetchedFd {
+    uint64_t buffer_id;
+    uint64_t size;
+    common::UniqueFd fd;  // a dup the caller sends and closes
+  };
+  absl::StatusOr<std::vector<FetchedFd>> FetchFds(uint64_t session_id,
+                                                  const tensord::v1::FetchFd& request);
+  absl::StatusOr<tensord::v1::Staged> StageFd(uint64_t session_id, common::UniqueFd fd);
+  // Returns true when the session missed pushes while no stream was attached: the new
+  // stream must start with a cache_reset.
+  bool AttachSink(uint64_t session_id, std::shared_ptr<PushSink> sink);
+  void DetachSink(uint64_t session_id, const PushSink* sink);
+
+  // --- Broker calls ---
+  // Completes on the executor (allocation may block).
+  void Allocate(uint64_t session_id, const tensord::v1::AllocateRequest& request,
+                Completion<tensord::v1::AllocateResponse> done);
+  absl::StatusOr<tensord::v1::AllocateResponse> Export(uint64_t session_id,
+                                                       const tensord::v1::ExportRequest& request);
+  absl::StatusOr<tensord::v1::PublishResponse> Publish(uint64_t session_id,
+                                                       const tensord::v1::PublishRequest& request);
+  // `done` runs exactly once, maybe before this returns. Returns a wait id for CancelWait
+  // (0 when it completed at once).
+  uint64_t Acquire(uint64_t session_id, const tensord::v1::AcquireRequest& request,
+                   Completion<tensord::v1::AcquireResponse> done);
+  uint64_t Take(uint64_t session_id, const tensord::v1::TakeRequest& request,
+                Completion<tensord::v1::AcquireResponse> done);
+  // Completes a pending wait with CANCELLED; no-op when it already completed.
+  void CancelWait(uint64_t wait_id);
+  tensord::v1::ReleaseResponse Release(uint64_t session_id, const tensord::v1::ReleaseRequest& request);
+  absl::StatusOr<tensord::v1::DeleteResponse> Delete(uint64_t session_id,
+                                                     const tensord::v1::DeleteRequest& request);
+  absl::StatusOr<tensord::v1::ListResponse> List(uint64_t session_id,
+                                                 const tensord::v1::ListRequest& request);
+  absl::StatusOr<tensord::v1::StatResponse> Stat(uint64_t session_id,
+                                                 const tensord::v1::StatRequest& request);
+  tensord::v1::StatusResponse GetStatus();
+
+  // Registers a watcher; returns its id for RemoveWatcher.
+  absl::StatusOr<uint64_t> AddWatcher(uint64_t session_id, const tensord::v1::WatchRequest& request,
+                                      std::shared_ptr<WatchSink> sink);
+  void RemoveWatcher(uint64_t watcher_id);
+
+  // Cancels every wait and refuses new ones; used by SIGTERM.
+  void Shutdown();
+
+ private:
+  struct Waiter {
+    enum class Kind { kAcquireName, kAcquireId, kTake };
+    uint64_t session_id = 0;
+    Kind kind = Kind::kAcquireName;
+    std::string target;  // name, or prefix ending in '/' for a take
+    uint64_t tensor_id = 0;
+    uint64_t min_generation = 0;
+    uint64_t timer_id = 0;
+    Completion<tensord::v1::AcquireResponse> done;
+  };
+
+  struct Watcher {
+    uint64_t session_id = 0;
+    std::string prefix;
+    common::PeerCredentials creds;
+    std::shared_ptr<WatchSink> sink;
+  };
+
+  struct Effects {
+    std::vector<std::pair<Completion<tensord::v1::AcquireResponse>, absl::StatusOr<tensord::v1::AcquireResponse>>>
+        completions;
+    std::vector<std::pair<std::shared_ptr<PushSink>, tensord::v1::SessionResponse>> pushes;
+    std::vector<std::pair<std::shared_ptr<WatchSink>, tensord::v1::WatchEvent>> events;
+    std::vector<std::unique_ptr<common::BackendBuffer>> garbage;
+    std::vector<uint64_t> cancel_timers;
+  };
+
+
+  uint64_t StartWait(uint64_t session_id, Waiter waiter,
+                     Completion<tensord::v1::AcquireResponse>& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grants a lease on `tensor` to `session`.
+  tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLeaseLocked(const Lease& lease, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unbinds and retires; pushes the change to holders and watchers.
+  void UnbindLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireTtl(uint64_t tensor_id, uint64_t generation);
+  void FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
+                      absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
+                      Completion<tensord::v1::AllocateResponse> done);
+  void CompleteWaitWith(uint64_t wait_id, absl::Status status);
+  // Runs what an operation collected, outside the mutex.
+  void Deliver(Effects& effects);
+
+  absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckAccess(const Session& session, std::string_view ns, bool write) const;
+  bool MayRead(const common::PeerCredentials& creds, std::string_view ns) const;
+  absl::Status ReserveHostBytesLocked(uint64_t bytes, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const BrokerOptions options_;
+  const std::string instance_nonce_;
+  const int64_t started_unix_ms_;
+  std::unique_ptr<common::MemoryBackend> host_backend_;
+
+  absl::Mutex mu_;
+  TensorRegistry registry_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  SessionManager sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id: FIFO order
+  uint64_t last_wait_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_watcher_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t host_bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Declared last: their threads stop first, while everything above is still alive.
+  TimerQueue timers_;
+  Executor executor_{2};
+};
+
+}  // namespace tensord::server

@@ -1,0 +1,373 @@
+// The consumer side of the Broker: acquire, take, waits, release, delete, list, stat,
+// status and watchers.
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "server/broker.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+constexpr size_t kMaxReleaseBatch = 65536;
+
+std::string Quote(std::string_view text) {
+  if (text.size() > 128) return "'" + std::string(text.substr(0, 128)) + "...'";
+  return "'" + std::string(text) + "'";
+}
+
+template <typename Request>
+bool WantsWait(const Request& request) {
+  return request.wait_case() != Request::WAIT_NOT_SET &&
+         (request.has_forever() ? request.forever() : request.timeout_ms() > 0);
+}
+
+}  // namespace
+
+uint64_t Broker::StartWait(uint64_t session_id, Waiter waiter, Completion<v1::AcquireResponse>& done) {
+  uint64_t id = ++last_wait_id_;
+  waiter.session_id = session_id;
+  waiter.done = std::move(done);
+  waiters_.emplace(id, std::move(waiter));
+  return id;
+}
+
+uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
+                         Completion<v1::AcquireResponse> done) {
+  Waiter waiter;
+  if (request.target_case() == v1::AcquireRequest::kName) {
+    if (absl::Status status = common::ValidateName(request.name()); !status.ok()) {
+      std::move(done)(status);
+      return 0;
+    }
+    waiter.kind = Waiter::Kind::kAcquireName;
+    waiter.target = request.name();
+    waiter.min_generation = request.min_generation();
+  } else if (request.target_case() == v1::AcquireRequest::kTensorId) {
+    waiter.kind = Waiter::Kind::kAcquireId;
+    waiter.tensor_id = request.tensor_id();
+  } else {
+    std::move(done)(absl::InvalidArgumentError("acquire: give a name or a tensor_id"));
+    return 0;
+  }
+
+  std::optional<absl::StatusOr<v1::AcquireResponse>> result;  // empty: wait
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> session = SessionLocked(session_id);
+    if (!session.ok()) {
+      result = session.status();
+    } else if (waiter.kind == Waiter::Kind::kAcquireName) {
+      std::string_view ns = common::NamespaceOf(waiter.target);
+      Tensor* tensor = registry_.FindByName(waiter.target);
+      if (absl::Status access = CheckAccess(**session, ns, false); !access.ok()) {
+        result = access;
+      } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
+        result = GrantLocked(**session, *tensor);
+      } else if (tensor != nullptr && !WantsWait(request)) {
+        result = absl::NotFoundError(absl::StrCat(Quote(waiter.target), " is at generation ",
+                                                  tensor->generation, ", below the ",
+                                                  waiter.min_generation, " asked for"));
+      } else if (!WantsWait(request)) {
+        result = absl::NotFoundError(absl::StrCat("no tensor is bound to ", Quote(waiter.target)));
+      }
+    } else {
+      Tensor* tensor = registry_.Find(waiter.tensor_id);
+      bool readable = tensor != nullptr &&
+                      (tensor->ns.empty() ? ((*session)->creds.uid == tensor->producer_uid ||
+                                             MayRead((*session)->creds, ""))
+                                          : MayRead((*session)->creds, tensor->ns));
+      if (tensor != nullptr && !readable) {
+        result = absl::PermissionDeniedError(absl::StrCat("uid ", (*session)->creds.uid,
+                                                          " may not read tensor ", tensor->id));
+      } else if (tensor != nullptr && tensor->state != v1::TENSOR_STATE_CREATING) {
+        result = GrantLocked(**session, *tensor);
+      } else if (!WantsWait(request)) {
+        result = absl::NotFoundError(absl::StrCat("no published tensor has id ", waiter.tensor_id));
+      }
+    }
+    if (!result) {
+      if (shutting_down_) {
+        result = absl::CancelledError("tensord is shutting down");
+      } else {
+        uint64_t wait_id = StartWait(session_id, std::move(waiter), done);
+        if (!request.has_forever()) {
+          waiters_[wait_id].timer_id = timers_.Schedule(
+              TimerQueue::Clock::now() + std::chrono::milliseconds(request.timeout_ms()),
+              [this, wait_id, ms = request.timeout_ms()] {
+                CompleteWaitWith(wait_id, absl::DeadlineExceededError(absl::StrCat(
+                                              "nothing to acquire within ", ms, " ms")));
+              });
+        }
+        return wait_id;
+      }
+    }
+  }
+  std::move(done)(std::move(*result));
+  return 0;
+}
+
+uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
+                      Completion<v1::AcquireResponse> done) {
+  const std::string& target = request.name_or_prefix();
+  bool prefix = target.ends_with('/');
+  absl::Status valid = prefix ? common::ValidatePrefix(target) : common::ValidateName(target);
+  if (valid.ok() && target.empty()) valid = absl::InvalidArgumentError("take: give a name or a prefix");
+  if (!valid.ok()) {
+    std::move(done)(valid);
+    return 0;
+  }
+  absl::StatusOr<v1::AcquireResponse> result;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> session = SessionLocked(session_id);
+    absl::Status access = session.ok() ? CheckAccess(**session, common::NamespaceOf(target), true)
+                                       : session.status();
+    if (!access.ok()) {
+      result = access;
+    } else {
+      Tensor* tensor = prefix ? registry_.OldestUnder(target) : registry_.FindByName(target);
+      if (tensor != nullptr) {
+        result = GrantLocked(**session, *tensor);
+        UnbindLocked(*tensor, effects);
+      } else if (!WantsWait(request)) {
+        result = absl::NotFoundError(absl::StrCat("nothing is bound ", prefix ? "under " : "to ",
+                                                  Quote(target)));
+      } else if (shutting_down_) {
+        result = absl::CancelledError("tensord is shutting down");
+      } else {
+        Waiter waiter;
+        waiter.kind = Waiter::Kind::kTake;
+        waiter.target = target;
+        uint64_t wait_id = StartWait(session_id, std::move(waiter), done);
+        if (!request.has_forever()) {
+          waiters_[wait_id].timer_id = timers_.Schedule(
+              TimerQueue::Clock::now() + std::chrono::milliseconds(request.timeout_ms()),
+              [this, wait_id, ms = request.timeout_ms()] {
+                CompleteWaitWith(wait_id, absl::DeadlineExceededError(
+                                              absl::StrCat("nothing to take within ", ms, " ms")));
+              });
+        }
+        return wait_id;
+      }
+    }
+  }
+  Deliver(effects);
+  std::move(done)(std::move(result));
+  return 0;
+}
+
+void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
+  Completion<v1::AcquireResponse> done;
+  uint64_t timer_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(wait_id);
+    if (it == waiters_.end()) return;
+    done = std::move(it->second.done);
+    timer_id = it->second.timer_id;
+    waiters_.erase(it);
+  }
+  if (timer_id != 0) timers_.Cancel(timer_id);
+  std::move(done)(std::move(status));
+}
+
+void Broker::CancelWait(uint64_t wait_id) {
+  CompleteWaitWith(wait_id, absl::CancelledError("the wait was cancelled"));
+}
+
+v1::ReleaseResponse Broker::Release(uint64_t session_id, const v1::ReleaseRequest& request) {
+  v1::ReleaseResponse response;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    Session* session = sessions_.Find(session_id);
+    int count = 0;
+    for (uint64_t lease_id : request.lease_ids()) {
+      if (++count > static_cast<int>(kMaxReleaseBatch)) break;
+      std::optional<Lease> lease =
+          session == nullptr ? std::nullopt : leases_.Remove(lease_id, session_id);
+      if (!lease) {
+        ++releases_not_found_;
+        response.add_not_found(lease_id);
+        continue;
+      }
+      session->leases.erase(lease_id);
+      DropLeaseLocked(*lease, effects);
+      response.set_released(response.released() + 1);
+    }
+  }
+  Deliver(effects);
+  return response;
+}
+
+absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1::DeleteRequest& request) {
+  TENSORD_RETURN_IF_ERROR(common::ValidateName(request.name()));
+  Effects effects;
+  v1::DeleteResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), true));
+    Tensor* tensor = registry_.FindByName(request.name());
+    if (tensor == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no tensor is bound to ", Quote(request.name())));
+    }
+    if (request.if_generation() != 0 && tensor->generation != request.if_generation()) {
+      return absl::AbortedError(absl::StrCat(Quote(request.name()), " is at generation ",
+                                             tensor->generation, ", not ", request.if_generation()));
+    }
+    response.set_tensor_id(tensor->id);
+    response.set_generation(tensor->generation);
+    UnbindLocked(*tensor, effects);
+  }
+  Deliver(effects);
+  return response;
+}
+
+absl::StatusOr<v1::ListResponse> Broker::List(uint64_t session_id, const v1::ListRequest& request) {
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(request.prefix()));
+  v1::ListResponse response;
+  absl::MutexLock lock(&mu_);
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+  const auto& names = registry_.names();
+  for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
+    if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
+    if (!common::NameHasPrefix(it->first, request.prefix())) continue;
+    if (!MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+    if (Tensor* tensor = registry_.Find(it->second)) *response.add_tensors() = registry_.Describe(*tensor);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::StatRequest& request) {
+  if (request.target_case() == v1::StatRequest::kName) {
+    TENSORD_RETURN_IF_ERROR(common::ValidateName(request.name()));
+  } else if (request.target_case() != v1::StatRequest::kTensorId) {
+    return absl::InvalidArgumentError("stat: give a name or a tensor_id");
+  }
+  absl::MutexLock lock(&mu_);
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+  Tensor* tensor = request.target_case() == v1::StatRequest::kName ? registry_.FindByName(request.name())
+                                                                  : registry_.Find(request.tensor_id());
+  if (tensor == nullptr) {
+    return absl::NotFoundError(request.target_case() == v1::StatRequest::kName
+                                   ? absl::StrCat("no tensor is bound to ", Quote(request.name()))
+                                   : absl::StrCat("no tensor has id ", request.tensor_id()));
+  }
+  bool own = tensor->producer_uid == session->creds.uid;
+  if (!own && !MayRead(session->creds, tensor->ns)) {
+    return absl::PermissionDeniedError(absl::StrCat("uid ", session->creds.uid,
+                                                    " may not read namespace ", Quote(tensor->ns)));
+  }
+  v1::StatResponse response;
+  *response.mutable_tensor() = registry_.Describe(*tensor);
+  for (const auto& [holder_id, count] : tensor->holders) {
+    const Session* holder = sessions_.Find(holder_id);
+    if (holder == nullptr) continue;
+    v1::LeaseHolder* out = response.add_holders();
+    out->set_session_id(holder_id);
+    out->set_pid(static_cast<uint32_t>(holder->creds.pid));
+    out->set_uid(holder->creds.uid);
+    out->set_gid(holder->creds.gid);
+    out->set_leases(count);
+    out->set_producer(holder_id == tensor->producer_session);
+  }
+  return response;
+}
+
+v1::StatusResponse Broker::GetStatus() {
+  v1::StatusResponse response;
+  response.set_version(options_.version);
+  response.set_instance_nonce(instance_nonce_);
+  response.set_pid(static_cast<uint32_t>(getpid()));
+  response.set_uid(static_cast<uint32_t>(getuid()));
+  response.set_socket(options_.socket);
+  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count();
+  response.set_uptime_ms(now - started_unix_ms_);
+  absl::MutexLock lock(&mu_);
+  response.set_host_bytes_in_use(host_bytes_in_use_);
+  response.set_host_bytes_limit(options_.max_host_bytes);
+  response.set_tensors(registry_.tensors().size());
+  response.set_named_tensors(registry_.names().size());
+  response.set_buffers(registry_.buffer_count());
+  response.set_leases(leases_.size());
+  response.set_sessions(sessions_.size());
+  response.set_releases_not_found(releases_not_found_);
+  return response;
+}
+
+absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::WatchRequest& request,
+                                            std::shared_ptr<WatchSink> sink) {
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(request.prefix()));
+  std::vector<v1::WatchEvent> initial;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    if (watchers_.size() >= 4096) return absl::ResourceExhaustedError("too many watchers (4096)");
+    id = ++last_watcher_id_;
+    watchers_.emplace(id, Watcher{session_id, request.prefix(), session->creds, sink});
+    if (request.initial()) {
+      // Pushed under the lock so no change can slip in between the snapshot and the stream.
+      const auto& names = registry_.names();
+      for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
+        if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
+        if (!common::NameHasPrefix(it->first, request.prefix())) continue;
+        if (!MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+        Tensor* tensor = registry_.Find(it->second);
+        v1::WatchEvent event;
+        event.set_kind(v1::WatchEvent::KIND_BOUND);
+        event.set_name(it->first);
+        event.set_generation(tensor->generation);
+        *event.mutable_tensor() = registry_.Describe(*tensor);
+        sink->Push(event);
+      }
+    }
+  }
+  return id;
+}
+
+void Broker::RemoveWatcher(uint64_t watcher_id) {
+  std::shared_ptr<WatchSink> sink;  // released outside the lock
+  absl::MutexLock lock(&mu_);
+  auto it = watchers_.find(watcher_id);
+  if (it == watchers_.end()) return;
+  sink = std::move(it->second.sink);
+  watchers_.erase(it);
+}
+
+void Broker::Shutdown() {
+  std::vector<uint64_t> pending;
+  std::vector<std::shared_ptr<WatchSink>> watch_sinks;
+  std::vector<std::shared_ptr<PushSink>> push_sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (const auto& [id, waiter] : waiters_) pending.push_back(id);
+    for (auto& [id, watcher] : watchers_) watch_sinks.push_back(std::move(watcher.sink));
+    watchers_.clear();
+    for (const auto& [id, session] : sessions_.sessions()) {
+      if (session.sink != nullptr) push_sinks.push_back(session.sink);
+    }
+  }
+  for (auto& sink : watch_sinks) sink->Close();
+  for (auto& sink : push_sinks) sink->Close();
+  for (uint64_t id : pending) {
+    CompleteWaitWith(id, absl::CancelledError("tensord is shutting down"));
+  }
+}
+
+}  // namespace tensord::server

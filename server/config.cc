@@ -1,0 +1,204 @@
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "toml++/toml.h"
+
+namespace tensord::server {
+namespace {
+
+struct Unit {
+  const char* suffix;
+  double factor;
+};
+
+// Longest suffixes first so "MiB" wins over "B".
+constexpr Unit kUnits[] = {
+    {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+    {"kb", 1e3},     {"mb", 1e6},        {"gb", 1e9},           {"tb", 1e12},
+    {"k", 1024.0},   {"m", 1048576.0},   {"g", 1073741824.0},   {"t", 1099511627776.0},
+    {"b", 1.0},
+};
+
+uint64_t ReadCgroupLimit() {
+  // cgroup v2: /proc/self/cgroup says "0::/path"; the limit is memory.max there.
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  uint64_t limit = 0;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) {
+      std::ifstream max_file("/sys/fs/cgroup" + line.substr(3) + "/memory.max");
+      std::string value;
+      if (max_file >> value && value != "max") {
+        uint64_t parsed = 0;
+        if (absl::SimpleAtoi(value, &parsed)) limit = parsed;
+      }
+    }
+  }
+  if (limit == 0) {
+    std::ifstream v1("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    uint64_t parsed = 0;
+    // cgroup v1 reports "no limit" as a huge number near 2^63.
+    if (v1 >> parsed && parsed < (uint64_t{1} << 62)) limit = parsed;
+  }
+  return limit;
+}
+
+absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node* node, const std::string& key) {
+  std::vector<uint32_t> ids;
+  if (node == nullptr) return ids;
+  const toml::array* array = node->as_array();
+  if (array == nullptr) return absl::InvalidArgumentError(absl::StrCat(key, ": expected a list of ids"));
+  for (const toml::node& item : *array) {
+    std::optional<int64_t> id = item.value<int64_t>();
+    if (!id || *id < 0 || *id > 0xffffffffLL) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": every entry must be a numeric id"));
+    }
+    ids.push_back(static_cast<uint32_t>(*id));
+  }
+  return ids;
+}
+
+absl::Status ApplyFile(const std::string& path, Config& config) {
+  toml::table table;
+  try {
+    // Debian's toml++ is built with exceptions: a parse error is thrown, caught right here.
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& error) {
+    return absl::InvalidArgumentError(absl::StrCat("config ", path, ":", error.source().begin.line,
+                                                   ": ", std::string(error.description())));
+  }
+  for (const auto& [key, node] : table) {
+    std::string k(key.str());
+    if (k == "socket" || k == "socket_group" || k == "log_level") {
+      std::optional<std::string> value = node.value<std::string>();
+      if (!value) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", k, " must be a string"));
+      if (k == "socket") config.socket = *value;
+      if (k == "socket_group") config.socket_group = *value;
+      if (k == "log_level") config.log_level = *value;
+    } else if (k == "max_host_bytes") {
+      if (std::optional<int64_t> bytes = node.value<int64_t>(); bytes && *bytes > 0) {
+        config.max_host_bytes = static_cast<uint64_t>(*bytes);
+      } else if (std::optional<std::string> text = node.value<std::string>()) {
+        absl::StatusOr<uint64_t> size = ParseByteSize(*text);
+        if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", size.status().message()));
+        config.max_host_bytes = *size;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("config ", path, ": max_host_bytes must be a size"));
+      }
+    } else if (k == "acl") {
+      const toml::table* acls = node.as_table();
+      if (acls == nullptr) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": [acl] must be a table"));
+      for (const auto& [ns, entry] : *acls) {
+        const toml::table* acl_table = entry.as_table();
+        std::string prefix = absl::StrCat("config ", path, ": acl.", std::string(ns.str()));
+        if (acl_table == nullptr) return absl::InvalidArgumentError(prefix + " must be a table");
+        NamespaceAcl acl;
+        for (const auto& [field, value] : *acl_table) {
+          std::string f(field.str());
+          absl::StatusOr<std::vector<uint32_t>> ids = TomlIdList(&value, prefix + "." + f);
+          if (!ids.ok()) return ids.status();
+          if (f == "read_uids") acl.read_uids.assign(ids->begin(), ids->end());
+          else if (f == "write_uids") acl.write_uids.assign(ids->begin(), ids->end());
+          else if (f == "read_gids") acl.read_gids.assign(ids->begin(), ids->end());
+          else if (f == "write_gids") acl.write_gids.assign(ids->begin(), ids->end());
+          else return absl::InvalidArgumentError(absl::StrCat(prefix, ": unknown key '", f, "'"));
+        }
+        config.acls[std::string(ns.str())] = std::move(acl);
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": unknown key '", k, "'"));
+    }
+  }
+  config.config_file = path;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
+  std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  double factor = 1.0;
+  absl::string_view number = lower;
+  for (const Unit& unit : kUnits) {
+    if (absl::ConsumeSuffix(&number, unit.suffix)) {
+      factor = unit.factor;
+      break;
+    }
+  }
+  number = absl::StripAsciiWhitespace(number);
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &value) || !(value > 0) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("size '", text, "': expected a positive number of bytes like 512MiB or 4G"));
+  }
+  double bytes = value * factor;
+  if (bytes >= 1.8e19) return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is too large"));
+  return static_cast<uint64_t>(bytes);
+}
+
+uint64_t DefaultMaxHostBytes() {
+  uint64_t total = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  uint64_t cgroup = ReadCgroupLimit();
+  if (cgroup != 0 && cgroup < total) total = cgroup;
+  return total / 2;
+}
+
+absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
+  CLI::App app{"tensord: share tensors between processes on this node without copying them"};
+  std::string config_file, socket, socket_group, max_host, log_level;
+  app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)");
+  app.add_option("--socket", socket, "gRPC socket path (the fd channel is <socket>.fd)");
+  app.add_option("--socket-group", socket_group, "group that may connect (sockets are mode 0660)");
+  app.add_option("--max-host-bytes", max_host, "host memory quota, e.g. 4G (default: half of available memory)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return absl::CancelledError("help");
+  } catch (const CLI::ParseError& error) {
+    return absl::InvalidArgumentError(error.what());
+  }
+
+  Config config;
+  if (config_file.empty()) {
+    if (const char* env = std::getenv("TENSORD_CONFIG"); env != nullptr) config_file = env;
+  }
+  if (!config_file.empty()) {
+    if (absl::Status status = ApplyFile(config_file, config); !status.ok()) return status;
+  }
+  auto pick = [](const std::string& flag, const char* env_name, std::string& target) {
+    if (!flag.empty()) {
+      target = flag;
+    } else if (const char* env = std::getenv(env_name); env != nullptr && *env != '\0') {
+      target = env;
+    }
+  };
+  pick(socket, "TENSORD_SOCKET", config.socket);
+  pick(socket_group, "TENSORD_SOCKET_GROUP", config.socket_group);
+  pick(log_level, "TENSORD_LOG_LEVEL", config.log_level);
+  std::string host_text;
+  pick(max_host, "TENSORD_MAX_HOST_BYTES", host_text);
+  if (!host_text.empty()) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(host_text);
+    if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--max-host-bytes: ", bytes.status().message()));
+    config.max_host_bytes = *bytes;
+  }
+  if (config.max_host_bytes == 0) config.max_host_bytes = DefaultMaxHostBytes();
+  return config;
+}
+
+}  // namespace tensord::server

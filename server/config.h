@@ -1,0 +1,46 @@
+// Daemon configuration: built-in defaults < TOML file (--config) < TENSORD_* environment
+// variables < command-line flags. The same keys everywhere: socket, socket_group,
+// max_host_bytes, log_level, trusted (config only), [acl.<namespace>] tables (config only).
+//
+// Sizes accept plain bytes or units: 512MiB, 4G, 1.5GiB (K/M/G/T are binary, like the
+// rest of Linux memory tooling; "KB"/"MB"/"GB" are decimal).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tensord::server {
+
+// Who may read and write one namespace. Empty lists grant nothing; the daemon's own uid and
+// root always have access.
+struct NamespaceAcl {
+  std::vector<uid_t> read_uids, write_uids;
+  std::vector<gid_t> read_gids, write_gids;
+};
+
+struct Config {
+  std::string socket;        // empty: the default path for our uid
+  std::string socket_group;  // group of the sockets (mode 0660); empty: our primary group
+  uint64_t max_host_bytes = 0;  // 0: half of the memory the daemon may use
+  std::string log_level = "info";
+  std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
+  std::string config_file;   // where the file values came from, for the log
+};
+
+// Parses argv, the environment and the config file. `--help` is answered by printing
+// usage to stdout and returning CANCELLED (the caller exits 0).
+absl::StatusOr<Config> LoadConfig(int argc, char** argv);
+
+// "512MiB" -> 536870912. INVALID_ARGUMENT naming the text on anything else.
+absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
+
+// Half of min(MemTotal, the cgroup v2/v1 memory limit of this process).
+uint64_t DefaultMaxHostBytes();
+
+}  // namespace tensord::server

@@ -1,0 +1,164 @@
+#include "server/daemon.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/memory/host_backend.h"
+#include "common/socket_paths.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/broker.h"
+#include "server/broker_service.h"
+#include "server/fd_server.h"
+#include "spdlog/spdlog.h"
+
+#ifndef TENSORD_VERSION
+#define TENSORD_VERSION "0.0.0"
+#endif
+
+namespace tensord::server {
+namespace {
+
+constexpr mode_t kSocketMode = 0660;
+
+// A process sharing many tensors holds many fds in flight: use the hard limit.
+void RaiseFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      SPDLOG_DEBUG("open-file limit raised from {} to {}", before, limit.rlim_max);
+    }
+  }
+}
+
+// Creates the socket's directory. The per-user directories must be ours and private.
+absl::Status PrepareDirectory(const std::string& socket) {
+  std::filesystem::path dir = std::filesystem::path(socket).parent_path();
+  if (dir.empty()) return absl::OkStatus();
+  bool per_user_default = socket == common::PerUserSocketPath();
+  mode_t mode = per_user_default ? 0700 : 0755;
+  if (mkdir(dir.c_str(), mode) != 0 && errno != EEXIST) {
+    // Parent directories of an explicit --socket are the operator's to create.
+    return common::ErrnoToStatus(absl::StrCat("create socket directory ", dir.string()), errno);
+  }
+  struct stat info{};
+  if (stat(dir.c_str(), &info) != 0) return common::ErrnoToStatus(absl::StrCat("stat ", dir.string()), errno);
+  if (per_user_default && (info.st_uid != getuid() || (info.st_mode & 077) != 0)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "socket directory ", dir.string(), " is owned by uid ", info.st_uid, " with mode ",
+        absl::StrCat(absl::Hex(info.st_mode & 0777)),
+        ": refusing to use it (it must be ours and mode 0700)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
+  if (name.empty()) return static_cast<gid_t>(-1);
+  if (std::all_of(name.begin(), name.end(), ::isdigit)) return static_cast<gid_t>(std::stoul(name));
+  group* entry = getgrnam(name.c_str());
+  if (entry == nullptr) return absl::InvalidArgumentError(absl::StrCat("--socket-group: no group named '", name, "'"));
+  return entry->gr_gid;
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A client that vanishes mid-write must not kill the daemon.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+absl::Status RunDaemon(const Config& config) {
+  TENSORD_RETURN_IF_ERROR(common::SetLogLevel(config.log_level));
+  RaiseFileLimit();
+  std::string socket = config.socket.empty() ? common::DefaultDaemonSocketPath() : config.socket;
+  TENSORD_RETURN_IF_ERROR(PrepareDirectory(socket));
+  TENSORD_ASSIGN_OR_RETURN(gid_t group, ResolveGroup(config.socket_group));
+
+  // The lock proves we own the socket paths; a second daemon refuses instead of stealing them.
+  std::string lock_path = common::LockPath(socket);
+  common::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock) return common::ErrnoToStatus(absl::StrCat("open lock file ", lock_path), errno);
+  if (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::AlreadyExistsError(absl::StrCat("another tensord is already serving ", socket,
+                                                   " (", lock_path, " is locked)"));
+    }
+    return common::ErrnoToStatus(absl::StrCat("lock ", lock_path), errno);
+  }
+
+  BrokerOptions options;
+  options.max_host_bytes = config.max_host_bytes;
+  options.daemon_uid = getuid();
+  options.acls = config.acls;
+  options.socket = socket;
+  options.version = TENSORD_VERSION;
+  Broker broker(std::move(options), std::make_unique<common::HostBackend>());
+
+  FdServer fd_server(&broker);
+  TENSORD_RETURN_IF_ERROR(fd_server.Start(common::FdChannelPath(socket), kSocketMode, group));
+
+  BrokerService service(&broker);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  unlink(socket.c_str());
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 * 1024 * 1024);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    fd_server.Stop();
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on unix:", socket));
+  }
+  if (chmod(socket.c_str(), kSocketMode) != 0 ||
+      (group != static_cast<gid_t>(-1) && chown(socket.c_str(), static_cast<uid_t>(-1), group) != 0)) {
+    SPDLOG_WARN("cannot set mode/group of {}: {}", socket, std::strerror(errno));
+  }
+  spdlog::info("tensord {} serving on {} (fd channel {}), host memory limit {} bytes{}",
+               TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes,
+               config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int signal_number = 0;
+  while (sigwait(&set, &signal_number) != 0) {
+  }
+  spdlog::info("{} received: draining", strsignal(signal_number));
+
+  // Stop taking new sessions, end the streams that never finish by themselves, then let
+  // in-flight calls complete for up to 5 s.
+  broker.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Wait();
+  fd_server.Stop();
+  unlink(socket.c_str());
+  spdlog::info("tensord stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace tensord::server

@@ -1,0 +1,248 @@
+#include "server/fd_server.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "tensord/v1/fd_channel.pb.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+struct Connection {
+  common::UniqueFd fd;
+  common::PeerCredentials creds;
+  uint64_t session_id = 0;  // 0 until HELLO
+};
+
+// Sends a reply without blocking. False when the peer cannot take it (then it is dropped).
+bool Reply(const Connection& connection, const v1::FdResponse& response,
+           std::span<const int> fds = {}) {
+  absl::Status sent = common::SendFdMessage(connection.fd.get(), response, fds);
+  if (!sent.ok()) {
+    SPDLOG_DEBUG("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.ToString());
+    return false;
+  }
+  return true;
+}
+
+bool ReplyError(const Connection& connection, uint64_t seq, const absl::Status& status) {
+  v1::FdResponse response;
+  response.set_seq(seq);
+  response.mutable_error()->set_code(static_cast<int>(status.code()));
+  response.mutable_error()->set_message(std::string(status.message()));
+  return Reply(connection, response);
+}
+
+// Handles one datagram. False: close the connection.
+bool Handle(Broker* broker, Connection& connection, common::ReceivedMessage received) {
+  v1::FdRequest request;
+  if (absl::Status parsed = common::ParseFdMessage(received, &request); !parsed.ok()) {
+    ReplyError(connection, 0, parsed);
+    return false;
+  }
+  bool wants_fd = request.body_case() == v1::FdRequest::kStage;
+  if (received.fds.size() != (wants_fd ? 1u : 0u)) {
+    // Unexpected fds are closed with `received` and the message refused.
+    ReplyError(connection, request.seq(),
+               absl::InvalidArgumentError(absl::StrCat("fd channel: ", received.fds.size(),
+                                                       " fds attached; expected ", wants_fd ? 1 : 0)));
+    return false;
+  }
+  if (connection.session_id == 0 && request.body_case() != v1::FdRequest::kHello) {
+    ReplyError(connection, request.seq(),
+               absl::FailedPreconditionError("fd channel: the first message must be HELLO"));
+    return false;
+  }
+  switch (request.body_case()) {
+    case v1::FdRequest::kHello: {
+      if (connection.session_id != 0) {
+        ReplyError(connection, request.seq(), absl::FailedPreconditionError("fd channel: HELLO sent twice"));
+        return false;
+      }
+      if (request.hello().protocol_version() != common::kFdProtocolVersion) {
+        ReplyError(connection, request.seq(),
+                   absl::FailedPreconditionError(absl::StrCat(
+                       "fd channel: protocol version ", request.hello().protocol_version(),
+                       " is not supported; this tensord speaks ", common::kFdProtocolVersion)));
+        return false;
+      }
+      absl::StatusOr<v1::Welcome> welcome =
+          broker->OpenSession(connection.creds, request.hello().client_name());
+      if (!welcome.ok()) {
+        ReplyError(connection, request.seq(), welcome.status());
+        return false;
+      }
+      connection.session_id = welcome->session_id();
+      v1::FdResponse response;
+      response.set_seq(request.seq());
+      *response.mutable_welcome() = std::move(*welcome);
+      return Reply(connection, response);
+    }
+    case v1::FdRequest::kFetch: {
+      absl::StatusOr<std::vector<Broker::FetchedFd>> fetched =
+          broker->FetchFds(connection.session_id, request.fetch());
+      if (!fetched.ok()) return ReplyError(connection, request.seq(), fetched.status());
+      v1::FdResponse response;
+      response.set_seq(request.seq());
+      std::vector<int> fds;
+      for (const Broker::FetchedFd& entry : *fetched) {
+        v1::FetchedBuffer* buffer = response.mutable_fetched()->add_buffers();
+        buffer->set_buffer_id(entry.buffer_id);
+        buffer->set_size(entry.size);
+        fds.push_back(entry.fd.get());
+      }
+      return Reply(connection, response, fds);  // our dups close with `fetched`
+    }
+    case v1::FdRequest::kStage: {
+      absl::StatusOr<v1::Staged> staged =
+          broker->StageFd(connection.session_id, std::move(received.fds[0]));
+      if (!staged.ok()) return ReplyError(connection, request.seq(), staged.status());
+      v1::FdResponse response;
+      response.set_seq(request.seq());
+      *response.mutable_staged() = *staged;
+      return Reply(connection, response);
+    }
+    case v1::FdRequest::BODY_NOT_SET:
+      ReplyError(connection, request.seq(), absl::InvalidArgumentError("fd channel: empty request"));
+      return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status FdServer::Start(const std::string& path, mode_t mode, gid_t group) {
+  path_ = path;
+  sockaddr_un address{};
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("fd channel path '", path, "' is longer than ",
+                                                   sizeof(address.sun_path) - 1, " bytes"));
+  }
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listen_fd_) return common::ErrnoToStatus("fd channel socket", errno);
+  unlink(path.c_str());
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    return common::ErrnoToStatus(absl::StrCat("bind fd channel ", path), errno);
+  }
+  if (chmod(path.c_str(), mode) != 0) return common::ErrnoToStatus(absl::StrCat("chmod ", path), errno);
+  if (group != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    return common::ErrnoToStatus(absl::StrCat("chown ", path), errno);
+  }
+  if (listen(listen_fd_.get(), 512) != 0) return common::ErrnoToStatus("listen on the fd channel", errno);
+  epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!epoll_fd_ || !wake_fd_) return common::ErrnoToStatus("fd channel epoll", errno);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = listen_fd_.get();
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &event);
+  event.data.fd = wake_fd_.get();
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &event);
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+void FdServer::Stop() {
+  if (!thread_.joinable()) return;
+  uint64_t one = 1;
+  if (write(wake_fd_.get(), &one, sizeof(one)) < 0) {
+    SPDLOG_WARN("fd channel: cannot wake the loop: {}", std::strerror(errno));
+  }
+  thread_.join();
+  listen_fd_.reset();
+  unlink(path_.c_str());
+}
+
+void FdServer::Run() {
+  absl::flat_hash_map<int, Connection> connections;
+  auto close_connection = [&](int fd) {
+    auto it = connections.find(fd);
+    if (it == connections.end()) return;
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    uint64_t session = it->second.session_id;
+    connections.erase(it);  // closes the socket
+    if (session != 0) broker_->CloseSession(session);
+  };
+  epoll_event events[64];
+  bool running = true;
+  while (running) {
+    int n = epoll_wait(epoll_fd_.get(), events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      SPDLOG_ERROR("fd channel: epoll_wait: {}", std::strerror(errno));
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == wake_fd_.get()) {
+        running = false;
+      } else if (fd == listen_fd_.get()) {
+        while (true) {
+          int client = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (client < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+              SPDLOG_WARN("fd channel: accept: {}", std::strerror(errno));
+            }
+            break;
+          }
+          Connection connection;
+          connection.fd.reset(client);
+          absl::StatusOr<common::PeerCredentials> creds = common::GetPeerCredentials(client);
+          if (!creds.ok()) {
+            SPDLOG_WARN("fd channel: {}", creds.status().ToString());
+            continue;
+          }
+          connection.creds = *creds;
+          epoll_event event{};
+          event.events = EPOLLIN | EPOLLRDHUP;
+          event.data.fd = client;
+          epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, client, &event);
+          connections.emplace(client, std::move(connection));
+        }
+      } else {
+        auto it = connections.find(fd);
+        if (it == connections.end()) continue;
+        bool keep = true;
+        if (events[i].events & EPOLLIN) {
+          absl::StatusOr<common::ReceivedMessage> received =
+              common::ReceiveFdMessage(fd, common::kMaxFdsPerMessage);
+          if (received.ok()) {
+            keep = Handle(broker_, it->second, std::move(*received));
+          } else if (received.status().code() == absl::StatusCode::kUnavailable &&
+                     received.status().message().find("would block") != std::string_view::npos) {
+            keep = true;
+          } else {
+            if (received.status().code() != absl::StatusCode::kUnavailable) {
+              ReplyError(it->second, 0, received.status());
+            }
+            keep = false;
+          }
+        } else if (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
+          keep = false;
+        }
+        if (!keep) close_connection(fd);
+      }
+    }
+  }
+  std::vector<int> open;
+  for (const auto& [fd, connection] : connections) open.push_back(fd);
+  for (int fd : open) close_connection(fd);
+}
+
+}  // namespace tensord::server

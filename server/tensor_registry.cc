@@ -1,0 +1,116 @@
+#include "server/tensor_registry.h"
+
+#include <limits>
+
+#include "common/check.h"
+#include "common/names.h"
+
+namespace tensord::server {
+
+Tensor& TensorRegistry::AddTensor(Tensor tensor) {
+  uint64_t id = tensor.id;
+  if (tensor.buffer_id != 0) {
+    Buffer* buffer = FindBuffer(tensor.buffer_id);
+    TENSORD_CHECK(buffer != nullptr);
+    buffer->tensor_ids.insert(id);
+  }
+  auto [it, inserted] = tensors_.emplace(id, std::move(tensor));
+  TENSORD_CHECK(inserted);
+  return it->second;
+}
+
+void TensorRegistry::AddBuffer(Buffer buffer) {
+  uint64_t id = buffer.id;
+  bool inserted = buffers_.emplace(id, std::move(buffer)).second;
+  TENSORD_CHECK(inserted);
+}
+
+Tensor* TensorRegistry::Find(uint64_t tensor_id) {
+  auto it = tensors_.find(tensor_id);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Buffer* TensorRegistry::FindBuffer(uint64_t buffer_id) {
+  auto it = buffers_.find(buffer_id);
+  return it == buffers_.end() ? nullptr : &it->second;
+}
+
+Tensor* TensorRegistry::FindByName(const std::string& name) {
+  auto it = names_.find(name);
+  return it == names_.end() ? nullptr : Find(it->second);
+}
+
+uint64_t TensorRegistry::Bind(const std::string& name, Tensor& tensor, uint64_t generation) {
+  uint64_t previous = 0;
+  auto [it, inserted] = names_.try_emplace(name, tensor.id);
+  if (!inserted) {
+    previous = it->second;
+    it->second = tensor.id;
+    if (Tensor* old = Find(previous)) old->name.clear();
+  }
+  tensor.name = name;
+  tensor.generation = generation;
+  return previous;
+}
+
+void TensorRegistry::Unbind(Tensor& tensor) {
+  if (tensor.name.empty()) return;
+  auto it = names_.find(tensor.name);
+  if (it != names_.end() && it->second == tensor.id) names_.erase(it);
+  tensor.name.clear();
+}
+
+std::unique_ptr<common::BackendBuffer> TensorRegistry::Remove(uint64_t tensor_id) {
+  auto it = tensors_.find(tensor_id);
+  TENSORD_CHECK(it != tensors_.end());
+  TENSORD_CHECK(it->second.name.empty() && it->second.leases == 0);
+  uint64_t buffer_id = it->second.buffer_id;
+  tensors_.erase(it);
+  if (buffer_id == 0) return nullptr;
+  auto buffer = buffers_.find(buffer_id);
+  TENSORD_CHECK(buffer != buffers_.end() && buffer->second.tensor_ids.erase(tensor_id) == 1);
+  if (!buffer->second.tensor_ids.empty()) return nullptr;
+  std::unique_ptr<common::BackendBuffer> memory = std::move(buffer->second.memory);
+  buffers_.erase(buffer);
+  return memory;
+}
+
+Tensor* TensorRegistry::OldestUnder(const std::string& prefix) {
+  Tensor* oldest = nullptr;
+  for (auto it = names_.lower_bound(prefix); it != names_.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (!common::NameHasPrefix(it->first, prefix)) continue;
+    Tensor* tensor = Find(it->second);
+    if (tensor != nullptr && (oldest == nullptr || tensor->generation < oldest->generation)) {
+      oldest = tensor;
+    }
+  }
+  return oldest;
+}
+
+tensord::v1::TensorInfo TensorRegistry::Describe(const Tensor& tensor) const {
+  tensord::v1::TensorInfo info;
+  info.set_tensor_id(tensor.id);
+  info.set_name(tensor.name);
+  info.set_generation(tensor.generation);
+  *info.mutable_desc() = tensor.desc;
+  // Strides always filled in, so clients never guess the layout.
+  info.mutable_desc()->mutable_strides()->Assign(tensor.layout.strides.begin(),
+                                                 tensor.layout.strides.end());
+  tensord::v1::BufferRef* ref = info.mutable_buffer();
+  ref->set_buffer_id(tensor.buffer_id);
+  ref->set_offset(tensor.offset);
+  ref->set_extent(tensor.layout.extent);
+  if (tensor.buffer_id != 0) {
+    auto buffer = buffers_.find(tensor.buffer_id);
+    if (buffer != buffers_.end()) ref->set_size(buffer->second.size);
+  }
+  info.set_state(tensor.state);
+  for (const auto& [key, value] : tensor.tags) (*info.mutable_tags())[key] = value;
+  info.set_created_unix_ms(tensor.created_unix_ms);
+  info.set_lease_count(tensor.leases);
+  info.set_nbytes(tensor.layout.nbytes);
+  return info;
+}
+
+}  // namespace tensord::server

@@ -1,0 +1,89 @@
+// TensorRegistry: the broker's tensors, their buffers and the name bindings.
+//
+// A tensor lives while it is bound to a name or any lease holds it (the broker drops it
+// through Remove once neither is true). A buffer lives while any tensor points into it.
+// Not thread-safe: the Broker guards it with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/memory/memory_backend.h"
+#include "common/tensor_desc.h"
+#include "tensord/v1/tensor.pb.h"
+
+namespace tensord::server {
+
+struct Buffer {
+  uint64_t id = 0;
+  std::unique_ptr<common::BackendBuffer> memory;
+  uint64_t size = 0;
+  absl::flat_hash_set<uint64_t> tensor_ids;  // tensors pointing into this buffer
+};
+
+struct Tensor {
+  uint64_t id = 0;
+  std::string ns;         // namespace from Allocate, or of the name once published
+  std::string name;       // current binding; empty when unbound
+  uint64_t generation = 0;
+  tensord::v1::TensorDesc desc;
+  common::TensorLayout layout;
+  uint64_t buffer_id = 0;  // 0: zero-byte tensor, no buffer
+  uint64_t offset = 0;
+  tensord::v1::TensorState state = tensord::v1::TENSOR_STATE_CREATING;
+  std::map<std::string, std::string> tags;
+  int64_t created_unix_ms = 0;
+  uint64_t producer_session = 0;
+  uint32_t producer_uid = 0;
+  uint32_t leases = 0;
+  absl::flat_hash_map<uint64_t, uint32_t> holders;  // session id -> leases it holds here
+  uint64_t ttl_timer = 0;  // pending TTL unbind, 0 when none
+};
+
+class TensorRegistry {
+ public:
+  uint64_t NextTensorId() { return ++last_tensor_id_; }
+  uint64_t NextBufferId() { return ++last_buffer_id_; }
+  uint64_t NextGeneration() { return ++last_generation_; }
+
+  Tensor& AddTensor(Tensor tensor);
+  void AddBuffer(Buffer buffer);
+  Tensor* Find(uint64_t tensor_id);
+  Buffer* FindBuffer(uint64_t buffer_id);
+  // The tensor bound to `name`, or null.
+  Tensor* FindByName(const std::string& name);
+
+  // Binds `name` to `tensor` (sets its name and generation) and returns the id of the
+  // tensor that was bound before, or 0. The caller retires the old one.
+  uint64_t Bind(const std::string& name, Tensor& tensor, uint64_t generation);
+  // Removes the binding of `tensor` (if any); the tensor keeps its generation.
+  void Unbind(Tensor& tensor);
+
+  // Removes a tensor that has neither binding nor leases; returns its buffer's memory when
+  // this was the buffer's last tensor, so the caller can free it off the RPC threads.
+  std::unique_ptr<common::BackendBuffer> Remove(uint64_t tensor_id);
+
+  // Bound names in order, [begin, end) under a prefix.
+  const std::map<std::string, uint64_t>& names() const { return names_; }
+  const absl::flat_hash_map<uint64_t, Tensor>& tensors() const { return tensors_; }
+  size_t buffer_count() const { return buffers_.size(); }
+  // The bound tensor with the lowest generation whose name lies under `prefix`, or null.
+  Tensor* OldestUnder(const std::string& prefix);
+
+  tensord::v1::TensorInfo Describe(const Tensor& tensor) const;
+
+ private:
+  uint64_t last_tensor_id_ = 0;
+  uint64_t last_buffer_id_ = 0;
+  uint64_t last_generation_ = 0;
+  absl::flat_hash_map<uint64_t, Tensor> tensors_;
+  absl::flat_hash_map<uint64_t, Buffer> buffers_;
+  std::map<std::string, uint64_t> names_;  // ordered for prefix scans
+};
+
+}  // namespace tensord::server
