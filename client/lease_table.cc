@@ -9,6 +9,7 @@ constexpr ViewKind kAllKinds[] = {ViewKind::kPrivate, ViewKind::kReadOnly, ViewK
 
 bool LeaseTable::Claim(LeaseView* view) {
   if (view->idle) {
+    idle_.erase(view);
     view->idle = false;
     view->ReviveFromIdle();
     return true;

@@ -81,7 +81,7 @@ class LeaseTable {
   // Removes `view` from every index that points at it.
   void Unindex(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Revives an idle view or TryRefs a live one.
-  static bool Claim(LeaseView* view);
+  bool Claim(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
