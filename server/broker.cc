@@ -140,7 +140,7 @@ absl::StatusOr<v1::Welcome> Broker::OpenSession(const common::PeerCredentials& c
   welcome.set_instance_nonce(instance_nonce_);
   welcome.set_broker_uid(static_cast<uint32_t>(getuid()));
   welcome.set_broker_pid(static_cast<uint32_t>(getpid()));
-  SPDLOG_DEBUG("session {} opened: pid {} uid {} ({})", session->id, creds.pid, creds.uid,
+  spdlog::debug("session {} opened: pid {} uid {} ({})", session->id, creds.pid, creds.uid,
                session->client_name);
   return welcome;
 }
@@ -173,7 +173,7 @@ void Broker::CloseSession(uint64_t session_id) {
     }
     // Tensors this session was still creating die with it: their only hold was its lease.
   }
-  SPDLOG_DEBUG("session {} closed: {} leases released", session_id, released);
+  spdlog::debug("session {} closed: {} leases released", session_id, released);
   Deliver(effects);
 }
 
@@ -289,7 +289,7 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
     host_bytes_in_use_ -= memory->size();
     effects.garbage.push_back(std::move(memory));
   }
-  SPDLOG_TRACE("tensor {} dropped", id);
+  spdlog::trace("tensor {} dropped", id);
 }
 
 void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects) {
@@ -613,7 +613,7 @@ void Broker::ExpireTtl(uint64_t tensor_id, uint64_t generation) {
     Tensor* tensor = registry_.Find(tensor_id);
     if (tensor == nullptr || tensor->name.empty() || tensor->generation != generation) return;
     tensor->ttl_timer = 0;
-    SPDLOG_DEBUG("binding {} expired (TTL)", tensor->name);
+    spdlog::debug("binding {} expired (TTL)", tensor->name);
     UnbindLocked(*tensor, effects);
   }
   Deliver(effects);

@@ -44,7 +44,7 @@ void RaiseFileLimit() {
     rlim_t before = limit.rlim_cur;
     limit.rlim_cur = limit.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
-      SPDLOG_DEBUG("open-file limit raised from {} to {}", before, limit.rlim_max);
+      spdlog::debug("open-file limit raised from {} to {}", before, limit.rlim_max);
     }
   }
 }
@@ -135,7 +135,7 @@ absl::Status RunDaemon(const Config& config) {
   }
   if (chmod(socket.c_str(), kSocketMode) != 0 ||
       (group != static_cast<gid_t>(-1) && chown(socket.c_str(), static_cast<uid_t>(-1), group) != 0)) {
-    SPDLOG_WARN("cannot set mode/group of {}: {}", socket, std::strerror(errno));
+    spdlog::warn("cannot set mode/group of {}: {}", socket, std::strerror(errno));
   }
   spdlog::info("tensord {} serving on {} (fd channel {}), host memory limit {} bytes{}",
                TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes,

@@ -33,7 +33,7 @@ bool Reply(const Connection& connection, const v1::FdResponse& response,
            std::span<const int> fds = {}) {
   absl::Status sent = common::SendFdMessage(connection.fd.get(), response, fds);
   if (!sent.ok()) {
-    SPDLOG_DEBUG("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.ToString());
+    spdlog::debug("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.ToString());
     return false;
   }
   return true;
@@ -162,7 +162,7 @@ void FdServer::Stop() {
   if (!thread_.joinable()) return;
   uint64_t one = 1;
   if (write(wake_fd_.get(), &one, sizeof(one)) < 0) {
-    SPDLOG_WARN("fd channel: cannot wake the loop: {}", std::strerror(errno));
+    spdlog::warn("fd channel: cannot wake the loop: {}", std::strerror(errno));
   }
   thread_.join();
   listen_fd_.reset();
@@ -185,7 +185,7 @@ void FdServer::Run() {
     int n = epoll_wait(epoll_fd_.get(), events, 64, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      SPDLOG_ERROR("fd channel: epoll_wait: {}", std::strerror(errno));
+      spdlog::error("fd channel: epoll_wait: {}", std::strerror(errno));
       break;
     }
     for (int i = 0; i < n; ++i) {
@@ -197,7 +197,7 @@ void FdServer::Run() {
           int client = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
           if (client < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-              SPDLOG_WARN("fd channel: accept: {}", std::strerror(errno));
+              spdlog::warn("fd channel: accept: {}", std::strerror(errno));
             }
             break;
           }
@@ -205,7 +205,7 @@ void FdServer::Run() {
           connection.fd.reset(client);
           absl::StatusOr<common::PeerCredentials> creds = common::GetPeerCredentials(client);
           if (!creds.ok()) {
-            SPDLOG_WARN("fd channel: {}", creds.status().ToString());
+            spdlog::warn("fd channel: {}", creds.status().ToString());
             continue;
           }
           connection.creds = *creds;

@@ -1,0 +1,196 @@
+// The Broker in-process, without gRPC: sessions, leases, waits, take, quotas, sealing.
+#include "server/broker.h"
+
+#include <unistd.h>
+
+#include <future>
+
+#include "common/memory/host_backend.h"
+#include "common/memory/memfd.h"
+#include "gtest/gtest.h"
+
+namespace tensord::server {
+namespace {
+
+namespace v1 = tensord::v1;
+
+class BrokerTest : public ::testing::Test {
+ protected:
+  BrokerTest() {
+    BrokerOptions options;
+    options.max_host_bytes = 64 << 20;
+    options.daemon_uid = getuid();
+    options.acls["shared"].read_uids = {4242};
+    broker_ = std::make_unique<Broker>(options, std::make_unique<common::HostBackend>());
+  }
+
+  uint64_t Open(uid_t uid = getuid()) {
+    common::PeerCredentials creds{uid, getgid(), getpid()};
+    auto welcome = broker_->OpenSession(creds, "test");
+    EXPECT_TRUE(welcome.ok());
+    return welcome->session_id();
+  }
+
+  absl::StatusOr<v1::AllocateResponse> Allocate(uint64_t session, const std::string& ns, int64_t count) {
+    v1::AllocateRequest request;
+    request.set_ns(ns);
+    v1::TensorDesc* desc = request.mutable_desc();
+    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_FLOAT);
+    desc->mutable_dtype()->set_bits(32);
+    desc->mutable_dtype()->set_lanes(1);
+    desc->add_shape(count);
+    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+    std::promise<absl::StatusOr<v1::AllocateResponse>> promise;
+    broker_->Allocate(session, request, [&](absl::StatusOr<v1::AllocateResponse> r) { promise.set_value(std::move(r)); });
+    return promise.get_future().get();
+  }
+
+  // What a producer's client does before publishing: map, fill, seal against writes.
+  void Seal(uint64_t session, const v1::AllocateResponse& allocated) {
+    v1::FetchFd fetch;
+    fetch.add_buffer_ids(allocated.tensor().buffer().buffer_id());
+    auto fds = broker_->FetchFds(session, fetch);
+    ASSERT_TRUE(fds.ok()) << fds.status();
+    ASSERT_TRUE(common::SealFutureWrite((*fds)[0].fd.get(), "test").ok());
+  }
+
+  absl::StatusOr<v1::PublishResponse> Publish(uint64_t session, uint64_t tensor_id, const std::string& name) {
+    v1::PublishRequest request;
+    request.set_tensor_id(tensor_id);
+    request.set_name(name);
+    return broker_->Publish(session, request);
+  }
+
+  absl::StatusOr<v1::AcquireResponse> Acquire(uint64_t session, const std::string& name, uint64_t timeout_ms = 0) {
+    v1::AcquireRequest request;
+    request.set_name(name);
+    if (timeout_ms > 0) request.set_timeout_ms(timeout_ms);
+    std::promise<absl::StatusOr<v1::AcquireResponse>> promise;
+    broker_->Acquire(session, request, [&](absl::StatusOr<v1::AcquireResponse> r) { promise.set_value(std::move(r)); });
+    return promise.get_future().get();
+  }
+
+  uint64_t PublishNew(uint64_t session, const std::string& name) {
+    auto allocated = Allocate(session, name.substr(0, name.find('/')), 16);
+    EXPECT_TRUE(allocated.ok()) << allocated.status();
+    Seal(session, *allocated);
+    EXPECT_TRUE(Publish(session, allocated->tensor().tensor_id(), name).ok());
+    v1::ReleaseRequest release;
+    release.add_lease_ids(allocated->lease_id());
+    broker_->Release(session, release);
+    return allocated->tensor().tensor_id();
+  }
+
+  std::unique_ptr<Broker> broker_;
+};
+
+TEST_F(BrokerTest, PublishRefusesABufferWithoutTheWriteSeal) {
+  uint64_t session = Open();
+  auto allocated = Allocate(session, "ns", 16);
+  ASSERT_TRUE(allocated.ok());
+  auto published = Publish(session, allocated->tensor().tensor_id(), "ns/x");
+  EXPECT_EQ(published.status().code(), absl::StatusCode::kFailedPrecondition);
+  Seal(session, *allocated);
+  EXPECT_TRUE(Publish(session, allocated->tensor().tensor_id(), "ns/x").ok());
+}
+
+TEST_F(BrokerTest, ClosingASessionReleasesItsLeasesAndDropsWhatItWasCreating) {
+  uint64_t producer = Open();
+  PublishNew(producer, "ns/x");
+  uint64_t consumer = Open();
+  ASSERT_TRUE(Acquire(consumer, "ns/x").ok());
+  ASSERT_TRUE(Allocate(consumer, "ns", 1024).ok());  // never published
+  EXPECT_EQ(broker_->GetStatus().leases(), 2u);
+  EXPECT_EQ(broker_->GetStatus().tensors(), 2u);
+  broker_->CloseSession(consumer);
+  v1::StatusResponse status = broker_->GetStatus();
+  EXPECT_EQ(status.leases(), 0u);
+  EXPECT_EQ(status.tensors(), 1u);
+  EXPECT_EQ(status.host_bytes_in_use(), 4096u);
+}
+
+TEST_F(BrokerTest, ReleaseOfAnotherSessionsLeaseIsNotFoundAndCounted) {
+  uint64_t producer = Open();
+  PublishNew(producer, "ns/x");
+  uint64_t a = Open();
+  uint64_t b = Open();
+  auto lease = Acquire(a, "ns/x");
+  ASSERT_TRUE(lease.ok());
+  v1::ReleaseRequest release;
+  release.add_lease_ids(lease->lease_id());
+  v1::ReleaseResponse response = broker_->Release(b, release);
+  EXPECT_EQ(response.released(), 0u);
+  ASSERT_EQ(response.not_found_size(), 1);
+  EXPECT_EQ(broker_->GetStatus().releases_not_found(), 1u);
+  EXPECT_EQ(broker_->Release(a, release).released(), 1u);
+}
+
+TEST_F(BrokerTest, AWaitingAcquireCompletesWhenTheNameIsPublished) {
+  uint64_t consumer = Open();
+  auto waiting = std::async(std::launch::async, [&] { return Acquire(consumer, "ns/later", 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  uint64_t producer = Open();
+  uint64_t id = PublishNew(producer, "ns/later");
+  auto result = waiting.get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->tensor().tensor_id(), id);
+}
+
+TEST_F(BrokerTest, AWaitExpiresWithDeadlineExceeded) {
+  uint64_t consumer = Open();
+  EXPECT_EQ(Acquire(consumer, "ns/never", 30).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(Acquire(consumer, "ns/never").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BrokerTest, QuotaIsCheckedBeforeAnythingIsMade) {
+  uint64_t session = Open();
+  auto too_big = Allocate(session, "ns", 32 << 20);  // 128 MiB of float32 > 64 MiB
+  ASSERT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("67108864"), std::string::npos) << too_big.status();
+  EXPECT_EQ(broker_->GetStatus().tensors(), 0u);
+  EXPECT_EQ(broker_->GetStatus().host_bytes_in_use(), 0u);
+}
+
+TEST_F(BrokerTest, NamespacesNeedAnAclForOtherUids) {
+  uint64_t owner = Open();
+  PublishNew(owner, "private/x");
+  PublishNew(owner, "shared/x");
+  uint64_t stranger = Open(4242);
+  EXPECT_EQ(Acquire(stranger, "private/x").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(Acquire(stranger, "shared/x").ok());
+  EXPECT_EQ(Allocate(stranger, "shared", 4).status().code(), absl::StatusCode::kPermissionDenied);
+  v1::ListRequest list;
+  auto listed = broker_->List(stranger, list);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->tensors_size(), 1);
+  EXPECT_EQ(listed->tensors(0).name(), "shared/x");
+}
+
+TEST_F(BrokerTest, ConditionalPublish) {
+  uint64_t session = Open();
+  PublishNew(session, "ns/x");
+  uint64_t generation = broker_->Stat(session, [] { v1::StatRequest r; r.set_name("ns/x"); return r; }())->tensor().generation();
+  auto allocated = Allocate(session, "ns", 4);
+  Seal(session, *allocated);
+  v1::PublishRequest request;
+  request.set_tensor_id(allocated->tensor().tensor_id());
+  request.set_name("ns/x");
+  request.set_if_absent(true);
+  EXPECT_EQ(broker_->Publish(session, request).status().code(), absl::StatusCode::kAlreadyExists);
+  request.set_if_generation(generation + 100);
+  EXPECT_EQ(broker_->Publish(session, request).status().code(), absl::StatusCode::kAborted);
+  request.set_if_generation(generation);
+  EXPECT_TRUE(broker_->Publish(session, request).ok());
+}
+
+TEST_F(BrokerTest, UnknownTokensAreUnauthenticated) {
+  EXPECT_EQ(broker_->Authenticate("00000000000000000000000000000000").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  uint64_t session = Open();
+  v1::FetchFd fetch;
+  fetch.add_buffer_ids(12345);
+  EXPECT_EQ(broker_->FetchFds(session, fetch).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tensord::server

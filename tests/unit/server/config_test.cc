@@ -1,0 +1,67 @@
+#include "server/config.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace tensord::server {
+namespace {
+
+TEST(Config, ParseByteSizeUnderstandsUnits) {
+  EXPECT_EQ(*ParseByteSize("512MiB"), 512ull << 20);
+  EXPECT_EQ(*ParseByteSize("4G"), 4ull << 30);
+  EXPECT_EQ(*ParseByteSize("1.5GiB"), 3ull << 29);
+  EXPECT_EQ(*ParseByteSize("1000"), 1000u);
+  EXPECT_EQ(*ParseByteSize("2GB"), 2000000000u);
+  EXPECT_FALSE(ParseByteSize("").ok());
+  EXPECT_FALSE(ParseByteSize("-1G").ok());
+  EXPECT_FALSE(ParseByteSize("lots").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999T").ok());
+}
+
+TEST(Config, FlagsBeatEnvironmentWhichBeatsTheFile) {
+  std::string path = ::testing::TempDir() + "/tensord_config_test.toml";
+  {
+    std::ofstream file(path);
+    file << "socket = \"/from/file.sock\"\nmax_host_bytes = \"1GiB\"\nlog_level = \"debug\"\n"
+         << "[acl.shared]\nread_uids = [1000]\nwrite_gids = [50]\n";
+  }
+  setenv("TENSORD_MAX_HOST_BYTES", "2GiB", 1);
+  std::string config_flag = "--config=" + path;
+  const char* argv[] = {"tensord", config_flag.c_str(), "--log-level", "warn"};
+  auto config = LoadConfig(4, const_cast<char**>(argv));
+  unsetenv("TENSORD_MAX_HOST_BYTES");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->socket, "/from/file.sock");
+  EXPECT_EQ(config->max_host_bytes, 2ull << 30);
+  EXPECT_EQ(config->log_level, "warn");
+  ASSERT_EQ(config->acls.count("shared"), 1u);
+  EXPECT_EQ(config->acls.at("shared").read_uids, std::vector<uid_t>{1000});
+  EXPECT_EQ(config->acls.at("shared").write_gids, std::vector<gid_t>{50});
+}
+
+TEST(Config, UnknownKeysAndBadFilesAreErrorsNamingThem) {
+  std::string path = ::testing::TempDir() + "/tensord_config_bad.toml";
+  {
+    std::ofstream file(path);
+    file << "sockett = \"/x\"\n";
+  }
+  std::string flag = "--config=" + path;
+  const char* argv[] = {"tensord", flag.c_str()};
+  auto config = LoadConfig(2, const_cast<char**>(argv));
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("sockett"), std::string::npos);
+}
+
+TEST(Config, DefaultHostLimitIsHalfOfWhatWeMayUse) {
+  uint64_t limit = DefaultMaxHostBytes();
+  EXPECT_GT(limit, 0u);
+  const char* argv[] = {"tensord"};
+  auto config = LoadConfig(1, const_cast<char**>(argv));
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->max_host_bytes, limit);
+}
+
+}  // namespace
+}  // namespace tensord::server

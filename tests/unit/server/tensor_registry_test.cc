@@ -1,0 +1,92 @@
+#include "server/tensor_registry.h"
+
+#include "common/memory/host_backend.h"
+#include "gtest/gtest.h"
+
+namespace tensord::server {
+namespace {
+
+Tensor NamedTensor(TensorRegistry& registry, uint64_t buffer_id = 0) {
+  Tensor tensor;
+  tensor.id = registry.NextTensorId();
+  tensor.buffer_id = buffer_id;
+  return tensor;
+}
+
+TEST(TensorRegistry, BindReturnsThePreviousTensorAndClearsItsName) {
+  TensorRegistry registry;
+  Tensor& a = registry.AddTensor(NamedTensor(registry));
+  uint64_t a_id = a.id;
+  EXPECT_EQ(registry.Bind("ns/x", a, registry.NextGeneration()), 0u);
+  Tensor& b = registry.AddTensor(NamedTensor(registry));
+  EXPECT_EQ(registry.Bind("ns/x", b, registry.NextGeneration()), a_id);
+  EXPECT_TRUE(registry.Find(a_id)->name.empty());
+  EXPECT_EQ(registry.FindByName("ns/x")->id, b.id);
+  EXPECT_GT(b.generation, registry.Find(a_id)->generation);
+}
+
+TEST(TensorRegistry, UnbindOnlyRemovesItsOwnBinding) {
+  TensorRegistry registry;
+  Tensor& a = registry.AddTensor(NamedTensor(registry));
+  registry.Bind("ns/x", a, registry.NextGeneration());
+  uint64_t a_id = a.id;
+  Tensor& b = registry.AddTensor(NamedTensor(registry));
+  registry.Bind("ns/x", b, registry.NextGeneration());
+  registry.Unbind(*registry.Find(a_id));  // already replaced: must not drop b's binding
+  EXPECT_EQ(registry.FindByName("ns/x")->id, b.id);
+  registry.Unbind(b);
+  EXPECT_EQ(registry.FindByName("ns/x"), nullptr);
+}
+
+TEST(TensorRegistry, RemovingTheLastTensorOfABufferHandsBackItsMemory) {
+  TensorRegistry registry;
+  common::HostBackend backend;
+  auto memory = backend.Allocate(4096, "test");
+  ASSERT_TRUE(memory.ok());
+  Buffer buffer;
+  buffer.id = registry.NextBufferId();
+  buffer.size = 4096;
+  buffer.memory = std::move(*memory);
+  uint64_t buffer_id = buffer.id;
+  registry.AddBuffer(std::move(buffer));
+  uint64_t first = registry.AddTensor(NamedTensor(registry, buffer_id)).id;
+  uint64_t second = registry.AddTensor(NamedTensor(registry, buffer_id)).id;
+  EXPECT_EQ(registry.Remove(first), nullptr);  // the buffer still has a tensor
+  EXPECT_NE(registry.FindBuffer(buffer_id), nullptr);
+  EXPECT_NE(registry.Remove(second), nullptr);
+  EXPECT_EQ(registry.FindBuffer(buffer_id), nullptr);
+  EXPECT_EQ(registry.buffer_count(), 0u);
+}
+
+TEST(TensorRegistry, OldestUnderPicksTheLowestGenerationWithinThePrefixOnly) {
+  TensorRegistry registry;
+  Tensor& late = registry.AddTensor(NamedTensor(registry));
+  Tensor& early = registry.AddTensor(NamedTensor(registry));
+  Tensor& outside = registry.AddTensor(NamedTensor(registry));
+  registry.Bind("q/outside", outside, registry.NextGeneration());  // not under "q/a/"
+  registry.Bind("q/a/2", early, registry.NextGeneration());
+  registry.Bind("q/a/1", late, registry.NextGeneration());
+  EXPECT_EQ(registry.OldestUnder("q/a/")->id, early.id);
+  EXPECT_EQ(registry.OldestUnder("q/b/"), nullptr);
+  EXPECT_EQ(registry.OldestUnder("q/")->id, outside.id);
+}
+
+TEST(TensorRegistry, DescribeFillsStridesAndBuffer) {
+  TensorRegistry registry;
+  Tensor tensor = NamedTensor(registry);
+  tensor.desc.mutable_dtype()->set_code(tensord::v1::DTYPE_CODE_FLOAT);
+  tensor.desc.mutable_dtype()->set_bits(32);
+  tensor.desc.mutable_dtype()->set_lanes(1);
+  tensor.desc.add_shape(2);
+  tensor.desc.add_shape(3);
+  tensor.layout = *common::ValidateDesc(tensor.desc);
+  Tensor& added = registry.AddTensor(std::move(tensor));
+  tensord::v1::TensorInfo info = registry.Describe(added);
+  ASSERT_EQ(info.desc().strides_size(), 2);
+  EXPECT_EQ(info.desc().strides(0), 3);
+  EXPECT_EQ(info.desc().strides(1), 1);
+  EXPECT_EQ(info.nbytes(), 24u);
+}
+
+}  // namespace
+}  // namespace tensord::server
