@@ -1,5 +1,6 @@
 #include "client/client_core.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <cstdlib>
@@ -27,19 +28,64 @@ Registry& GetRegistry() {
   return *registry;
 }
 
+// gRPC and fork(), as found with Debian's gRPC 1.51 (libgrpc.so.29):
+//  - Without help, a forked child that makes a new channel and calls on it hangs: the
+//    call never completes (gRPC's polling engine, timer and executor threads belong to
+//    the parent). Verified with a child that acquires after fork: no reply, ever.
+//  - GRPC_ENABLE_FORK_SUPPORT=1 alone changes nothing here: this build does not register
+//    gRPC's own pthread_atfork handlers (GRPC_POSIX_FORK_ALLOW_PTHREAD_ATFORK is off), so
+//    grpc_prefork() never runs.
+//  - Calling grpc_prefork / grpc_postfork_parent / grpc_postfork_child ourselves from our
+//    atfork handlers works, provided fork support is on (the variable, read at grpc_init:
+//    set below in a library constructor unless the program set it) and no thread is inside
+//    gRPC at fork time; otherwise gRPC logs "Other threads are currently calling into gRPC,
+//    skipping fork() handlers" and the child cannot call. Our only thread that waits inside
+//    gRPC is the Session stream's reader, so `prepare` closes that stream first (it reopens
+//    after the fork). A Watcher being read, or another thread's RPC in flight, at fork time
+//    still defeats it; the child's calls then fail by their deadline.
+// The three functions are exported by libgrpc but not declared in its public headers;
+// they are looked up by their mangled names so a gRPC without them just loses this help.
+using GrpcForkFn = void (*)();
+struct GrpcForkHooks {
+  GrpcForkFn prefork = nullptr;
+  GrpcForkFn postfork_parent = nullptr;
+  GrpcForkFn postfork_child = nullptr;
+};
+
+const GrpcForkHooks& GetGrpcForkHooks() {
+  static const GrpcForkHooks hooks = [] {
+    GrpcForkHooks h;
+    h.prefork = reinterpret_cast<GrpcForkFn>(::dlsym(RTLD_DEFAULT, "_Z12grpc_preforkv"));
+    h.postfork_parent = reinterpret_cast<GrpcForkFn>(::dlsym(RTLD_DEFAULT, "_Z20grpc_postfork_parentv"));
+    h.postfork_child = reinterpret_cast<GrpcForkFn>(::dlsym(RTLD_DEFAULT, "_Z19grpc_postfork_childv"));
+    if (h.prefork == nullptr || h.postfork_parent == nullptr || h.postfork_child == nullptr) {
+      h = GrpcForkHooks();
+    }
+    return h;
+  }();
+  return hooks;
+}
+
+__attribute__((constructor)) void EnableGrpcForkSupport() {
+  ::setenv("GRPC_ENABLE_FORK_SUPPORT", "1", /*overwrite=*/0);
+}
+
 void PrepareFork() {
   Registry& r = GetRegistry();
   r.mu.lock();
   for (ClientCore* core : r.cores) core->LockForFork();
+  if (GrpcForkFn f = GetGrpcForkHooks().prefork) f();
 }
 
 void ParentAfterFork() {
+  if (GrpcForkFn f = GetGrpcForkHooks().postfork_parent) f();
   Registry& r = GetRegistry();
   for (ClientCore* core : r.cores) core->UnlockAfterForkInParent();
   r.mu.unlock();
 }
 
 void ChildAfterFork() {
+  if (GrpcForkFn f = GetGrpcForkHooks().postfork_child) f();
   Registry& r = GetRegistry();
   for (ClientCore* core : r.cores) core->ResetAfterForkInChild();
   r.mu.unlock();
@@ -55,6 +101,7 @@ void ShutdownAllAtExit() {
 void InstallProcessHooks() {
   static std::once_flag once;
   std::call_once(once, [] {
+    GetGrpcForkHooks();  // resolved now, not inside a fork handler
     pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork);
     std::atexit(&ShutdownAllAtExit);
   });
@@ -110,9 +157,15 @@ absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
   return session_;
 }
 
-void ClientCore::LockForFork() { mu_.lock(); }
+void ClientCore::LockForFork() {
+  mu_.lock();
+  if (session_ != nullptr) session_->QuiesceForFork();
+}
 
-void ClientCore::UnlockAfterForkInParent() { mu_.unlock(); }
+void ClientCore::UnlockAfterForkInParent() {
+  if (session_ != nullptr) session_->ResumeAfterFork();
+  mu_.unlock();
+}
 
 void ClientCore::ResetAfterForkInChild() {
   if (session_ != nullptr) {

@@ -132,9 +132,26 @@ std::unique_ptr<grpc::ClientContext> Session::NewContext(
   return context;
 }
 
+void Session::QuiesceForFork() {
+  std::shared_ptr<SessionStream> stream;
+  {
+    absl::MutexLock lock(&stream_mu_);
+    fork_quiesced_ = true;
+    stream = std::move(stream_);
+  }
+  if (stream != nullptr) stream->Close();
+}
+
+void Session::ResumeAfterFork() {
+  absl::MutexLock lock(&stream_mu_);
+  fork_quiesced_ = false;
+}
+
 absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
   std::shared_ptr<SessionStream> old;  // closed outside the lock
   absl::MutexLock lock(&stream_mu_);
+  auto not_forking = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) { return !fork_quiesced_; };
+  stream_mu_.Await(absl::Condition(&not_forking));
   if (stream_ != nullptr && !stream_->broken()) return stream_;
   if (closing_.load()) return absl::UnavailableError("the tensord client is shut down");
   old = std::move(stream_);

@@ -69,6 +69,11 @@ class Session final : public ReleaseSink {
 
   // Process exit: stop the sender and close the stream; later calls fail UNAVAILABLE.
   void ShutdownAtExit();
+  // Fork parent, around fork(): closes the Session stream and joins its reader, so no
+  // thread of ours is inside gRPC when gRPC's own fork preparation runs; a call that
+  // needs the stream meanwhile waits, and the stream reopens after.
+  void QuiesceForFork();
+  void ResumeAfterFork();
   // Fork child: close the inherited fd channel at once (so the parent's death releases its
   // leases even while this child lives on) and abandon, without running any destructor,
   // every thread and gRPC object of the parent's. The Session itself must then be leaked.
@@ -118,6 +123,7 @@ class Session final : public ReleaseSink {
 
   absl::Mutex stream_mu_;
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(stream_mu_);
+  bool fork_quiesced_ ABSL_GUARDED_BY(stream_mu_) = false;
 
   // Sender thread only: ids whose release could not be sent yet (stream down).
   std::vector<uint64_t> unsent_release_ids_;

@@ -4,6 +4,8 @@
 #include <limits>
 #include <string>
 
+#include <pybind11/stl.h>
+
 #include "py_convert.h"
 #include "py_dlpack.h"
 #include "py_errors.h"
