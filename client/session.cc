@@ -7,6 +7,7 @@
 
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
+#include "client/watcher.h"
 #include "common/fd_channel.h"
 #include "common/logging.h"
 #include "common/memory/memfd.h"
@@ -14,6 +15,7 @@
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace tensord::internal {
 namespace {
@@ -56,7 +58,12 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
   }
   s->fd_ = *std::move(fd);
   s->instance_nonce_ = s->fd_->welcome().instance_nonce();
-  s->channel_ = grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials());
+  // A subchannel pool of its own: after fork() the parent's subchannel (in the global pool)
+  // belongs to the parent and must not be shared by the child's new channel.
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  s->channel_ = grpc::CreateCustomChannel("unix:" + socket_path,
+                                          grpc::InsecureChannelCredentials(), channel_args);
   s->stub_ = tensord::v1::Broker::NewStub(s->channel_);
   TENSORD_ASSIGN_OR_RETURN(s->queue_, ReleaseQueue::Create());
   absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->Stream();
@@ -110,6 +117,12 @@ void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
     stream_->AbandonInForkedChild();
     new std::shared_ptr<SessionStream>(std::move(stream_));
   }
+  // QuiesceForFork locked watchers_mu_ in the parent before fork(); this is that thread.
+  for (WatcherImpl* watcher : watchers_) watcher->AbandonInForkedChild();
+  if (fork_parked_stream_ != nullptr) {
+    new std::shared_ptr<SessionStream>(std::move(fork_parked_stream_));
+  }
+  watchers_mu_.unlock();
   (void)stub_.release();
   new std::shared_ptr<grpc::Channel>(std::move(channel_));
 }
@@ -132,7 +145,19 @@ std::unique_ptr<grpc::ClientContext> Session::NewContext(
   return context;
 }
 
-void Session::QuiesceForFork() {
+void Session::RegisterWatcher(WatcherImpl* watcher) {
+  std::lock_guard<std::mutex> lock(watchers_mu_);
+  watchers_.insert(watcher);
+}
+
+void Session::UnregisterWatcher(WatcherImpl* watcher) {
+  std::lock_guard<std::mutex> lock(watchers_mu_);
+  watchers_.erase(watcher);
+}
+
+void Session::QuiesceForFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  watchers_mu_.lock();  // until ResumeAfterFork / AbandonInForkedChild
+  for (WatcherImpl* watcher : watchers_) watcher->PauseForFork();
   std::shared_ptr<SessionStream> stream;
   {
     absl::MutexLock lock(&stream_mu_);
@@ -140,11 +165,19 @@ void Session::QuiesceForFork() {
     stream = std::move(stream_);
   }
   if (stream != nullptr) stream->Close();
+  // Not destroyed yet: destroying a call hands closures to gRPC's executor threads, and
+  // grpc_prefork() deadlocks joining an executor thread that runs one (seen with 1.51).
+  fork_parked_stream_ = std::move(stream);
 }
 
-void Session::ResumeAfterFork() {
-  absl::MutexLock lock(&stream_mu_);
-  fork_quiesced_ = false;
+void Session::ResumeAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::shared_ptr<SessionStream> parked = std::move(fork_parked_stream_);
+  {
+    absl::MutexLock lock(&stream_mu_);
+    fork_quiesced_ = false;
+  }
+  for (WatcherImpl* watcher : watchers_) watcher->ResumeAfterFork();
+  watchers_mu_.unlock();
 }
 
 absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {

@@ -17,7 +17,9 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -36,6 +38,8 @@
 #include "tensord/v1/broker.grpc.pb.h"
 
 namespace tensord::internal {
+
+class WatcherImpl;
 
 class Session final : public ReleaseSink {
  public:
@@ -69,9 +73,10 @@ class Session final : public ReleaseSink {
 
   // Process exit: stop the sender and close the stream; later calls fail UNAVAILABLE.
   void ShutdownAtExit();
-  // Fork parent, around fork(): closes the Session stream and joins its reader, so no
-  // thread of ours is inside gRPC when gRPC's own fork preparation runs; a call that
-  // needs the stream meanwhile waits, and the stream reopens after.
+  // Fork parent, around fork(): closes the Session stream and pauses every Watcher (their
+  // reader threads joined), so no thread of ours is inside gRPC when gRPC's own fork
+  // preparation runs; a call that needs the stream meanwhile waits, the stream reopens
+  // after, and each Watcher reopens its stream and reports a RESET.
   void QuiesceForFork();
   void ResumeAfterFork();
   // Fork child: close the inherited fd channel at once (so the parent's death releases its
@@ -82,6 +87,10 @@ class Session final : public ReleaseSink {
   // ReleaseSink (sender thread).
   void ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) override;
   Clock::time_point Tick(Clock::time_point now) override;
+
+  // Watchers reading through this session (for the fork hooks).
+  void RegisterWatcher(WatcherImpl* watcher);
+  void UnregisterWatcher(WatcherImpl* watcher);
 
   LeaseTable& table_for_test() { return table_; }
   MappingCache& mappings_for_test() { return mappings_; }
@@ -124,6 +133,12 @@ class Session final : public ReleaseSink {
   absl::Mutex stream_mu_;
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(stream_mu_);
   bool fork_quiesced_ ABSL_GUARDED_BY(stream_mu_) = false;
+
+  // A futex mutex: held from QuiesceForFork to ResumeAfterFork (or the child's reset).
+  std::mutex watchers_mu_;
+  std::set<WatcherImpl*> watchers_ ABSL_GUARDED_BY(watchers_mu_);
+  // The stream closed for a fork, destroyed only after it (see QuiesceForFork).
+  std::shared_ptr<SessionStream> fork_parked_stream_ ABSL_GUARDED_BY(watchers_mu_);
 
   // Sender thread only: ids whose release could not be sent yet (stream down).
   std::vector<uint64_t> unsent_release_ids_;

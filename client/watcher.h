@@ -7,8 +7,14 @@
 // CANCELLED after Cancel(). Cancel() ends the call (ClientContext::TryCancel) and wakes
 // Next(). The destructor cancels and joins the reader. Holds the Session (its stub and
 // token) alive. Thread-safe.
+//
+// fork(): the Session's fork hooks pause the watcher before fork() (cancel the call, join
+// the reader, so no thread is inside gRPC), and in the parent reopen it from where it was
+// (initial=false) and queue a RESET event, since changes during the gap were not seen. In
+// the child the stream belongs to the parent: Next() answers UNAVAILABLE.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -39,19 +45,32 @@ class WatcherImpl final : public Watcher {
   Result<std::optional<WatchEvent>> Next(std::chrono::milliseconds timeout) override;
   void Cancel() override;
 
+  void PauseForFork();
+  void ResumeAfterFork();
+  void AbandonInForkedChild() noexcept;
+
  private:
-  explicit WatcherImpl(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+  WatcherImpl(std::shared_ptr<Session> session, std::string prefix)
+      : session_(std::move(session)), prefix_(std::move(prefix)) {}
+  // Opens the Watch call and starts the reader thread.
+  absl::Status OpenStream(bool initial);
   void ReadLoop();
 
   const std::shared_ptr<Session> session_;
+  const std::string prefix_;
+  std::atomic<bool> abandoned_{false};  // fork child: checked without the mutex
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReader<tensord::v1::WatchEvent>> reader_;
   std::thread thread_;
+  // The call closed by PauseForFork, destroyed after the fork.
+  std::unique_ptr<grpc::ClientContext> parked_context_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ClientReader<tensord::v1::WatchEvent>> parked_reader_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex mu_;
   std::deque<absl::StatusOr<WatchEvent>> queue_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool pausing_ ABSL_GUARDED_BY(mu_) = false;
   Status end_status_ ABSL_GUARDED_BY(mu_);
 };
 
