@@ -15,7 +15,7 @@ trap cleanup EXIT
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
 test -f "$work/prefix/include/tensord/client.h"
 # The installed headers name no gRPC, protobuf or absl type.
-if grep -rlE 'grpc|google/protobuf|absl' "$work/prefix/include/tensord"; then
+if grep -rlE '#include.*(grpc|google/protobuf|absl)|(grpc|absl|google::protobuf)::' "$work/prefix/include/tensord"; then
   echo "install_test: installed headers mention gRPC/protobuf/absl" >&2
   exit 1
 fi

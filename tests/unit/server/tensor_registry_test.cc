@@ -15,9 +15,8 @@ Tensor NamedTensor(TensorRegistry& registry, uint64_t buffer_id = 0) {
 
 TEST(TensorRegistry, BindReturnsThePreviousTensorAndClearsItsName) {
   TensorRegistry registry;
-  Tensor& a = registry.AddTensor(NamedTensor(registry));
-  uint64_t a_id = a.id;
-  EXPECT_EQ(registry.Bind("ns/x", a, registry.NextGeneration()), 0u);
+  uint64_t a_id = registry.AddTensor(NamedTensor(registry)).id;
+  EXPECT_EQ(registry.Bind("ns/x", *registry.Find(a_id), registry.NextGeneration()), 0u);
   Tensor& b = registry.AddTensor(NamedTensor(registry));
   EXPECT_EQ(registry.Bind("ns/x", b, registry.NextGeneration()), a_id);
   EXPECT_TRUE(registry.Find(a_id)->name.empty());
@@ -27,9 +26,8 @@ TEST(TensorRegistry, BindReturnsThePreviousTensorAndClearsItsName) {
 
 TEST(TensorRegistry, UnbindOnlyRemovesItsOwnBinding) {
   TensorRegistry registry;
-  Tensor& a = registry.AddTensor(NamedTensor(registry));
-  registry.Bind("ns/x", a, registry.NextGeneration());
-  uint64_t a_id = a.id;
+  uint64_t a_id = registry.AddTensor(NamedTensor(registry)).id;
+  registry.Bind("ns/x", *registry.Find(a_id), registry.NextGeneration());
   Tensor& b = registry.AddTensor(NamedTensor(registry));
   registry.Bind("ns/x", b, registry.NextGeneration());
   registry.Unbind(*registry.Find(a_id));  // already replaced: must not drop b's binding
@@ -60,15 +58,16 @@ TEST(TensorRegistry, RemovingTheLastTensorOfABufferHandsBackItsMemory) {
 
 TEST(TensorRegistry, OldestUnderPicksTheLowestGenerationWithinThePrefixOnly) {
   TensorRegistry registry;
-  Tensor& late = registry.AddTensor(NamedTensor(registry));
-  Tensor& early = registry.AddTensor(NamedTensor(registry));
-  Tensor& outside = registry.AddTensor(NamedTensor(registry));
-  registry.Bind("q/outside", outside, registry.NextGeneration());  // not under "q/a/"
-  registry.Bind("q/a/2", early, registry.NextGeneration());
-  registry.Bind("q/a/1", late, registry.NextGeneration());
-  EXPECT_EQ(registry.OldestUnder("q/a/")->id, early.id);
+  // Ids, not references: adding tensors may move the ones already stored.
+  uint64_t late = registry.AddTensor(NamedTensor(registry)).id;
+  uint64_t early = registry.AddTensor(NamedTensor(registry)).id;
+  uint64_t outside = registry.AddTensor(NamedTensor(registry)).id;
+  registry.Bind("q/outside", *registry.Find(outside), registry.NextGeneration());  // not under "q/a/"
+  registry.Bind("q/a/2", *registry.Find(early), registry.NextGeneration());
+  registry.Bind("q/a/1", *registry.Find(late), registry.NextGeneration());
+  EXPECT_EQ(registry.OldestUnder("q/a/")->id, early);
   EXPECT_EQ(registry.OldestUnder("q/b/"), nullptr);
-  EXPECT_EQ(registry.OldestUnder("q/")->id, outside.id);
+  EXPECT_EQ(registry.OldestUnder("q/")->id, outside);
 }
 
 TEST(TensorRegistry, DescribeFillsStridesAndBuffer) {
@@ -79,6 +78,7 @@ TEST(TensorRegistry, DescribeFillsStridesAndBuffer) {
   tensor.desc.mutable_dtype()->set_lanes(1);
   tensor.desc.add_shape(2);
   tensor.desc.add_shape(3);
+  tensor.desc.mutable_device()->set_type(tensord::v1::DEVICE_TYPE_CPU);
   tensor.layout = *common::ValidateDesc(tensor.desc);
   Tensor& added = registry.AddTensor(std::move(tensor));
   tensord::v1::TensorInfo info = registry.Describe(added);
