@@ -505,6 +505,7 @@ int Run(int argc, char** argv) {
                                        "socket, or /run/tensord/tensord.sock)");
   app.add_flag("--json", g.json, "machine-readable output");
   app.require_subcommand(1, 1);
+  app.fallthrough();  // --socket and --json also after the command
 
   auto* status = app.add_subcommand("status", "broker memory use, limits and counts");
   std::string ls_prefix;
