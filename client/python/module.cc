@@ -29,6 +29,7 @@
 #include "py_convert.h"
 #include "py_dlpack.h"
 #include "py_errors.h"
+#include "py_gil.h"
 #include "py_source.h"
 #include "tensord/client.h"
 
@@ -156,7 +157,7 @@ template <typename T, typename Fn>
 T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
   if (timeout && !(*timeout > 0)) {
     Result<T> r = [&]() -> Result<T> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return fn(Wait::None());
     }();
     return Unwrap(std::move(r));
@@ -172,7 +173,7 @@ T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
       slice = std::clamp(left, milliseconds(1), kWaitSlice);
     }
     Result<T> r = [&]() -> Result<T> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return fn(Wait::For(slice));
     }();
     if (r.ok()) return std::move(r).value();
@@ -213,7 +214,7 @@ class PyWatcher {
         slice = std::clamp(left, milliseconds(0), kWaitSlice);
       }
       Result<std::optional<WatchEvent>> r = [&]() -> Result<std::optional<WatchEvent>> {
-        py::gil_scoped_release release;
+        GilRelease release;
         return watcher->Next(slice);
       }();
       if (!r.ok()) {
@@ -231,7 +232,7 @@ class PyWatcher {
 
   void Cancel() {
     if (std::shared_ptr<Watcher> watcher = std::move(watcher_)) {
-      py::gil_scoped_release release;
+      GilRelease release;
       watcher->Cancel();
     }
   }
@@ -273,7 +274,7 @@ class PyClient {
     options.lease_cache_linger =
         milliseconds(static_cast<int64_t>(std::max(lease_cache_linger, 0.0) * 1000.0));
     Result<std::unique_ptr<Client>> client = [&]() -> Result<std::unique_ptr<Client>> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return Client::Connect(options);
     }();
     return std::unique_ptr<PyClient>(new PyClient(Unwrap(std::move(client))));
@@ -281,7 +282,7 @@ class PyClient {
 
   ~PyClient() {
     // Stopping the client joins its threads, none of which needs the GIL.
-    py::gil_scoped_release release;
+    GilRelease release;
     client_.reset();
   }
 
@@ -293,7 +294,7 @@ class PyClient {
     spec.isolated = !ns.has_value();
     std::shared_ptr<Client> client = Core();
     Result<TensorRef> ref = [&]() -> Result<TensorRef> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Allocate(ns.value_or(""), spec);
     }();
     return std::make_unique<PyTensor>(Unwrap(std::move(ref)), /*producer=*/true);
@@ -309,7 +310,7 @@ class PyClient {
     std::shared_ptr<TensorRef> ref = tensor.Ref();
     std::shared_ptr<Client> client = Core();
     Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Publish(*ref, name, options);
     }();
     tensor.set_info(Unwrap(std::move(info)));
@@ -329,7 +330,7 @@ class PyClient {
     source.nbytes();  // refuses an overflowing shape before anything is allocated
     std::shared_ptr<Client> client = Core();
     Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
-      py::gil_scoped_release release;
+      GilRelease release;
       Result<TensorRef> ref = client->Allocate(space, spec);
       if (!ref.ok()) return ref.status();
       source.CopyTo(ref->mutable_data());
@@ -357,7 +358,7 @@ class PyClient {
     options.readonly = readonly;
     std::shared_ptr<Client> client = Core();
     Result<TensorRef> ref = [&]() -> Result<TensorRef> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Acquire(TensorId{id}, options);
     }();
     return std::make_unique<PyTensor>(Unwrap(std::move(ref)), /*producer=*/false);
@@ -375,7 +376,7 @@ class PyClient {
   void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
     std::shared_ptr<Client> client = Core();
     Status status = [&] {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Delete(name, if_generation.value_or(0));
     }();
     ThrowIfError(status);
@@ -384,7 +385,7 @@ class PyClient {
   py::list List(const std::string& prefix) {
     std::shared_ptr<Client> client = Core();
     Result<std::vector<TensorInfo>> infos = [&]() -> Result<std::vector<TensorInfo>> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->List(prefix);
     }();
     py::list out;
@@ -395,7 +396,7 @@ class PyClient {
   py::dict Stat(const std::string& name) {
     std::shared_ptr<Client> client = Core();
     Result<TensorStat> stat = [&]() -> Result<TensorStat> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Stat(name);
     }();
     return StatToDict(Unwrap(std::move(stat)));
@@ -404,7 +405,7 @@ class PyClient {
   py::dict StatById(uint64_t id) {
     std::shared_ptr<Client> client = Core();
     Result<TensorStat> stat = [&]() -> Result<TensorStat> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Stat(TensorId{id});
     }();
     return StatToDict(Unwrap(std::move(stat)));
@@ -413,7 +414,7 @@ class PyClient {
   py::dict BrokerStatusDict() {
     std::shared_ptr<Client> client = Core();
     Result<BrokerStatus> status = [&]() -> Result<BrokerStatus> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->GetStatus();
     }();
     return StatusToDict(Unwrap(std::move(status)));
@@ -422,7 +423,7 @@ class PyClient {
   std::unique_ptr<PyWatcher> Watch(const std::string& prefix, bool initial) {
     std::shared_ptr<Client> client = Core();
     Result<std::unique_ptr<Watcher>> watcher = [&]() -> Result<std::unique_ptr<Watcher>> {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Watch(prefix, initial);
     }();
     return std::make_unique<PyWatcher>(Unwrap(std::move(watcher)));
@@ -431,7 +432,7 @@ class PyClient {
   void Flush() {
     std::shared_ptr<Client> client = Core();
     Status status = [&] {
-      py::gil_scoped_release release;
+      GilRelease release;
       return client->Flush();
     }();
     ThrowIfError(status);
@@ -439,7 +440,7 @@ class PyClient {
 
   void Close() {
     std::shared_ptr<Client> client = std::move(client_);
-    py::gil_scoped_release release;
+    GilRelease release;
     client.reset();  // the last call in flight, if any, destroys it instead
   }
 
@@ -468,6 +469,7 @@ PYBIND11_MODULE(_tensord, m) {
   using namespace tensord::python;  // NOLINT
   namespace py = pybind11;
   m.doc() = "C++ half of the tensord package; use `import tensord`.";
+  InitGilRelease();
   RegisterErrors(m);
   m.attr("DLPACK_VERSION") = py::make_tuple(kDLPackMajorVersion, kDLPackMinorVersion);
   m.def("default_socket_path", &DefaultClientSocketPath,

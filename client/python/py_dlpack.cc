@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "py_convert.h"
+#include "py_gil.h"
 
 namespace tensord::python {
 namespace {
@@ -88,13 +89,13 @@ void ConsumeOnNativeThreadForTest(py::object capsule) {
   if (PyCapsule_IsValid(c, kLegacyCapsuleName)) {
     auto* view = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, kLegacyCapsuleName));
     if (PyCapsule_SetName(c, kUsedLegacyCapsuleName) != 0) throw py::error_already_set();
-    py::gil_scoped_release release;
+    GilRelease release;
     std::thread([view] { view->deleter(view); }).join();
   } else if (PyCapsule_IsValid(c, kVersionedCapsuleName)) {
     auto* view = static_cast<DLManagedTensorVersioned*>(
         PyCapsule_GetPointer(c, kVersionedCapsuleName));
     if (PyCapsule_SetName(c, kUsedVersionedCapsuleName) != 0) throw py::error_already_set();
-    py::gil_scoped_release release;
+    GilRelease release;
     std::thread([view] { view->deleter(view); }).join();
   } else {
     throw py::value_error("not an unconsumed DLPack capsule");

@@ -5,7 +5,7 @@ Each worker process allocates its batches in broker memory (client.empty), fills
 place through torch, and publishes them under PREFIX/. The trainer takes them oldest first
 (client.take on the prefix: a zero-copy work queue), trains a small torch model on each, and
 drops the batch when the step is done, which frees its memory in the broker. At the end
-nothing is left under the prefix.
+nothing is left under the prefix (each run queues under PREFIX/<trainer pid>/).
 
     tensord --socket /tmp/t.sock &
     TENSORD_SOCKET=/tmp/t.sock python3 batch_pipeline.py --workers 3 --batches 120
@@ -13,6 +13,7 @@ nothing is left under the prefix.
 
 import argparse
 import multiprocessing
+import os
 import sys
 import time
 
@@ -47,18 +48,17 @@ def worker(index, workers, batches, batch_size, prefix, socket, max_queued):
 
 
 def train(args):
-    client = tensord.connect(args.socket, client_name="batch-trainer")
-    leftovers = client.list(args.prefix + "/")
-    for info in leftovers:  # from an earlier run that was interrupted
-        client.delete(info["name"])
-
+    # Start the workers before this process connects: each worker opens its own session, and
+    # a child forked from a process that already talks gRPC is fragile (see the README).
+    prefix = f"{args.prefix}/{os.getpid()}"  # this run's queue
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=worker,
-                         args=(i, args.workers, args.batches, args.batch_size, args.prefix,
+                         args=(i, args.workers, args.batches, args.batch_size, prefix,
                                args.socket, args.max_queued))
              for i in range(args.workers)]
     for p in procs:
         p.start()
+    client = tensord.connect(args.socket, client_name="batch-trainer")
 
     model = torch.nn.Linear(FEATURES, CLASSES)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -67,7 +67,7 @@ def train(args):
     loss_value = float("nan")
     start = time.monotonic()
     for step in range(1, args.batches + 1):
-        batch = client.take(args.prefix + "/", timeout=args.timeout)
+        batch = client.take(prefix + "/", timeout=args.timeout)
         worker_name, seq = batch.name.rsplit("/", 1)[1].split("-")
         in_order &= last_seq.get(worker_name, -1) < int(seq)
         last_seq[worker_name] = int(seq)
@@ -89,7 +89,7 @@ def train(args):
     for p in procs:
         p.join()
     client.flush()
-    left = client.list(args.prefix + "/")
+    left = client.list(prefix + "/")
     mb = args.batches * args.batch_size * (FEATURES + 1) * 4 / 1e6
     print(f"trained on {args.batches} batches of {args.batch_size} from {args.workers} workers "
           f"in {elapsed:.2f} s: {args.batches / elapsed:.1f} batches/s, {mb / elapsed:.1f} MB/s "

@@ -1,0 +1,266 @@
+"""take, watch, delete, list, stat, status; waits, timeouts, errors, threads, Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensord
+from conftest import wait_for
+
+
+def test_errors_carry_the_brokers_message(client):
+    with pytest.raises(tensord.NotFound) as e:
+        client.get("py/absent")
+    assert isinstance(e.value, tensord.Error)
+    assert e.value.code == "NOT_FOUND"
+    assert "py/absent" in str(e.value) and e.value.message == str(e.value)
+    for cls in (tensord.NotFound, tensord.Timeout, tensord.ResourceExhausted,
+                tensord.PermissionDenied, tensord.InvalidArgument, tensord.Unavailable):
+        assert issubclass(cls, tensord.Error) and cls.__module__ == "tensord"
+
+
+def test_connect_without_a_broker_is_unavailable(tmp_path):
+    with pytest.raises(tensord.Unavailable) as e:
+        tensord.connect(str(tmp_path / "none.sock"))
+    assert "none.sock" in str(e.value)
+
+
+def test_resource_exhausted(client, name):
+    with pytest.raises(tensord.ResourceExhausted):
+        client.empty((1 << 50,), "uint8")
+
+
+def test_timeout_semantics(client, name):
+    n = name()
+    start = time.monotonic()
+    with pytest.raises(tensord.NotFound):
+        client.get(n)  # 0: at once
+    with pytest.raises(tensord.NotFound):
+        client.take(n, timeout=0.0)
+    assert time.monotonic() - start < 1.0
+    start = time.monotonic()
+    with pytest.raises(tensord.Timeout) as e:
+        client.get(n, timeout=0.5)
+    elapsed = time.monotonic() - start
+    assert 0.45 <= elapsed < 2.0, elapsed
+    assert e.value.code == "DEADLINE_EXCEEDED"
+    with pytest.raises(tensord.Timeout):
+        client.take(n + "/", timeout=0.2)
+
+
+@pytest.mark.parametrize("timeout", [None, 10.0])
+def test_wait_until_published(client, other, name, timeout):
+    n = name()
+    timer = threading.Timer(0.4, lambda: other.put(n, np.arange(3)))
+    timer.start()
+    start = time.monotonic()
+    t = client.get(n, timeout=timeout)
+    assert time.monotonic() - start >= 0.3
+    assert t.numpy().tolist() == [0, 1, 2]
+    timer.join()
+
+
+def test_min_generation(client, other, name):
+    n = name()
+    g = client.put(n, np.zeros(1))["generation"]
+    assert client.get(n, min_generation=g).generation == g
+    with pytest.raises(tensord.Timeout):
+        client.get(n, timeout=0.3, min_generation=g + 1)
+    timer = threading.Timer(0.3, lambda: other.put(n, np.ones(1)))
+    timer.start()
+    t = client.get(n, timeout=10, min_generation=g + 1)
+    assert t.generation > g and t.numpy().tolist() == [1.0]
+    timer.join()
+
+
+def test_take_is_a_queue(client, other, name):
+    prefix = name("q") + "/"
+    for i in range(3):
+        client.put(f"{prefix}{'cba'[i]}", np.full(1, i))
+    taken = [other.take(prefix) for _ in range(3)]
+    assert [t.numpy()[0] for t in taken] == [0, 1, 2], "oldest first, not by name"
+    assert [t.name for t in taken] == [f"{prefix}c", f"{prefix}b", f"{prefix}a"]
+    assert client.list(prefix) == []
+    with pytest.raises(tensord.NotFound):
+        client.get(f"{prefix}c")
+    with pytest.raises(tensord.NotFound):
+        client.take(prefix)
+    n = name()
+    client.put(n, np.arange(2))
+    assert client.take(n).numpy().tolist() == [0, 1]
+    with pytest.raises(tensord.NotFound):
+        client.take(n)
+
+
+def test_take_waits_for_a_producer(client, other, name):
+    prefix = name("w") + "/"
+    timer = threading.Timer(0.3, lambda: other.put(prefix + "x", np.arange(4)))
+    timer.start()
+    t = client.take(prefix, timeout=None)
+    assert t.numpy().tolist() == [0, 1, 2, 3]
+    timer.join()
+
+
+def test_list_stat_delete_status(client, other, name):
+    prefix = name("l") + "/"
+    client.put(prefix + "a", np.zeros((2, 2), dtype=np.float32))
+    client.put(prefix + "b", np.zeros(3, dtype=np.uint8))
+    client.put(name("z"), np.zeros(1))
+    listed = client.list(prefix)
+    assert sorted(i["name"] for i in listed) == [prefix + "a", prefix + "b"]
+    assert all(isinstance(i, dict) for i in listed)
+    assert any(i["name"] == prefix + "a" for i in client.list())
+    held = other.get(prefix + "a")
+    other.flush()
+    stat = client.stat(prefix + "a")
+    assert stat["dtype"] == "float32" and stat["shape"] == (2, 2) and stat["nbytes"] == 16
+    assert stat["state"] == "sealed" and stat["device"] == (1, 0)
+    holders = [h for h in stat["holders"] if h["session_id"] == other.session_id]
+    assert len(holders) == 1 and holders[0]["leases"] >= 1 and holders[0]["pid"] == os.getpid()
+    assert client.stat(stat["tensor_id"])["tensor_id"] == stat["tensor_id"]
+    assert client.get(stat["tensor_id"]).tensor_id == stat["tensor_id"]
+    client.delete(prefix + "a")
+    with pytest.raises(tensord.NotFound):
+        client.get(prefix + "a")
+    with pytest.raises(tensord.NotFound):
+        client.delete(prefix + "a")
+    assert held.numpy().tolist() == [[0, 0], [0, 0]], "holders keep valid data after delete"
+    status = client.status()
+    assert status["sessions"] >= 2 and status["named_tensors"] >= 2
+    assert status["socket"] and status["version"]
+
+
+def test_watch(client, other, name):
+    prefix = name("watch") + "/"
+    with client.watch(prefix) as w:
+        other.put(prefix + "a", np.zeros(1))
+        event = w.next(timeout=5)
+        assert event["kind"] == "bound" and event["name"] == prefix + "a"
+        assert event["tensor"]["dtype"] == "float64"
+        other.put(name("elsewhere"), np.zeros(1))  # not under the prefix
+        other.delete(prefix + "a")
+        event = w.next(timeout=5)
+        assert event["kind"] == "unbound" and event["name"] == prefix + "a"
+        assert w.next(timeout=0.2) is None
+    assert list(w) == []  # closed: iteration ends
+    other.put(prefix + "b", np.zeros(1))
+    with client.watch(prefix, initial=True) as w:
+        assert next(iter(w))["name"] == prefix + "b"
+
+
+def test_watch_iteration_from_another_thread(client, other, name):
+    prefix = name("wt") + "/"
+    w = client.watch(prefix)
+    seen = []
+
+    def consume():
+        for event in w:
+            seen.append(event["name"])
+            if len(seen) == 3:
+                break
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    for i in range(3):
+        other.put(f"{prefix}{i}", np.zeros(1))
+    thread.join(10)
+    assert not thread.is_alive()
+    assert seen == [f"{prefix}{i}" for i in range(3)]
+    w.close()
+
+
+def test_threads_share_one_client(client, name):
+    errors = []
+    base = name("thr")
+
+    def work(k):
+        try:
+            for i in range(20):
+                n = f"{base}/{k}/{i}"
+                client.put(n, np.full(16, k * 100 + i, dtype=np.int32))
+                t = client.get(n)
+                assert t.numpy()[0] == k * 100 + i
+                t.release()
+                client.delete(n)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert client.list(base + "/") == []
+
+
+def test_waits_release_the_gil(client, name):
+    n = name()
+    waiter = threading.Thread(target=lambda: pytest.raises(tensord.Timeout, client.get, n, 1.0))
+    waiter.start()
+    count = 0
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        count += 1
+    client.put(name(), np.zeros(1))  # the client is usable while another thread waits
+    waiter.join()
+    assert count > 100_000, "the main thread barely ran while another waited"
+
+
+def test_ctrl_c_interrupts_a_wait(broker):
+    code = (
+        "import sys, tensord\n"
+        "c = tensord.connect()\n"
+        "print('ready', flush=True)\n"
+        "try:\n"
+        "    c.get('py/never', timeout=None)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(3)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=broker.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 3, err
+    assert "interrupted" in out
+    assert time.monotonic() - start < 2.0
+
+
+def test_closed_client(broker):
+    c = tensord.connect(broker.socket)
+    assert c.session_id > 0 and c.socket == broker.socket
+    with c:
+        pass
+    assert c.closed
+    with pytest.raises(ValueError, match="closed"):
+        c.get("py/x")
+    c.close()  # idempotent
+
+
+def test_lease_cache_lets_go(broker, other, name):
+    n = name()
+    other.put(n, np.zeros(4))
+    cached = tensord.connect(broker.socket, lease_cache=True, lease_cache_linger=0.3)
+    a = cached.get(n).numpy()
+    del a
+    cached.flush()
+
+    def mine():
+        return sum(h["leases"] for h in other.stat(n)["holders"]
+                   if h["session_id"] == cached.session_id)
+
+    wait_for(lambda: mine() == 0, timeout=5, what="the cached lease to linger out")
+    b = cached.get(n)
+    other.delete(n)  # the name moved: the cached lease must not outlive the views
+    b.release()
+    cached.close()
