@@ -25,7 +25,6 @@ namespace v1 = tensord::v1;
 namespace {
 
 constexpr uint64_t kPageBytes = 4096;
-constexpr size_t kMaxReleaseBatch = 65536;
 constexpr size_t kMaxFetchBatch = common::kMaxFdsPerMessage;
 
 int64_t NowUnixMs() {
@@ -456,25 +455,30 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
       if (memory.ok() && *memory != nullptr) effects.garbage.push_back(std::move(*memory));
       result = memory.ok() ? absl::CancelledError("the session closed during Allocate") : memory.status();
     } else {
-      if (size > 0) {
-        Buffer buffer;
-        buffer.id = registry_.NextBufferId();
-        buffer.size = size;
-        buffer.memory = std::move(*memory);
-        tensor.buffer_id = buffer.id;
-        registry_.AddBuffer(std::move(buffer));
-      }
-      tensor.id = registry_.NextTensorId();
-      Tensor& added = registry_.AddTensor(std::move(tensor));
-      v1::AcquireResponse granted = GrantLocked(*session, added);
-      v1::AllocateResponse response;
-      response.set_lease_id(granted.lease_id());
-      *response.mutable_tensor() = std::move(*granted.mutable_tensor());
-      result = std::move(response);
+      result = RegisterLocked(*session, std::move(tensor), std::move(*memory), size);
     }
   }
   Deliver(effects);
   std::move(done)(std::move(result));
+}
+
+v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
+                                            std::unique_ptr<common::BackendBuffer> memory,
+                                            uint64_t size) {
+  if (memory != nullptr) {
+    Buffer buffer;
+    buffer.id = registry_.NextBufferId();
+    buffer.size = size;
+    buffer.memory = std::move(memory);
+    tensor.buffer_id = buffer.id;
+    registry_.AddBuffer(std::move(buffer));
+  }
+  tensor.id = registry_.NextTensorId();
+  v1::AcquireResponse granted = GrantLocked(session, registry_.AddTensor(std::move(tensor)));
+  v1::AllocateResponse response;
+  response.set_lease_id(granted.lease_id());
+  *response.mutable_tensor() = std::move(*granted.mutable_tensor());
+  return response;
 }
 
 absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v1::ExportRequest& request) {
@@ -501,42 +505,27 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
   ref.set_offset(request.offset());
   TENSORD_RETURN_IF_ERROR(common::ValidateFitsBuffer(layout, ref, "exported tensor"));
   if (size == 0) return absl::InvalidArgumentError("export: the memfd is empty");
-
-  Effects effects;
-  absl::StatusOr<v1::AllocateResponse> result;
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
     uint64_t accounted = (size + kPageBytes - 1) / kPageBytes * kPageBytes;
     TENSORD_RETURN_IF_ERROR(ReserveHostBytesLocked(accounted, "exporting a memfd"));
-    Buffer buffer;
-    buffer.id = registry_.NextBufferId();
-    buffer.size = accounted;
-    buffer.memory = std::make_unique<common::HostBuffer>(std::move(fd), accounted);
     Tensor tensor;
-    tensor.id = registry_.NextTensorId();
     tensor.ns = request.ns();
     tensor.desc = request.desc();
     tensor.desc.clear_strides();
     tensor.layout = layout;
-    tensor.buffer_id = buffer.id;
     tensor.offset = request.offset();
     tensor.tags.insert(request.tags().begin(), request.tags().end());
     tensor.created_unix_ms = NowUnixMs();
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
-    registry_.AddBuffer(std::move(buffer));
-    Tensor& added = registry_.AddTensor(std::move(tensor));
-    v1::AcquireResponse granted = GrantLocked(*session, added);
-    v1::AllocateResponse response;
-    response.set_lease_id(granted.lease_id());
-    *response.mutable_tensor() = std::move(*granted.mutable_tensor());
-    result = std::move(response);
+    return RegisterLocked(*session, std::move(tensor),
+                          std::make_unique<common::HostBuffer>(std::move(fd), accounted), accounted);
   }
-  Deliver(effects);
-  return result;
 }
+
 
 absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v1::PublishRequest& request) {
   const std::string& name = request.name();

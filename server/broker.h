@@ -153,6 +153,10 @@ class Broker {
   // Grants a lease on `tensor` to `session`.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a new CREATING tensor (and its buffer, when it has memory) with a producer lease.
+  tensord::v1::AllocateResponse RegisterLocked(Session& session, Tensor tensor,
+                                               std::unique_ptr<common::BackendBuffer> memory,
+                                               uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLeaseLocked(const Lease& lease, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)
