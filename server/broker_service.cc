@@ -102,6 +102,11 @@ class StreamOutbox final : public PushSink {
   bool Push(const v1::SessionResponse& message) override;
   void Close() override;
   void Respond(v1::SessionResponse message);
+  // An acquire or take was dispatched: its reply is owed, and a stream the client
+  // half-closed finishes only once every owed reply is written (a client draining its
+  // stream before fork() relies on this: a wait granted while it drains is never lost).
+  void ExpectReply();
+  void RespondOwed(v1::SessionResponse message);
 
   // Reactor side.
   void OnWriteDone(bool ok);
@@ -128,6 +133,7 @@ class StreamOutbox final : public PushSink {
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  size_t owed_replies_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -187,6 +193,7 @@ class SessionStream final
       case v1::SessionRequest::kAcquire:
       case v1::SessionRequest::kTake: {
         bool take = request.op_case() == v1::SessionRequest::kTake;
+        outbox->ExpectReply();
         auto done = [outbox, seq, take](absl::StatusOr<v1::AcquireResponse> result) {
           v1::SessionResponse response;
           response.set_seq(seq);
@@ -196,7 +203,7 @@ class SessionStream final
             response.mutable_error()->set_code(static_cast<int>(result.status().code()));
             response.mutable_error()->set_message(std::string(result.status().message()));
           }
-          outbox->Respond(std::move(response));
+          outbox->RespondOwed(std::move(response));
         };
         uint64_t wait_id = take ? broker_->Take(session_id_, request.take(), std::move(done))
                                 : broker_->Acquire(session_id_, request.acquire(), std::move(done));
@@ -272,6 +279,19 @@ void StreamOutbox::Respond(v1::SessionResponse message) {
   Pump();
 }
 
+void StreamOutbox::ExpectReply() {
+  absl::MutexLock lock(&mu_);
+  ++owed_replies_;
+}
+
+void StreamOutbox::RespondOwed(v1::SessionResponse message) {
+  absl::MutexLock lock(&mu_);
+  if (owed_replies_ > 0) --owed_replies_;
+  if (finished_ || broken_) return;
+  queue_.push_back(std::move(message));
+  Pump();
+}
+
 void StreamOutbox::Close() {
   absl::MutexLock lock(&mu_);
   closing_ = true;
@@ -327,7 +347,7 @@ void StreamOutbox::Pump() {
     mu_.Lock();
     return;
   }
-  if ((reads_done_ || closing_ || broken_) && queue_.empty()) {
+  if (((reads_done_ && owed_replies_ == 0) || closing_ || broken_) && queue_.empty()) {
     finished_ = true;
     mu_.Unlock();
     stream->Finish(grpc::Status::OK);
