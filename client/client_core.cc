@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <set>
 #include <utility>
 
@@ -12,6 +14,7 @@
 #include "client/watcher.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
+#include "grpc/grpc.h"
 
 namespace tensord::internal {
 namespace {
@@ -29,42 +32,32 @@ Registry& GetRegistry() {
 }
 
 // gRPC and fork(), as found with Debian's gRPC 1.51 (libgrpc.so.29):
-//  - Without help, a forked child that makes a new channel and calls on it hangs: the
-//    call never completes (gRPC's polling engine, timer and executor threads belong to
-//    the parent). Verified with a child that acquires after fork: no reply, ever.
-//  - GRPC_ENABLE_FORK_SUPPORT=1 alone changes nothing here: this build does not register
-//    gRPC's own pthread_atfork handlers (GRPC_POSIX_FORK_ALLOW_PTHREAD_ATFORK is off), so
-//    grpc_prefork() never runs.
-//  - Calling grpc_prefork / grpc_postfork_parent / grpc_postfork_child ourselves from our
-//    atfork handlers works, provided fork support is on (the variable, read at grpc_init:
-//    set below in a library constructor unless the program set it) and no thread is inside
-//    gRPC at fork time; otherwise gRPC logs "Other threads are currently calling into gRPC,
-//    skipping fork() handlers" and the child cannot call. Our threads that wait inside gRPC
-//    are the Session stream's reader and each Watcher's reader, so `prepare` closes the
-//    stream and pauses the watchers first (they reopen after the fork; a watcher reports
-//    RESET). The closed calls are destroyed only after fork(): destroying one hands work to
-//    gRPC's executor, and grpc_prefork() then deadlocked joining that executor thread.
-//    The EventEngine (a separate thread pool, timer manager and poller in 1.51) has its own
-//    PrepareFork/PostforkParent/PostforkChild, driven the same way.
-//  - Results (tests with a real daemon): without a Watcher, a child acquires and calls on a
-//    new session every time (12/12); with a Watcher alive in the parent at fork time the
-//    parent is fine (its watcher gets RESET and goes on) but the child's first call
-//    sometimes never completes (about 1 run in 3) and fails by its deadline: not solved.
-//    Another thread's RPC in flight at fork time also makes gRPC skip its handlers.
-//  - TENSORD_GRPC_FORK_HOOKS=0 turns this off (the child then cannot make calls, but the
-//    fd channel is still closed in the child, which is what releases the parent's leases).
-// The three functions are exported by libgrpc but not declared in its public headers;
-// they are looked up by their mangled names so a gRPC without them just loses this help.
+//  - A child that inherits a live gRPC cannot use it: the polling engine's epoll set is
+//    shared with the parent (events for the child's sockets wake the parent, which then
+//    crashes on pointers that only exist in the child), and the timer and executor threads
+//    are missing. gRPC's own fork support (GRPC_ENABLE_FORK_SUPPORT plus grpc_prefork /
+//    grpc_postfork_*) is not enough: this build does not register those handlers, its
+//    EventEngine fork hooks are empty, and with the handlers driven by hand a child forked
+//    right after another one still crashed or hung (seen with torch DataLoader workers).
+//  - What works every time: gRPC with no object left shuts itself down completely (its
+//    threads joined; with the poll engine no fd survives either) and starts afresh on the
+//    next channel, in the parent and in any child. So `prepare` makes every Session drop all of its gRPC objects
+//    (Session::SuspendForFork: the Session stream drained without losing a reply, watch
+//    streams cancelled and reopened after, unary calls waited for), then waits for
+//    grpc_is_initialized() to turn false. The parent reconnects on its next call (a few
+//    milliseconds); the child starts with a clean gRPC of its own.
+//  - If gRPC stays up (the program uses gRPC itself, or a call is stuck past the
+//    deadline), the handlers fall back to grpc_prefork / grpc_postfork_*, looked up by
+//    their mangled names (exported but not declared in the public headers). A child may then
+//    fail to reach the broker; the fd channel is still closed in it, which is what releases
+//    the parent's leases. TENSORD_GRPC_FORK_HOOKS=0 turns the fallback off.
+constexpr std::chrono::seconds kForkPrepareBudget{5};
+
 using GrpcForkFn = void (*)();
 struct GrpcForkHooks {
   GrpcForkFn prefork = nullptr;
   GrpcForkFn postfork_parent = nullptr;
   GrpcForkFn postfork_child = nullptr;
-  // The EventEngine's thread pool, timer manager and poller (1.51 keeps a separate list
-  // of "forkables"); absent in other versions, then skipped.
-  GrpcForkFn ee_prepare = nullptr;
-  GrpcForkFn ee_postfork_parent = nullptr;
-  GrpcForkFn ee_postfork_child = nullptr;
 };
 
 const GrpcForkHooks& GetGrpcForkHooks() {
@@ -73,43 +66,55 @@ const GrpcForkHooks& GetGrpcForkHooks() {
     h.prefork = reinterpret_cast<GrpcForkFn>(::dlsym(RTLD_DEFAULT, "_Z12grpc_preforkv"));
     h.postfork_parent = reinterpret_cast<GrpcForkFn>(::dlsym(RTLD_DEFAULT, "_Z20grpc_postfork_parentv"));
     h.postfork_child = reinterpret_cast<GrpcForkFn>(::dlsym(RTLD_DEFAULT, "_Z19grpc_postfork_childv"));
-    h.ee_prepare = reinterpret_cast<GrpcForkFn>(
-        ::dlsym(RTLD_DEFAULT, "_ZN17grpc_event_engine12experimental11PrepareForkEv"));
-    h.ee_postfork_parent = reinterpret_cast<GrpcForkFn>(
-        ::dlsym(RTLD_DEFAULT, "_ZN17grpc_event_engine12experimental14PostforkParentEv"));
-    h.ee_postfork_child = reinterpret_cast<GrpcForkFn>(
-        ::dlsym(RTLD_DEFAULT, "_ZN17grpc_event_engine12experimental13PostforkChildEv"));
     const char* off = ::getenv("TENSORD_GRPC_FORK_HOOKS");
     if (h.prefork == nullptr || h.postfork_parent == nullptr || h.postfork_child == nullptr ||
         (off != nullptr && std::string_view(off) == "0")) {
       h = GrpcForkHooks();
-    }
-    if (h.ee_prepare == nullptr || h.ee_postfork_parent == nullptr ||
-        h.ee_postfork_child == nullptr) {
-      h.ee_prepare = h.ee_postfork_parent = h.ee_postfork_child = nullptr;
     }
     return h;
   }();
   return hooks;
 }
 
-__attribute__((constructor)) void EnableGrpcForkSupport() {
+// Read by gRPC when it initialises; a program's own settings win.
+//  - GRPC_POLL_STRATEGY=poll: the epoll1 engine keeps its epoll fd open across a complete
+//    shutdown, so a child would share the parent's epoll set; poll() keeps no kernel
+//    state between calls (and costs nothing with the one connection a client has).
+//  - GRPC_ENABLE_FORK_SUPPORT=1: for the fallback below.
+__attribute__((constructor)) void ConfigureGrpcForFork() {
+  ::setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   ::setenv("GRPC_ENABLE_FORK_SUPPORT", "1", /*overwrite=*/0);
+}
+
+// Set by PrepareFork when gRPC could not be stopped and its own hooks ran instead.
+bool g_grpc_hooks_ran = false;
+
+bool WaitForGrpcShutdown(std::chrono::steady_clock::time_point deadline) {
+  while (grpc_is_initialized() != 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
 }
 
 void PrepareFork() {
   Registry& r = GetRegistry();
   r.mu.lock();
-  for (ClientCore* core : r.cores) core->LockForFork();
+  const auto deadline = std::chrono::steady_clock::now() + kForkPrepareBudget;
+  bool suspended = true;
+  for (ClientCore* core : r.cores) suspended = core->LockForFork(deadline) && suspended;
+  g_grpc_hooks_ran = false;
+  if (suspended && WaitForGrpcShutdown(deadline)) return;
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
-  if (hooks.prefork != nullptr) hooks.prefork();
-  if (hooks.ee_prepare != nullptr) hooks.ee_prepare();
+  if (hooks.prefork != nullptr) {
+    hooks.prefork();
+    g_grpc_hooks_ran = true;
+  }
 }
 
 void ParentAfterFork() {
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
-  if (hooks.ee_postfork_parent != nullptr) hooks.ee_postfork_parent();
-  if (hooks.postfork_parent != nullptr) hooks.postfork_parent();
+  if (g_grpc_hooks_ran) hooks.postfork_parent();
   Registry& r = GetRegistry();
   for (ClientCore* core : r.cores) core->UnlockAfterForkInParent();
   r.mu.unlock();
@@ -117,8 +122,7 @@ void ParentAfterFork() {
 
 void ChildAfterFork() {
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
-  if (hooks.ee_postfork_child != nullptr) hooks.ee_postfork_child();
-  if (hooks.postfork_child != nullptr) hooks.postfork_child();
+  if (g_grpc_hooks_ran) hooks.postfork_child();
   Registry& r = GetRegistry();
   for (ClientCore* core : r.cores) core->ResetAfterForkInChild();
   r.mu.unlock();
@@ -190,9 +194,9 @@ absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
   return session_;
 }
 
-void ClientCore::LockForFork() {
+bool ClientCore::LockForFork(std::chrono::steady_clock::time_point deadline) {
   mu_.lock();
-  if (session_ != nullptr) session_->QuiesceForFork();
+  return session_ == nullptr || session_->SuspendForFork(deadline);
 }
 
 void ClientCore::UnlockAfterForkInParent() {
@@ -229,6 +233,11 @@ uint64_t ClientCore::session_id() {
   absl::StatusOr<std::shared_ptr<Session>> var##_or = CurrentSession();      \
   if (!var##_or.ok()) return AnnotatedFromAbsl(var##_or.status());            \
   std::shared_ptr<Session> var = *std::move(var##_or)
+
+#define TENSORD_CALL_OR_RETURN(var, session)                                   \
+  absl::StatusOr<Session::RpcCall> var##_or = (session)->BeginCall();          \
+  if (!var##_or.ok()) return AnnotatedFromAbsl(var##_or.status());             \
+  Session::RpcCall var = *std::move(var##_or)
 
 namespace {
 
@@ -276,8 +285,11 @@ Status ClientCore::Delete(std::string_view name, uint64_t if_generation) {
   request.set_name(std::string(name));
   request.set_if_generation(if_generation);
   tensord::v1::DeleteResponse response;
-  auto context = session->NewContext();
-  grpc::Status status = session->stub()->Delete(context.get(), request, &response);
+  grpc::Status status;
+  {
+    TENSORD_CALL_OR_RETURN(call, session);
+    status = call.stub()->Delete(call.context(), request, &response);
+  }
   // Whatever the outcome, a cached lease of the name must ask the broker again.
   session->ForgetName(name);
   return FromGrpc(status);
@@ -288,9 +300,11 @@ Result<std::vector<TensorInfo>> ClientCore::List(std::string_view prefix) {
   tensord::v1::ListRequest request;
   request.set_prefix(std::string(prefix));
   tensord::v1::ListResponse response;
-  auto context = session->NewContext();
-  grpc::Status status = session->stub()->List(context.get(), request, &response);
-  if (!status.ok()) return FromGrpc(status);
+  {
+    TENSORD_CALL_OR_RETURN(call, session);
+    grpc::Status status = call.stub()->List(call.context(), request, &response);
+    if (!status.ok()) return FromGrpc(status);
+  }
   std::vector<TensorInfo> out;
   out.reserve(static_cast<size_t>(response.tensors_size()));
   for (const tensord::v1::TensorInfo& t : response.tensors()) {
@@ -310,9 +324,11 @@ Result<TensorStat> ClientCore::Stat(const Session::Target& target) {
     request.set_tensor_id(std::get<uint64_t>(target));
   }
   tensord::v1::StatResponse response;
-  auto context = session->NewContext();
-  grpc::Status status = session->stub()->Stat(context.get(), request, &response);
-  if (!status.ok()) return FromGrpc(status);
+  {
+    TENSORD_CALL_OR_RETURN(call, session);
+    grpc::Status status = call.stub()->Stat(call.context(), request, &response);
+    if (!status.ok()) return FromGrpc(status);
+  }
   absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(response.tensor(), "stat");
   if (!valid.ok()) return FromAbsl(valid.status());
   TensorStat out;
@@ -327,9 +343,11 @@ Result<BrokerStatus> ClientCore::GetStatus() {
   TENSORD_SESSION_OR_RETURN(session);
   tensord::v1::StatusRequest request;
   tensord::v1::StatusResponse response;
-  auto context = session->NewContext();
-  grpc::Status status = session->stub()->Status(context.get(), request, &response);
-  if (!status.ok()) return FromGrpc(status);
+  {
+    TENSORD_CALL_OR_RETURN(call, session);
+    grpc::Status status = call.stub()->Status(call.context(), request, &response);
+    if (!status.ok()) return FromGrpc(status);
+  }
   return ToPublicStatus(response);
 }
 

@@ -4,7 +4,9 @@
 // results into the public types (TensorRef, TensorInfo, Status).
 //
 // fork(): pthread_atfork handlers, registered once, walk every live ClientCore. `prepare`
-// takes the registry lock and each core's mutex so no core is mid-swap at fork time; in
+// takes the registry lock and each core's mutex so no core is mid-swap at fork time, and
+// has each Session drop every gRPC object so gRPC shuts down before fork() (see
+// client_core.cc for why); in the parent the cores go on and reconnect gRPC on next use; in
 // the child each core closes its inherited fd-channel socket at once (so the parent's death
 // releases the parent's leases while the child lives on), abandons the parent's Session
 // without running its destructors (its gRPC objects and threads belong to the parent), and
@@ -17,6 +19,7 @@
 // Thread-safe. Errors: tensord::Status, canonical codes; nothing throws out of here.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,7 +68,8 @@ class ClientCore {
   static LeaseView* ViewOf(const TensorRef& ref) { return ref.view_; }
 
   // Fork and exit hooks (see the header comment).
-  void LockForFork();
+  // Takes the core's mutex and suspends its Session (false: gRPC objects remain).
+  bool LockForFork(std::chrono::steady_clock::time_point deadline);
   void UnlockAfterForkInParent();
   void ResetAfterForkInChild();
   void ShutdownAtExit();

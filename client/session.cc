@@ -3,11 +3,11 @@
 #include <errno.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
-#include "client/watcher.h"
 #include "common/fd_channel.h"
 #include "common/logging.h"
 #include "common/memory/memfd.h"
@@ -58,13 +58,6 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
   }
   s->fd_ = *std::move(fd);
   s->instance_nonce_ = s->fd_->welcome().instance_nonce();
-  // A subchannel pool of its own: after fork() the parent's subchannel (in the global pool)
-  // belongs to the parent and must not be shared by the child's new channel.
-  grpc::ChannelArguments channel_args;
-  channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  s->channel_ = grpc::CreateCustomChannel("unix:" + socket_path,
-                                          grpc::InsecureChannelCredentials(), channel_args);
-  s->stub_ = tensord::v1::Broker::NewStub(s->channel_);
   TENSORD_ASSIGN_OR_RETURN(s->queue_, ReleaseQueue::Create());
   absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->Stream();
   if (!stream.ok()) return absl::UnavailableError(Unavailable(socket_path, std::string(stream.status().message())));
@@ -84,10 +77,11 @@ Session::~Session() {
   if (sender_ != nullptr) sender_->Stop();
   std::shared_ptr<SessionStream> stream;
   {
-    absl::MutexLock lock(&stream_mu_);
+    absl::MutexLock lock(&rpc_mu_);
     stream = std::move(stream_);
   }
   if (stream != nullptr) stream->Close();
+  stream.reset();
   // Cached leases go with the session (closing the fd channel releases them).
   for (LeaseView* view : table_.TakeAllIdle()) delete view;
 }
@@ -97,15 +91,16 @@ void Session::ShutdownAtExit() {
   if (sender_ != nullptr) sender_->Stop();
   std::shared_ptr<SessionStream> stream;
   {
-    absl::MutexLock lock(&stream_mu_);
+    absl::MutexLock lock(&rpc_mu_);
     stream = stream_;
   }
   if (stream != nullptr) stream->Close();
 }
 
 void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Only the forking thread exists here; any lock another thread held stays held, so
-  // nothing below takes one.
+  // Only the forking thread exists here; a lock another thread held stays held, so nothing
+  // below takes one. After a complete SuspendForFork there is no gRPC object left to leak.
+  forked_away_.store(true);
   dead_.store(true);
   closing_.store(true);
   if (fd_ != nullptr) fd_->CloseInForkedChild();
@@ -117,14 +112,8 @@ void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
     stream_->AbandonInForkedChild();
     new std::shared_ptr<SessionStream>(std::move(stream_));
   }
-  // QuiesceForFork locked watchers_mu_ in the parent before fork(); this is that thread.
-  for (WatcherImpl* watcher : watchers_) watcher->AbandonInForkedChild();
-  if (fork_parked_stream_ != nullptr) {
-    new std::shared_ptr<SessionStream>(std::move(fork_parked_stream_));
-  }
-  watchers_mu_.unlock();
   (void)stub_.release();
-  new std::shared_ptr<grpc::Channel>(std::move(channel_));
+  if (channel_ != nullptr) new std::shared_ptr<grpc::Channel>(std::move(channel_));
 }
 
 absl::Status Session::CheckOpen() const {
@@ -145,68 +134,152 @@ std::unique_ptr<grpc::ClientContext> Session::NewContext(
   return context;
 }
 
-void Session::RegisterWatcher(WatcherImpl* watcher) {
-  std::lock_guard<std::mutex> lock(watchers_mu_);
-  watchers_.insert(watcher);
+tensord::v1::Broker::Stub* Session::StubLocked() {
+  if (stub_ == nullptr) {
+    // A subchannel pool of its own, so nothing is shared with another Session's channel.
+    // No idle filter: its timer can keep a dropped channel (and so gRPC) alive, which
+    // fork() preparation waits for; a node-local session has no use for idleness anyway.
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channel_args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, std::numeric_limits<int>::max());
+    channel_ = grpc::CreateCustomChannel("unix:" + socket_path_,
+                                         grpc::InsecureChannelCredentials(), channel_args);
+    stub_ = tensord::v1::Broker::NewStub(channel_);
+  }
+  return stub_.get();
 }
 
-void Session::UnregisterWatcher(WatcherImpl* watcher) {
-  std::lock_guard<std::mutex> lock(watchers_mu_);
-  watchers_.erase(watcher);
+void Session::AwaitNoForkLocked() {
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) { return !fork_suspended_; };
+  rpc_mu_.Await(absl::Condition(&ready));
 }
 
-void Session::QuiesceForFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  watchers_mu_.lock();  // until ResumeAfterFork / AbandonInForkedChild
-  for (WatcherImpl* watcher : watchers_) watcher->PauseForFork();
+absl::StatusOr<Session::RpcCall> Session::BeginCall(std::optional<std::chrono::milliseconds> timeout,
+                                                    bool cancel_on_fork) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  std::unique_ptr<grpc::ClientContext> context = NewContext(timeout);
+  absl::MutexLock lock(&rpc_mu_);
+  AwaitNoForkLocked();
+  tensord::v1::Broker::Stub* stub = StubLocked();
+  ++calls_in_flight_;
+  if (cancel_on_fork) fork_cancellable_.insert(context.get());
+  return RpcCall(this, stub, std::move(context), fork_epoch_);
+}
+
+Session::RpcCall::~RpcCall() {
+  if (session_ == nullptr) return;
+  {
+    absl::MutexLock lock(&session_->rpc_mu_);
+    session_->fork_cancellable_.erase(context_.get());
+  }
+  context_.reset();
+  session_->EndCall();
+}
+
+bool Session::RpcCall::interrupted_by_fork() const {
+  return session_ != nullptr && session_->fork_epoch_seen() != epoch_;
+}
+
+void Session::EndCall() {
+  absl::MutexLock lock(&rpc_mu_);
+  --calls_in_flight_;
+}
+
+bool Session::SuspendForFork(std::chrono::steady_clock::time_point deadline) {
   std::shared_ptr<SessionStream> stream;
   {
-    absl::MutexLock lock(&stream_mu_);
-    fork_quiesced_ = true;
+    absl::MutexLock lock(&rpc_mu_);
+    fork_suspended_ = true;
+    fork_epoch_.fetch_add(1);
     stream = std::move(stream_);
+    for (grpc::ClientContext* context : fork_cancellable_) context->TryCancel();
   }
-  if (stream != nullptr) stream->Close();
-  // Not destroyed yet: destroying a call hands closures to gRPC's executor threads, and
-  // grpc_prefork() deadlocks joining an executor thread that runs one (seen with 1.51).
-  fork_parked_stream_ = std::move(stream);
+  if (stream != nullptr) stream->Drain(deadline);
+  stream.reset();
+  absl::MutexLock lock(&rpc_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) { return calls_in_flight_ == 0; };
+  rpc_mu_.AwaitWithDeadline(absl::Condition(&idle),
+                            absl::FromChrono(std::chrono::system_clock::now() +
+                                             (deadline - std::chrono::steady_clock::now())));
+  if (calls_in_flight_ != 0) {
+    spdlog::warn("tensord: {} call(s) still in flight at fork(); gRPC stays up in the parent",
+                 calls_in_flight_);
+    return false;
+  }
+  // A connection attempt still under way when its channel goes keeps gRPC alive until its
+  // connect deadline (20 s) passes; let it finish first.
+  if (channel_ != nullptr) {
+    const auto wall_deadline =
+        std::chrono::system_clock::now() + (deadline - std::chrono::steady_clock::now());
+    for (grpc_connectivity_state state = channel_->GetState(false);
+         state == GRPC_CHANNEL_CONNECTING; state = channel_->GetState(false)) {
+      if (!channel_->WaitForStateChange(state, wall_deadline)) break;
+    }
+  }
+  stub_.reset();
+  channel_.reset();
+  return true;
 }
 
-void Session::ResumeAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  std::shared_ptr<SessionStream> parked = std::move(fork_parked_stream_);
-  {
-    absl::MutexLock lock(&stream_mu_);
-    fork_quiesced_ = false;
-  }
-  for (WatcherImpl* watcher : watchers_) watcher->ResumeAfterFork();
-  watchers_mu_.unlock();
+void Session::ResumeAfterFork() {
+  absl::MutexLock lock(&rpc_mu_);
+  fork_suspended_ = false;
 }
 
 absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
   std::shared_ptr<SessionStream> old;  // closed outside the lock
-  absl::MutexLock lock(&stream_mu_);
-  auto not_forking = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) { return !fork_quiesced_; };
-  stream_mu_.Await(absl::Condition(&not_forking));
+  absl::MutexLock lock(&rpc_mu_);
+  AwaitNoForkLocked();
   if (stream_ != nullptr && !stream_->broken()) return stream_;
   if (closing_.load()) return absl::UnavailableError("the tensord client is shut down");
   old = std::move(stream_);
   TENSORD_ASSIGN_OR_RETURN(
       std::unique_ptr<SessionStream> fresh,
       SessionStream::Open(
-          stub_.get(), fd_->welcome().session_token(),
+          StubLocked(), fd_->welcome().session_token(),
           [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
           [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); }));
-  stream_ = std::move(fresh);
+  // The stream counts as a call in flight until its last holder lets go of it.
+  ++calls_in_flight_;
+  stream_ = std::shared_ptr<SessionStream>(fresh.release(), [this](SessionStream* stream) {
+    delete stream;
+    EndCall();
+  });
   return stream_;
 }
 
 absl::StatusOr<tensord::v1::SessionResponse> Session::StreamCall(
     tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait) {
-  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, Stream());
   std::optional<SessionStream::Clock::time_point> deadline;
   if (wait.has_value()) deadline = SessionStream::Clock::now() + *wait;
-  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           stream->Call(std::move(request), deadline));
-  if (response.has_error()) return ToAbsl(FromRpcError(response.error()));
-  return response;
+  for (;;) {
+    TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, Stream());
+    absl::StatusOr<tensord::v1::SessionResponse> response = stream->Call(request, deadline);
+    if (stream->IsInterruptedByDrain(response)) {
+      // A fork() drained the stream under this call: ask again on the next stream, with
+      // what is left of the wait.
+      stream.reset();
+      ShortenWait(request, deadline);
+      continue;
+    }
+    if (!response.ok()) return response.status();
+    if (response->has_error()) return ToAbsl(FromRpcError(response->error()));
+    return response;
+  }
+}
+
+void Session::ShortenWait(tensord::v1::SessionRequest& request,
+                          std::optional<SessionStream::Clock::time_point> deadline) {
+  if (!deadline.has_value()) return;
+  // The reply bound carries kWaitSlack on top of the broker's own wait.
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      *deadline - kWaitSlack - SessionStream::Clock::now());
+  const uint64_t ms = static_cast<uint64_t>(std::max<int64_t>(1, left.count()));
+  if (request.has_acquire() && request.acquire().timeout_ms() > 0) {
+    request.mutable_acquire()->set_timeout_ms(ms);
+  } else if (request.has_take() && request.take().timeout_ms() > 0) {
+    request.mutable_take()->set_timeout_ms(ms);
+  }
 }
 
 void Session::OnPush(const tensord::v1::SessionResponse& push) {
@@ -372,9 +445,11 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   request.set_isolated(spec.isolated);
   request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
   tensord::v1::AllocateResponse response;
-  auto context = NewContext();
-  grpc::Status status = stub_->Allocate(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(FromGrpc(status));
+  {
+    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
+    grpc::Status status = call.stub()->Allocate(call.context(), request, &response);
+    if (!status.ok()) return ToAbsl(FromGrpc(status));
+  }
   return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what);
 }
 
@@ -395,9 +470,11 @@ absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::stri
   request.set_offset(offset);
   request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
   tensord::v1::AllocateResponse response;
-  auto context = NewContext();
-  grpc::Status status = stub_->Export(context.get(), request, &response);
-  if (!status.ok()) return ToAbsl(FromGrpc(status));
+  {
+    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
+    grpc::Status status = call.stub()->Export(call.context(), request, &response);
+    if (!status.ok()) return ToAbsl(FromGrpc(status));
+  }
   return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, memfd);
 }
 

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -38,8 +39,6 @@
 #include "tensord/v1/broker.grpc.pb.h"
 
 namespace tensord::internal {
-
-class WatcherImpl;
 
 class Session final : public ReleaseSink {
  public:
@@ -62,10 +61,39 @@ class Session final : public ReleaseSink {
   void ForgetName(std::string_view name);
   absl::Status Flush();
 
-  // A context for a unary Broker call: session metadata and a deadline.
-  std::unique_ptr<grpc::ClientContext> NewContext(
-      std::optional<std::chrono::milliseconds> timeout = std::chrono::seconds(30)) const;
-  tensord::v1::Broker::Stub* stub() const { return stub_.get(); }
+  // One Broker call: the stub and a context with the session metadata and an optional
+  // deadline. While it lives it counts as a call in flight, which fork() preparation waits
+  // for; `cancel_on_fork` calls (long-lived streams) are cancelled by it instead, and
+  // interrupted_by_fork() then tells them to open a new one.
+  class RpcCall {
+   public:
+    RpcCall(RpcCall&& other) noexcept
+        : session_(std::exchange(other.session_, nullptr)),
+          stub_(other.stub_),
+          context_(std::move(other.context_)),
+          epoch_(other.epoch_) {}
+    RpcCall& operator=(RpcCall&&) = delete;
+    ~RpcCall();
+    tensord::v1::Broker::Stub* stub() const { return stub_; }
+    grpc::ClientContext* context() const { return context_.get(); }
+    bool interrupted_by_fork() const;
+
+   private:
+    friend class Session;
+    RpcCall(Session* session, tensord::v1::Broker::Stub* stub,
+            std::unique_ptr<grpc::ClientContext> context, uint64_t epoch)
+        : session_(session), stub_(stub), context_(std::move(context)), epoch_(epoch) {}
+    Session* session_;
+    tensord::v1::Broker::Stub* stub_;
+    std::unique_ptr<grpc::ClientContext> context_;
+    uint64_t epoch_;
+  };
+  // Waits while a fork() is being prepared. `timeout` nullopt: no deadline.
+  absl::StatusOr<RpcCall> BeginCall(
+      std::optional<std::chrono::milliseconds> timeout = std::chrono::seconds(30),
+      bool cancel_on_fork = false);
+  // Whether the parent's fork() left this Session behind in this (child) process.
+  bool forked_away() const { return forked_away_.load(std::memory_order_acquire); }
 
   uint64_t session_id() const { return fd_->welcome().session_id(); }
   const std::string& socket_path() const { return socket_path_; }
@@ -73,24 +101,26 @@ class Session final : public ReleaseSink {
 
   // Process exit: stop the sender and close the stream; later calls fail UNAVAILABLE.
   void ShutdownAtExit();
-  // Fork parent, around fork(): closes the Session stream and pauses every Watcher (their
-  // reader threads joined), so no thread of ours is inside gRPC when gRPC's own fork
-  // preparation runs; a call that needs the stream meanwhile waits, the stream reopens
-  // after, and each Watcher reopens its stream and reports a RESET.
-  void QuiesceForFork();
+  // Fork parent, around fork(): SuspendForFork() makes this session hold no gRPC object
+  // at all, so gRPC shuts down completely and a child starts it afresh (gRPC's own fork
+  // support does not survive a child using it; see client_core.cc). New calls wait; calls
+  // made with cancel_on_fork (Watch streams) are cancelled and reopen after; the Session
+  // stream is drained (no reply lost; interrupted waits are retried after the fork); then
+  // it waits for the other calls in flight and drops the stub and the channel. Returns
+  // false if a call was still in flight at `deadline` (gRPC then stays up and the fallback
+  // in client_core.cc applies). ResumeAfterFork() lets calls go on; the channel and the
+  // stream reopen on next use.
+  bool SuspendForFork(std::chrono::steady_clock::time_point deadline);
   void ResumeAfterFork();
   // Fork child: close the inherited fd channel at once (so the parent's death releases its
   // leases even while this child lives on) and abandon, without running any destructor,
-  // every thread and gRPC object of the parent's. The Session itself must then be leaked.
+  // every thread (and any gRPC object left) of the parent's. The Session itself must then
+  // be leaked.
   void AbandonInForkedChild() noexcept;
 
   // ReleaseSink (sender thread).
   void ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) override;
   Clock::time_point Tick(Clock::time_point now) override;
-
-  // Watchers reading through this session (for the fork hooks).
-  void RegisterWatcher(WatcherImpl* watcher);
-  void UnregisterWatcher(WatcherImpl* watcher);
 
   LeaseTable& table_for_test() { return table_; }
   MappingCache& mappings_for_test() { return mappings_; }
@@ -115,14 +145,21 @@ class Session final : public ReleaseSink {
   void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
   void SendReleases(std::vector<uint64_t> lease_ids);
   absl::Status CheckOpen() const;
+  // The stub, with the channel made on first use after Open() or a fork.
+  tensord::v1::Broker::Stub* StubLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
+  std::unique_ptr<grpc::ClientContext> NewContext(std::optional<std::chrono::milliseconds> timeout) const;
+  void EndCall();
+  void AwaitNoForkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
+  uint64_t fork_epoch_seen() const { return fork_epoch_.load(std::memory_order_acquire); }
+  // A wait retried after a fork asks the broker only for what is left of it.
+  static void ShortenWait(tensord::v1::SessionRequest& request,
+                          std::optional<SessionStream::Clock::time_point> deadline);
 
   // Constant after Open().
   const ClientOptions options_;
   const std::string socket_path_;
   std::string instance_nonce_;
   std::unique_ptr<FdConnection> fd_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<tensord::v1::Broker::Stub> stub_;
   std::shared_ptr<ReleaseQueue> queue_;
 
   MappingCache mappings_;
@@ -130,15 +167,16 @@ class Session final : public ReleaseSink {
   std::atomic<bool> dead_{false};
   std::atomic<bool> closing_{false};
 
-  absl::Mutex stream_mu_;
-  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(stream_mu_);
-  bool fork_quiesced_ ABSL_GUARDED_BY(stream_mu_) = false;
-
-  // A futex mutex: held from QuiesceForFork to ResumeAfterFork (or the child's reset).
-  std::mutex watchers_mu_;
-  std::set<WatcherImpl*> watchers_ ABSL_GUARDED_BY(watchers_mu_);
-  // The stream closed for a fork, destroyed only after it (see QuiesceForFork).
-  std::shared_ptr<SessionStream> fork_parked_stream_ ABSL_GUARDED_BY(watchers_mu_);
+  // Every gRPC object of the session: created on demand, all dropped for a fork.
+  absl::Mutex rpc_mu_;
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(rpc_mu_);
+  std::unique_ptr<tensord::v1::Broker::Stub> stub_ ABSL_GUARDED_BY(rpc_mu_);
+  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(rpc_mu_);
+  bool fork_suspended_ ABSL_GUARDED_BY(rpc_mu_) = false;
+  int calls_in_flight_ ABSL_GUARDED_BY(rpc_mu_) = 0;
+  std::set<grpc::ClientContext*> fork_cancellable_ ABSL_GUARDED_BY(rpc_mu_);
+  std::atomic<uint64_t> fork_epoch_{0};
+  std::atomic<bool> forked_away_{false};
 
   // Sender thread only: ids whose release could not be sent yet (stream down).
   std::vector<uint64_t> unsent_release_ids_;

@@ -28,6 +28,30 @@ void SessionStream::Close() {
   if (reader_.joinable()) reader_.join();
 }
 
+void SessionStream::Drain(Clock::time_point deadline) {
+  if (closed_.load()) return;
+  draining_.store(true);
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (!broken_.load(std::memory_order_acquire)) stream_->WritesDone();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto ended = [this]() { return broken_.load(std::memory_order_acquire); };
+    mu_.AwaitWithDeadline(absl::Condition(&ended),
+                          absl::FromChrono(std::chrono::system_clock::now() +
+                                           (deadline - Clock::now())));
+  }
+  Close();
+}
+
+bool SessionStream::IsInterruptedByDrain(
+    const absl::StatusOr<tensord::v1::SessionResponse>& result) const {
+  if (!draining_.load()) return false;
+  if (!result.ok()) return result.status().code() == absl::StatusCode::kUnavailable;
+  return result->has_error() && result->error().code() == static_cast<int>(grpc::StatusCode::CANCELLED);
+}
+
 void SessionStream::AbandonInForkedChild() noexcept {
   closed_.store(true);
   broken_.store(true);
@@ -78,7 +102,7 @@ void SessionStream::ReadLoop() {
 
 absl::Status SessionStream::Write(const tensord::v1::SessionRequest& request) {
   absl::MutexLock lock(&write_mu_);
-  if (broken_.load(std::memory_order_acquire) || closed_.load()) {
+  if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
     return absl::UnavailableError("the session stream is closed");
   }
   if (!stream_->Write(request)) {

@@ -11,7 +11,11 @@
 //
 // When the stream breaks, every pending caller gets UNAVAILABLE and broken() turns true; the
 // owner opens a new stream for the next call (the session itself lives on the fd channel).
-// Close() cancels the call and joins the reader. Thread-safe.
+// Close() cancels the call and joins the reader. Drain() ends it without losing a reply:
+// it half-closes, the broker cancels the waits still pending and finishes once every reply
+// is written, and the reader hands each reply to its caller. A caller whose call the drain
+// interrupted (its wait was cancelled, or its write came too late) sees
+// IsInterruptedByDrain() and may retry on the next stream. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -52,6 +56,12 @@ class SessionStream {
 
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   void Close();
+  // Half-closes and reads until the broker finishes the stream, then joins the reader;
+  // past `deadline`, cancels instead (replies still in flight are then lost: their leases
+  // stay with the session until it ends).
+  void Drain(Clock::time_point deadline);
+  // Whether `result` (from Call on this stream) failed only because Drain() ran.
+  bool IsInterruptedByDrain(const absl::StatusOr<tensord::v1::SessionResponse>& result) const;
   // In a fork child: the reader thread and gRPC's state belong to the parent; leak them.
   void AbandonInForkedChild() noexcept;
 
@@ -73,6 +83,7 @@ class SessionStream {
   std::thread reader_;
   std::atomic<bool> broken_{false};
   std::atomic<bool> closed_{false};
+  std::atomic<bool> draining_{false};
 
   absl::Mutex write_mu_;
 

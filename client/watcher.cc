@@ -33,103 +33,100 @@ absl::StatusOr<std::unique_ptr<Watcher>> WatcherImpl::Start(std::shared_ptr<Sess
                                                             std::string_view prefix,
                                                             bool initial) {
   std::unique_ptr<WatcherImpl> w(new WatcherImpl(std::move(session), std::string(prefix)));
-  TENSORD_RETURN_IF_ERROR(w->OpenStream(initial));
-  w->session_->RegisterWatcher(w.get());
+  TENSORD_ASSIGN_OR_RETURN(Session::RpcCall call,
+                           w->session_->BeginCall(std::nullopt, /*cancel_on_fork=*/true));
+  WatcherImpl* raw = w.get();
+  w->thread_ = std::thread([raw, initial, call = std::move(call)]() mutable {
+    raw->Run(std::move(call), initial);
+  });
   return std::unique_ptr<Watcher>(std::move(w));
 }
 
-absl::Status WatcherImpl::OpenStream(bool initial) {
-  std::unique_ptr<grpc::ClientContext> context = session_->NewContext(std::nullopt);
-  tensord::v1::WatchRequest request;
-  request.set_prefix(prefix_);
-  request.set_initial(initial);
-  auto reader = session_->stub()->Watch(context.get(), request);
-  if (reader == nullptr) return absl::UnavailableError("watch: could not open the stream");
-  {
-    absl::MutexLock lock(&mu_);
-    context_ = std::move(context);
-    reader_ = std::move(reader);
-  }
-  thread_ = std::thread([this] { ReadLoop(); });
-  return absl::OkStatus();
-}
-
 WatcherImpl::~WatcherImpl() {
-  // First, so the fork hooks never see a watcher being torn down.
-  session_->UnregisterWatcher(this);
-  if (abandoned_.load()) return;  // fork child: nothing here may be touched
+  if (session_->forked_away()) {
+    // A fork child: the reader thread and its call are the parent's; leak them untouched.
+    if (thread_.joinable()) new std::thread(std::move(thread_));
+    return;
+  }
   Cancel();
   if (thread_.joinable()) thread_.join();
 }
 
-void WatcherImpl::PauseForFork() {
+void WatcherImpl::Run(Session::RpcCall first_call, bool initial) {
+  std::optional<Session::RpcCall> call(std::move(first_call));
+  bool reopened = false;
+  for (;;) {
+    grpc::Status status = ReadCall(*call, initial, reopened);
+    const bool forked = call->interrupted_by_fork();
+    call.reset();  // gone before the fork may go on
+    {
+      absl::MutexLock lock(&mu_);
+      if (!forked || cancelled_) {
+        ended_ = true;
+        if (cancelled_) return;
+        end_status_ = status.ok()
+                          ? Status(StatusCode::kUnavailable, "watch: the broker ended the stream")
+                          : Annotate(FromGrpc(status), "watch");
+        return;
+      }
+    }
+    // Waits until the fork is over.
+    absl::StatusOr<Session::RpcCall> next = session_->BeginCall(std::nullopt, true);
+    if (!next.ok()) {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      end_status_ = Annotate(FromAbsl(next.status()), "watch");
+      return;
+    }
+    call.emplace(*std::move(next));
+    initial = false;
+    reopened = true;
+  }
+}
+
+grpc::Status WatcherImpl::ReadCall(const Session::RpcCall& call, bool initial, bool reopened) {
+  tensord::v1::WatchRequest request;
+  request.set_prefix(prefix_);
+  request.set_initial(initial);
+  std::unique_ptr<grpc::ClientReader<tensord::v1::WatchEvent>> reader =
+      call.stub()->Watch(call.context(), request);
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_ || ended_) return;
-    pausing_ = true;
-    context_->TryCancel();
+    context_ = call.context();
+    if (cancelled_) context_->TryCancel();
+    if (reopened) {
+      // Changes made while the stream was down were not seen: the caller must list again.
+      WatchEvent reset;
+      reset.kind = WatchEvent::Kind::kReset;
+      queue_.push_back(std::move(reset));
+    }
   }
-  if (thread_.joinable()) thread_.join();
-  // Kept until after the fork: destroying the call now would hand gRPC's executor work
-  // that deadlocks grpc_prefork() (see Session::QuiesceForFork).
-  absl::MutexLock lock(&mu_);
-  parked_reader_ = std::move(reader_);
-  parked_context_ = std::move(context_);
-}
-
-void WatcherImpl::ResumeAfterFork() {
-  {
-    absl::MutexLock lock(&mu_);
-    parked_reader_.reset();
-    parked_context_.reset();
-    if (!pausing_) return;
-    pausing_ = false;
-    if (cancelled_) return;
-    // Changes made while the stream was down were not seen: the caller must list again.
-    WatchEvent reset;
-    reset.kind = WatchEvent::Kind::kReset;
-    queue_.push_back(std::move(reset));
-  }
-  absl::Status opened = OpenStream(/*initial=*/false);
-  if (!opened.ok()) {
-    absl::MutexLock lock(&mu_);
-    ended_ = true;
-    end_status_ = FromAbsl(opened);
-  }
-}
-
-void WatcherImpl::AbandonInForkedChild() noexcept {
-  abandoned_.store(true);
-  // The call (if any) is the parent's; never destroy gRPC objects here.
-  (void)context_.release();
-  (void)reader_.release();
-  (void)parked_context_.release();
-  (void)parked_reader_.release();
-  if (thread_.joinable()) new std::thread(std::move(thread_));
-}
-
-void WatcherImpl::ReadLoop() {
   tensord::v1::WatchEvent event;
-  while (reader_->Read(&event)) {
+  while (reader->Read(&event)) {
     absl::StatusOr<WatchEvent> converted = ToPublicEvent(event);
     absl::MutexLock lock(&mu_);
     auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return cancelled_ || pausing_ || queue_.size() < kMaxQueued;
+      return cancelled_ || queue_.size() < kMaxQueued;
     };
-    mu_.Await(absl::Condition(&room));
-    if (cancelled_ || pausing_) break;
+    // A full queue parks the reader; a fork must still get the call back, so look again
+    // every 100 ms.
+    while (!mu_.AwaitWithTimeout(absl::Condition(&room), absl::Milliseconds(100))) {
+      if (call.interrupted_by_fork()) break;
+    }
+    if (cancelled_ || call.interrupted_by_fork()) {
+      context_->TryCancel();
+      break;
+    }
     queue_.push_back(std::move(converted));
   }
-  grpc::Status status = reader_->Finish();
+  grpc::Status status = reader->Finish();
   absl::MutexLock lock(&mu_);
-  if (pausing_) return;  // a fork: ResumeAfterFork reopens the stream
-  ended_ = true;
-  end_status_ = status.ok() ? Status(StatusCode::kUnavailable, "watch: the broker ended the stream")
-                            : Annotate(FromGrpc(status), "watch");
+  context_ = nullptr;
+  return status;
 }
 
 Result<std::optional<WatchEvent>> WatcherImpl::Next(std::chrono::milliseconds timeout) {
-  if (abandoned_.load()) {
+  if (session_->forked_away()) {
     return Status(StatusCode::kUnavailable,
                   "watch: this watcher belongs to the parent process (fork); watch again");
   }
@@ -152,7 +149,7 @@ Result<std::optional<WatchEvent>> WatcherImpl::Next(std::chrono::milliseconds ti
 }
 
 void WatcherImpl::Cancel() {
-  if (abandoned_.load()) return;
+  if (session_->forked_away()) return;
   absl::MutexLock lock(&mu_);
   if (cancelled_) return;
   cancelled_ = true;

@@ -8,13 +8,12 @@
 // Next(). The destructor cancels and joins the reader. Holds the Session (its stub and
 // token) alive. Thread-safe.
 //
-// fork(): the Session's fork hooks pause the watcher before fork() (cancel the call, join
-// the reader, so no thread is inside gRPC), and in the parent reopen it from where it was
-// (initial=false) and queue a RESET event, since changes during the gap were not seen. In
-// the child the stream belongs to the parent: Next() answers UNAVAILABLE.
+// fork(): the call is made with cancel_on_fork, so the Session's fork preparation cancels
+// it; the reader destroys the call, waits for the fork to finish, reopens from where it was
+// (initial=false) and queues a RESET, since changes during the gap were not seen. In the
+// child the watcher belongs to the parent: Next() answers UNAVAILABLE.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -45,32 +44,23 @@ class WatcherImpl final : public Watcher {
   Result<std::optional<WatchEvent>> Next(std::chrono::milliseconds timeout) override;
   void Cancel() override;
 
-  void PauseForFork();
-  void ResumeAfterFork();
-  void AbandonInForkedChild() noexcept;
-
  private:
   WatcherImpl(std::shared_ptr<Session> session, std::string prefix)
       : session_(std::move(session)), prefix_(std::move(prefix)) {}
-  // Opens the Watch call and starts the reader thread.
-  absl::Status OpenStream(bool initial);
-  void ReadLoop();
+  // The reader thread: reads `call`, and reopens it after each fork.
+  void Run(Session::RpcCall first_call, bool initial);
+  // Reads one call until it ends; returns its final status.
+  grpc::Status ReadCall(const Session::RpcCall& call, bool initial, bool reopened);
 
   const std::shared_ptr<Session> session_;
   const std::string prefix_;
-  std::atomic<bool> abandoned_{false};  // fork child: checked without the mutex
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReader<tensord::v1::WatchEvent>> reader_;
   std::thread thread_;
-  // The call closed by PauseForFork, destroyed after the fork.
-  std::unique_ptr<grpc::ClientContext> parked_context_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<grpc::ClientReader<tensord::v1::WatchEvent>> parked_reader_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex mu_;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open call's
   std::deque<absl::StatusOr<WatchEvent>> queue_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool pausing_ ABSL_GUARDED_BY(mu_) = false;
   Status end_status_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -281,6 +281,38 @@ TEST(Integration, ForkedChildNeverKeepsItsParentsSessionAlive) {
   EXPECT_TRUE(WaitForStat(*client, "ns/shared", [](const TensorStat& s) { return s.info.lease_count == 0; }));
 }
 
+// Children forked back to back from a process whose client has a Watcher open and a
+// thread blocked in Take(forever): every child reaches the broker with a session of its
+// own, the parent's wait survives every fork (no item lost or taken twice), and its
+// watcher keeps delivering (with a RESET after each fork gap).
+TEST(Integration, BackToBackForksWithWaitsAndWatchersInFlight) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_TRUE(PublishFilled(*client, "ns/shared", 16, 1.0f).ok());
+  constexpr int kRounds = 15;
+  ChildProcess storm(PeerArgs({"fork-storm", daemon.socket(), "ns/shared", "ns/q/",
+                               std::to_string(kRounds)}));
+  int published = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    ASSERT_TRUE(PublishFilled(*client, "ns/q/" + std::to_string(1000 + round), 4,
+                              static_cast<float>(round)).ok());
+    ++published;
+    ASSERT_NE(storm.WaitForLine("round " + std::to_string(round)), "") << "round " << round;
+  }
+  ASSERT_TRUE(PublishFilled(*client, "ns/q/end", 1, 0.0f).ok());
+  std::string result = storm.WaitForLine("storm");
+  ASSERT_NE(result, "");
+  int failed = -1, taken = -1, events = -1, resets = -1, saw_end = -1;
+  ASSERT_EQ(std::sscanf(result.c_str(), "storm %d %d %d %d %d", &failed, &taken, &events, &resets,
+                        &saw_end), 5)
+      << result;
+  EXPECT_EQ(failed, 0) << "children or parent calls that failed";
+  EXPECT_EQ(taken, published) << "items taken across the forks";
+  EXPECT_GE(resets, 1) << "the watcher should report the gap of each fork: " << result;
+  EXPECT_EQ(saw_end, 1) << "the watcher stopped delivering after the forks: " << result;
+  EXPECT_TRUE(client->List("ns/q/")->empty());
+}
+
 TEST(Integration, QuotaAnswersResourceExhaustedWithUseAndLimit) {
   DaemonProcess daemon({"--max-host-bytes", "1MiB"});
   auto client = Connect(daemon);

@@ -7,13 +7,24 @@
 //   allocate SOCKET NS COUNT              allocate without publishing, print "allocated <id>", sleep
 //   fork-hold SOCKET NAME                 acquire NAME; fork a child that acquires it again
 //                                         with its own session; both sleep
+//   fork-storm SOCKET NAME PREFIX ROUNDS  with a Watcher on PREFIX open and a thread taking
+//                                         from PREFIX (waiting forever), fork 3 children
+//                                         back to back per round, each acquiring NAME;
+//                                         print "round <i>" after each; then take until
+//                                         "<PREFIX>end" arrives and print "storm <failed
+//                                         calls> <taken> <watch events> <resets> <watcher
+//                                         saw the end: 1/0>"
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tensord/client.h"
 
@@ -104,6 +115,69 @@ int main(int argc, char** argv) {
     }
     Say("forked " + std::to_string(child));
     SleepForever();
+  }
+  if (command == "fork-storm" && argc == 6) {
+    const std::string name = argv[3];
+    const std::string prefix = argv[4];
+    const int rounds = std::atoi(argv[5]);
+    auto watcher = client->Watch(prefix);
+    if (!watcher.ok()) return Fail("watch", watcher.status());
+    std::atomic<int> events{0};
+    std::atomic<int> resets{0};
+    std::atomic<bool> saw_end{false};
+    std::thread watching([&] {
+      // Until "<PREFIX>end" is seen bound, or 60 s.
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto event = (*watcher)->Next(std::chrono::milliseconds(50));
+        if (!event.ok()) return;
+        if (!event->has_value()) continue;
+        ++events;
+        if ((*event)->kind == tensord::WatchEvent::Kind::kReset) ++resets;
+        if ((*event)->kind == tensord::WatchEvent::Kind::kBound && (*event)->name == prefix + "end") {
+          saw_end.store(true);
+          return;
+        }
+      }
+    });
+    std::atomic<int> taken{0};
+    std::thread taking([&] {
+      while (true) {
+        auto t = client->Take(prefix, tensord::Wait::Forever());
+        if (!t.ok()) {
+          Fail("take", t.status());
+          return;
+        }
+        if (t->info().name == prefix + "end") return;
+        ++taken;
+      }
+    });
+    int failed = 0;
+    for (int round = 0; round < rounds; ++round) {
+      pid_t children[3];
+      for (pid_t& child : children) {
+        child = fork();
+        if (child == 0) {
+          tensord::AcquireOptions options;
+          options.wait = tensord::Wait::For(std::chrono::seconds(10));
+          auto t = client->Acquire(name, options);
+          _exit(t.ok() ? 0 : 1);
+        }
+      }
+      if (!client->Acquire(name).ok()) ++failed;
+      for (pid_t child : children) {
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+      }
+      Say("round " + std::to_string(round));
+    }
+    taking.join();
+    watching.join();
+    Say("storm " + std::to_string(failed) + " " + std::to_string(taken.load()) + " " +
+        std::to_string(events.load()) + " " + std::to_string(resets.load()) + " " +
+        std::to_string(saw_end.load() ? 1 : 0));
+    return 0;
   }
   std::fprintf(stderr, "tensord_test_peer: bad command or arguments\n");
   return 2;

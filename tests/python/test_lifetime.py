@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -182,13 +183,8 @@ class _Items(torch.utils.data.Dataset):
             return t.torch().clone(), self.client.session_id
 
 
-@pytest.mark.parametrize("workers", [
-    1,
-    pytest.param(2, marks=pytest.mark.xfail(
-        reason="C++ client: a child forked right after another fork of a process with a live "
-               "client sometimes crashes or never gets an answer (gRPC 'Closure already "
-               "scheduled'); the single-fork cases pass", strict=False)),
-])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers on 2 cores
 def test_dataloader_workers_fork_and_use_the_client(client, name, workers):
     names = [name("dl") for _ in range(8)]
     for i, n in enumerate(names):
@@ -202,6 +198,60 @@ def test_dataloader_workers_fork_and_use_the_client(client, name, workers):
     sessions = {int(s) for _, ss in batches for s in ss}
     assert client.session_id not in sessions and len(sessions) == workers
     assert client.get(names[0]).numpy()[0] == 0.0
+
+
+def test_back_to_back_forks_with_a_wait_and_a_watcher_in_flight(client, other, name):
+    """DataLoader-style forks in quick succession while another thread of the parent waits
+    in take() forever and a watcher is open: each child reaches the broker on its own, the
+    parent's wait survives every fork (nothing lost, nothing taken twice) and the watcher
+    goes on (with a RESET for each gap)."""
+    prefix = name("storm") + "/"
+    probe = name("probe")
+    client.put(probe, np.arange(4, dtype=np.int32))
+    watcher = client.watch(prefix)
+    taken = []
+
+    def take_all():
+        while True:
+            with client.take(prefix, timeout=None) as t:
+                value = int(t.numpy()[0])
+            if value < 0:
+                return
+            taken.append(value)
+
+    taker = threading.Thread(target=take_all)
+    taker.start()
+    rounds = 12
+    for r in range(rounds):
+        other.put(f"{prefix}{r:04d}", np.full(2, r, dtype=np.int64))
+        pids = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = 0 if client.get(probe, timeout=10).numpy().tolist() == [0, 1, 2, 3] else 3
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        assert client.get(probe).numpy()[3] == 3
+        for pid in pids:
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"round {r}: {status}"
+    other.put(f"{prefix}end", np.full(2, -1, dtype=np.int64))
+    taker.join(30)
+    assert not taker.is_alive()
+    assert taken == list(range(rounds))
+    kinds, saw_end = [], False
+    deadline = time.monotonic() + 20
+    while not saw_end and time.monotonic() < deadline:
+        event = watcher.next(timeout=1.0)
+        if event is None:
+            continue
+        kinds.append(event["kind"])
+        saw_end = event["kind"] == "bound" and event["name"] == f"{prefix}end"
+    assert saw_end, kinds
+    assert "reset" in kinds
 
 
 def test_deleter_on_a_native_thread_without_the_gil(client, other, published):
