@@ -5,12 +5,15 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -100,21 +103,45 @@ class ChildProcess {
   std::string buffer_;
 };
 
+inline bool Accepts(const std::string& seqpacket_path) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (seqpacket_path.size() >= sizeof(address.sun_path)) {
+    close(fd);
+    return false;
+  }
+  std::memcpy(address.sun_path, seqpacket_path.c_str(), seqpacket_path.size() + 1);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return ok;
+}
+
 class DaemonProcess {
  public:
-  explicit DaemonProcess(std::vector<std::string> extra_args = {}) {
+  explicit DaemonProcess(std::vector<std::string> extra_args = {})
+      : extra_args_(std::move(extra_args)) {
     dir_ = MakeTempDir();
     socket_ = dir_ + "/tensord.sock";
+    Start();
+  }
+  // Starts the daemon (again, after Kill) on the same socket, and waits for it to serve.
+  void Start() {
     std::vector<std::string> argv = {TENSORD_BIN, "--socket", socket_, "--log-level", "warn"};
-    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
     process_.Start(argv);
+    // Serving means both sockets exist and the fd channel accepts (a killed daemon may
+    // have left stale socket files behind: the new one must replace them).
     for (int i = 0; i < 400; ++i) {
       struct stat info{};
-      if (stat(socket_.c_str(), &info) == 0 && stat((socket_ + ".fd").c_str(), &info) == 0) return;
+      if (stat(socket_.c_str(), &info) == 0 && Accepts(socket_ + ".fd")) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ADD_FAILURE() << "tensord did not create " << socket_;
+    ADD_FAILURE() << "tensord did not start serving on " << socket_;
   }
+  // Sends `signal` and reaps; returns the wait status.
+  int Kill(int signal) { return process_.Kill(signal); }
   ~DaemonProcess() {
     if (process_.pid() > 0) Stop();
     std::filesystem::remove_all(dir_);
@@ -126,6 +153,7 @@ class DaemonProcess {
   const std::string& dir() const { return dir_; }
 
  private:
+  std::vector<std::string> extra_args_;
   std::string dir_;
   std::string socket_;
   ChildProcess process_;

@@ -1,0 +1,216 @@
+// Crash tests with real processes: consumers and producers killed with SIGKILL at the
+// worst moments, and the daemon itself killed and restarted under its clients. After each,
+// the daemon's own counters and its /proc entry show that nothing leaked.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensord/client.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace tensord {
+namespace {
+
+using testing::ChildProcess;
+using testing::DaemonProcess;
+using testing::PeerArgs;
+using namespace std::chrono_literals;
+
+std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
+  ClientOptions options;
+  options.socket_path = daemon.socket();
+  options.lease_cache = false;  // count leases exactly
+  auto client = Client::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(client).value() : nullptr;
+}
+
+Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_t count, float value) {
+  TensorSpec spec;
+  spec.shape = {count};
+  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
+  if (!tensor.ok()) return tensor.status();
+  float* data = static_cast<float*>(tensor->mutable_data());
+  for (int64_t i = 0; i < count; ++i) data[i] = value;
+  return client.Publish(*tensor, name);
+}
+
+size_t OpenFds(pid_t pid) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+// What must come back to where it was once every killed process is gone.
+struct Footprint {
+  uint64_t tensors = 0;
+  uint64_t buffers = 0;
+  uint64_t leases = 0;
+  uint64_t sessions = 0;
+  uint64_t host_bytes = 0;
+  size_t fds = 0;
+  bool operator==(const Footprint&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& out, const Footprint& f) {
+  return out << "{tensors " << f.tensors << ", buffers " << f.buffers << ", leases " << f.leases
+             << ", sessions " << f.sessions << ", host bytes " << f.host_bytes << ", fds " << f.fds
+             << "}";
+}
+
+Footprint Measure(Client& client, pid_t daemon_pid) {
+  Footprint f;
+  auto status = client.GetStatus();
+  EXPECT_TRUE(status.ok()) << status.status().ToString();
+  if (status.ok()) {
+    f.tensors = status->tensors;
+    f.buffers = status->buffers;
+    f.leases = status->leases;
+    f.sessions = status->sessions;
+    f.host_bytes = status->host_bytes_in_use;
+  }
+  f.fds = OpenFds(daemon_pid);
+  return f;
+}
+
+// Polls until the footprint equals `want` (10 s); returns the last one seen.
+Footprint AwaitFootprint(Client& client, pid_t daemon_pid, const Footprint& want) {
+  Footprint now = Measure(client, daemon_pid);
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!(now == want) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+    now = Measure(client, daemon_pid);
+  }
+  return now;
+}
+
+TEST(Crash, KilledConsumersAndProducersLeakNothing) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_TRUE(PublishFilled(*client, "ns/shared", 1 << 16, 1.5f).ok());
+  ASSERT_TRUE(client->Flush().ok());
+  const Footprint baseline = Measure(*client, daemon.pid());
+  ASSERT_EQ(baseline.tensors, 1u);
+  ASSERT_EQ(baseline.leases, 0u);
+
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::unique_ptr<ChildProcess>> peers;
+    for (int i = 0; i < 4; ++i) {
+      peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"hold", daemon.socket(), "ns/shared"})));
+    }
+    for (int i = 0; i < 2; ++i) {
+      // Killed between Allocate and Publish: 1 MiB each, never published.
+      peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"allocate", daemon.socket(), "ns", "262144"})));
+    }
+    for (size_t i = 0; i < peers.size(); ++i) {
+      ASSERT_NE(peers[i]->WaitForLine(i < 4 ? "held" : "allocated"), "") << "peer " << i;
+    }
+    auto busy = client->GetStatus();
+    ASSERT_TRUE(busy.ok());
+    EXPECT_EQ(busy->leases, 6u);  // 4 consumers + 2 producers' own leases
+    EXPECT_EQ(busy->host_bytes_in_use, baseline.host_bytes + 2 * (262144 * 4));
+    for (auto& peer : peers) {
+      int status = peer->Kill(SIGKILL);
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    }
+    Footprint after = AwaitFootprint(*client, daemon.pid(), baseline);
+    EXPECT_EQ(after, baseline) << "round " << round;
+  }
+  ASSERT_TRUE(client->Delete("ns/shared").ok());
+  Footprint empty = baseline;
+  empty.tensors = empty.buffers = empty.host_bytes = 0;
+  empty.fds = baseline.fds - 1;  // the deleted tensor's memfd
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), empty), empty);
+}
+
+TEST(Crash, KilledDaemonGivesUnavailableKeepsMappingsAndClientsReconnect) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_TRUE(PublishFilled(*client, "ns/kept", 4096, 7.0f).ok());
+  auto held = client->Acquire("ns/kept");
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const float* data = static_cast<const float*>(held->data());
+
+  int status = daemon.Kill(SIGKILL);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  // Mappings already held stay readable: the memory is the client's mapping now.
+  for (int i = 0; i < 4096; i += 511) ASSERT_EQ(data[i], 7.0f);
+  // Calls fail UNAVAILABLE, with a message that says where and what.
+  auto missing = client->Acquire("ns/kept");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kUnavailable) << missing.status().ToString();
+  EXPECT_FALSE(missing.status().message().empty());
+  auto listed = client->List("");
+  ASSERT_FALSE(listed.ok());
+  EXPECT_EQ(listed.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(listed.status().message().find(daemon.socket()), std::string::npos)
+      << listed.status().message();
+
+  // The daemon comes back on the same socket (stale socket files and all): the same Client
+  // reconnects on its next call. Names did not survive the restart.
+  daemon.Start();
+  Result<std::vector<TensorInfo>> relisted = Status(StatusCode::kUnavailable, "not tried");
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!relisted.ok() && std::chrono::steady_clock::now() < deadline) {
+    relisted = client->List("");
+    if (!relisted.ok()) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(relisted.ok()) << relisted.status().ToString();
+  EXPECT_TRUE(relisted->empty());
+  ASSERT_TRUE(PublishFilled(*client, "ns/kept", 16, 3.0f).ok());
+  auto fresh = client->Acquire("ns/kept");
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_EQ(static_cast<const float*>(fresh->data())[15], 3.0f);
+  // The old view is still the old data, and letting it go is harmless.
+  EXPECT_EQ(data[4095], 7.0f);
+  held = Status(StatusCode::kCancelled, "dropped");
+  fresh = Status(StatusCode::kCancelled, "dropped");
+  ASSERT_TRUE(client->Flush().ok());
+  auto after = client->GetStatus();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->leases, 0u);
+  EXPECT_EQ(after->sessions, 1u);
+}
+
+TEST(Crash, ProcessesKilledWhileWaitingLeaveNoWaitBehind) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  const Footprint baseline = Measure(*client, daemon.pid());
+  std::vector<std::unique_ptr<ChildProcess>> waiters;
+  for (int i = 0; i < 8; ++i) {
+    // Waits forever for a name nobody has published yet.
+    waiters.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{TENSORD_LOAD_PEER, "wait-hold", daemon.socket(), "ns/later"}));
+  }
+  // Let them reach the broker, then kill them all mid-wait.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (client->GetStatus()->sessions < baseline.sessions + waiters.size() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  for (auto& waiter : waiters) waiter->Kill(SIGKILL);
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline);
+  // A publish now must not be handed to any of the dead waiters.
+  ASSERT_TRUE(PublishFilled(*client, "ns/later", 8, 1.0f).ok());
+  ASSERT_TRUE(client->Flush().ok());  // the producer's own lease
+  auto stat = client->Stat("ns/later");
+  ASSERT_TRUE(stat.ok());
+  EXPECT_EQ(stat->info.lease_count, 0u);
+  EXPECT_TRUE(stat->holders.empty());
+}
+
+}  // namespace
+}  // namespace tensord
