@@ -14,7 +14,8 @@ bool LeaseTable::Claim(LeaseView* view) {
     view->ReviveFromIdle();
     return true;
   }
-  return view->TryRef();
+  view->Revive();
+  return true;
 }
 
 void LeaseTable::Unindex(LeaseView* view) {
@@ -108,10 +109,12 @@ LeaseTable::InsertResult LeaseTable::Insert(LeaseView* view) {
   return result;
 }
 
-bool LeaseTable::Park(LeaseView* view, Clock::time_point now) {
+LeaseTable::Disposition LeaseTable::Dispose(LeaseView* view, Clock::time_point now,
+                                            bool closing) {
   absl::MutexLock lock(&mu_);
-  TENSORD_CHECK(view->refs() == 0 && !view->idle);
-  bool cacheable = cache_enabled_ && !view->retired() && !view->cache_name.empty() &&
+  if (!view->SettleQueued()) return Disposition::kRevived;
+  TENSORD_CHECK(!view->idle);
+  bool cacheable = !closing && cache_enabled_ && !view->retired() && !view->cache_name.empty() &&
                    view->kind() != ViewKind::kProducer;
   if (cacheable) {
     auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
@@ -119,18 +122,12 @@ bool LeaseTable::Park(LeaseView* view, Clock::time_point now) {
   }
   if (!cacheable) {
     Unindex(view);
-    return false;
+    return Disposition::kRelease;
   }
   view->idle = true;
   view->idle_deadline = now + linger_;
   idle_.insert(view);
-  return true;
-}
-
-void LeaseTable::Remove(LeaseView* view) {
-  absl::MutexLock lock(&mu_);
-  Unindex(view);
-  view->idle = false;
+  return Disposition::kCached;
 }
 
 std::vector<LeaseView*> LeaseTable::OnRetired(uint64_t tensor_id) {

@@ -10,8 +10,8 @@
 //    with a linger deadline. The table owns idle views; a hit revives one at refcount 1.
 //
 // Views that are alive (refcount > 0) are not owned here; a view at refcount zero that is
-// not idle is on its way to the release sender and is never handed out again (lookups use
-// TryRef). Functions that drop cached leases return the views they removed: the caller
+// not idle is on its way to the release sender, and a lookup may still revive it until the
+// sender's Dispose() has settled it (see LeaseView). Functions that drop cached leases return the views they removed: the caller
 // releases their leases and destroys them. Thread-safe (one mutex; never held across I/O).
 #pragma once
 
@@ -55,11 +55,11 @@ class LeaseTable {
   // returns that one instead.
   InsertResult Insert(LeaseView* view);
 
-  // The release sender's decision for a view at refcount zero: true when the lease is kept
-  // (the view is now idle, owned here), false when the caller releases and destroys it.
-  bool Park(LeaseView* view, Clock::time_point now);
-  // Unindexes a view at refcount zero that is being released regardless (shutdown).
-  void Remove(LeaseView* view);
+  // The release sender's decision for a view it took off the release queue: revived
+  // meanwhile (leave it), kept in the lease cache (now idle, owned here), or to release
+  // (unindexed: the caller releases its lease and destroys it). `closing`: never cache.
+  enum class Disposition { kRevived, kCached, kRelease };
+  Disposition Dispose(LeaseView* view, Clock::time_point now, bool closing);
 
   // A `retired` push: every view of the tensor becomes uncacheable; idle ones are returned.
   std::vector<LeaseView*> OnRetired(uint64_t tensor_id);
@@ -80,7 +80,7 @@ class LeaseTable {
   using NameKey = std::pair<std::string, ViewKind>;
   // Removes `view` from every index that points at it.
   void Unindex(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Revives an idle view or TryRefs a live one.
+  // Revives an idle view or adds a reference to an indexed one (see LeaseView::Revive).
   bool Claim(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

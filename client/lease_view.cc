@@ -39,21 +39,22 @@ LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
 
 LeaseView::~LeaseView() = default;
 
-bool LeaseView::TryRef() noexcept {
-  int64_t n = refs_.load(std::memory_order_relaxed);
-  while (n > 0) {
-    if (refs_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel,
-                                    std::memory_order_relaxed)) {
-      return true;
-    }
+void LeaseView::Unref() noexcept {
+  const uint64_t before = state_.fetch_sub(1, std::memory_order_acq_rel);
+  TENSORD_CHECK((before & ~kQueued) > 0);
+  if (before != 1) return;  // still referenced, or already on the queue (its sender decides)
+  // Unreferenced and not queued: queue it, unless a lookup revived it in between.
+  uint64_t expected = 0;
+  if (state_.compare_exchange_strong(expected, kQueued, std::memory_order_acq_rel)) {
+    ReleaseQueue::Push(this);
   }
-  return false;
 }
 
-void LeaseView::Unref() noexcept {
-  int64_t before = refs_.fetch_sub(1, std::memory_order_acq_rel);
-  TENSORD_CHECK(before > 0);
-  if (before == 1) ReleaseQueue::Push(this);
+bool LeaseView::SettleQueued() noexcept {
+  uint64_t state = state_.load(std::memory_order_acquire);
+  while (!state_.compare_exchange_weak(state, state & ~kQueued, std::memory_order_acq_rel)) {
+  }
+  return (state & ~kQueued) == 0;
 }
 
 }  // namespace tensord::internal

@@ -1,6 +1,6 @@
 // LeaseView: this process's hold on one remote lease plus the mapping its data lives in.
 // There is at most one LeaseView per (tensor, map mode) per session; every TensorRef and
-// every DLPack view made from it holds one reference (`refs_`, atomic).
+// every DLPack view made from it holds one reference (in `state_`, atomic).
 //
 // Unref() is what DLPack deleters call: it never blocks, never allocates, never makes an
 // RPC, and may run on any thread, also after the Client is gone or while the process exits.
@@ -8,7 +8,14 @@
 // then decides whether the lease is kept in the lease cache or released, and destroys the
 // view (which drops its mapping reference: munmap when it was the last).
 //
-// Fields are constant after construction, except refs_/next_ (atomics) and the lease-cache
+// Until the sender has decided, the view is still indexed by its session's LeaseTable, and
+// a lookup there (under the table's mutex) may revive it: a get that repeats a get whose
+// result was just dropped needs no round trip even before the sender ran. The reference
+// count and an "on the release queue" bit share one atomic word, so the sender's decision
+// (SettleQueued, under the same mutex) and a reviving lookup cannot both win, and a view
+// is never on the queue twice.
+//
+// Fields are constant after construction, except state_ (atomic), next_in_queue and the lease-cache
 // fields, which only LeaseTable touches, under its mutex.
 #pragma once
 
@@ -51,15 +58,22 @@ class LeaseView {
   LeaseView& operator=(const LeaseView&) = delete;
 
   // Adds a reference; the caller must already hold one.
-  void Ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
-  // Adds a reference unless the count already reached zero (the view is on its way to the
-  // release sender and must not come back). Used by lookups that hold no reference.
-  bool TryRef() noexcept;
+  void Ref() noexcept { state_.fetch_add(1, std::memory_order_relaxed); }
+  // Adds a reference to a view its LeaseTable still indexes, also one at zero references
+  // on its way to the release sender. Only under the table's mutex.
+  void Revive() noexcept { state_.fetch_add(1, std::memory_order_acq_rel); }
   // Drops a reference; the last one queues the view. Never blocks.
   void Unref() noexcept;
-  int64_t refs() const noexcept { return refs_.load(std::memory_order_acquire); }
+  uint64_t refs() const noexcept { return state_.load(std::memory_order_acquire) & ~kQueued; }
   // Only for a view the LeaseTable holds idle at zero references (no one else can see it).
-  void ReviveFromIdle() noexcept { refs_.store(1, std::memory_order_release); }
+  void ReviveFromIdle() noexcept { state_.store(1, std::memory_order_release); }
+  // Marks the view as on the release queue (ReleaseQueue::Push does this).
+  void MarkQueued() noexcept { state_.fetch_or(kQueued, std::memory_order_acq_rel); }
+  // For whoever took the view off the release queue: clears the mark and says whether the
+  // view is still unreferenced (true: it is the caller's to cache or destroy) or was revived
+  // meanwhile (false: leave it; its next last Unref queues it again). Under the LeaseTable's
+  // mutex while the table may still index the view.
+  bool SettleQueued() noexcept;
 
   const TensorInfo& info() const { return info_; }
   uint64_t tensor_id() const { return info_.tensor_id; }
@@ -84,7 +98,9 @@ class LeaseView {
   std::chrono::steady_clock::time_point idle_deadline{};
 
  private:
-  std::atomic<int64_t> refs_{1};
+  static constexpr uint64_t kQueued = uint64_t{1} << 63;
+  // References in the low bits, kQueued while the view is on the release queue.
+  std::atomic<uint64_t> state_{1};
   std::atomic<bool> retired_{false};
   const TensorInfo info_;
   const uint64_t lease_id_;

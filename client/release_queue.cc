@@ -25,13 +25,16 @@ ReleaseQueue::~ReleaseQueue() {
   TENSORD_CHECK(head_.load() == nullptr);
 }
 
-void ReleaseQueue::Push(LeaseView* view) noexcept { view->queue_->PushView(view); }
+void ReleaseQueue::Push(LeaseView* view) noexcept {
+  view->MarkQueued();
+  view->queue_->PushView(view);
+}
 
 void ReleaseQueue::PushView(LeaseView* view) noexcept {
   if (stopped()) {
     // The view may hold the last reference to this queue: keep it alive until we return.
     std::shared_ptr<ReleaseQueue> keep = view->queue_;
-    delete view;
+    if (view->SettleQueued()) delete view;
     return;
   }
   LeaseView* old = head_.load(std::memory_order_relaxed);
@@ -89,7 +92,10 @@ void ReleaseQueue::DrainInline() noexcept {
   std::shared_ptr<ReleaseQueue> keep = top->queue_;
   while (top != nullptr) {
     LeaseView* next = top->next_in_queue;
-    delete top;
+    top->next_in_queue = nullptr;
+    // A view revived after it was queued is freed by its own last Unref (inline, since the
+    // queue is stopped).
+    if (top->SettleQueued()) delete top;
     top = next;
   }
 }

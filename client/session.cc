@@ -536,12 +536,9 @@ void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> 
   std::vector<LeaseView*> doomed;
   doomed.reserve(views.size());
   for (LeaseView* view : views) {
-    if (closing) {
-      table_.Remove(view);
-    } else if (table_.Park(view, now)) {
-      continue;  // kept in the lease cache
+    if (table_.Dispose(view, now, closing) == LeaseTable::Disposition::kRelease) {
+      doomed.push_back(view);
     }
-    doomed.push_back(view);
   }
   ReleaseAndDestroy(std::move(doomed), std::move(lease_ids));
 }

@@ -44,7 +44,7 @@ TEST(DLPackContextTest, LegacyViewDescribesTheTensorAndHoldsAReference) {
   LeaseView* view = NewView(queue, ViewKind::kPrivate);
   DLManagedTensor* m = MakeDLPack(view);
   ASSERT_NE(m, nullptr);
-  EXPECT_EQ(view->refs(), 2);
+  EXPECT_EQ(view->refs(), 2u);
   const DLTensor& t = m->dl_tensor;
   // byte_offset is folded into the pointer: element 0 is at buffer offset 64 + 8.
   EXPECT_EQ(t.data, view->data());
@@ -62,7 +62,7 @@ TEST(DLPackContextTest, LegacyViewDescribesTheTensorAndHoldsAReference) {
   EXPECT_EQ(t.device.device_type, kDLCPU);
   EXPECT_NE(m->manager_ctx, nullptr);
   m->deleter(m);
-  EXPECT_EQ(view->refs(), 1);
+  EXPECT_EQ(view->refs(), 1u);
   view->Unref();
   // The queue has no sender: the view waits there, at refcount zero.
   std::vector<LeaseView*> queued = queue->PopAll();

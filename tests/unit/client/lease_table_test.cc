@@ -11,6 +11,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::NewQueue;
 using Clock = LeaseTable::Clock;
+using Disposition = LeaseTable::Disposition;
 
 LeaseView* NamedView(const std::shared_ptr<ReleaseQueue>& queue, uint64_t id, std::string name,
                      uint64_t generation = 1) {
@@ -50,16 +51,37 @@ TEST_F(LeaseTableTest, ALastReferenceByNameIsCachedAndHitWithoutTheBroker) {
   view->Unref();
   ASSERT_EQ(DropToZero(queue_, view), view);
   const auto now = Clock::now();
-  EXPECT_TRUE(table_.Park(view, now));
+  EXPECT_EQ(table_.Dispose(view, now, false), Disposition::kCached);
   EXPECT_EQ(table_.idle_count(), 1u);
   // A hit revives it at refcount 1; generation requirements are honoured.
   EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 4), nullptr);
   EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kReadOnly, 0), nullptr);
   EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 3), view);
-  EXPECT_EQ(view->refs(), 1);
+  EXPECT_EQ(view->refs(), 1u);
   EXPECT_EQ(table_.idle_count(), 0u);
   ASSERT_EQ(DropToZero(queue_, view), view);
-  EXPECT_TRUE(table_.Park(view, now));
+  EXPECT_EQ(table_.Dispose(view, now, false), Disposition::kCached);
+  Destroy(table_.TakeAllIdle());
+}
+
+TEST_F(LeaseTableTest, ADroppedViewIsRevivedBeforeTheSenderDecides) {
+  LeaseView* view = NamedView(queue_, 1, "ns/a");
+  ASSERT_TRUE(table_.Insert(view).inserted);
+  view->Unref();  // the last reference: on the release queue now
+  // A repeated get finds it before the sender ran: no round trip.
+  EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 0), view);
+  EXPECT_EQ(view->refs(), 1u);
+  view->Unref();  // zero again while still on the queue: not queued a second time
+  std::vector<LeaseView*> queued = queue_->PopAll();
+  ASSERT_EQ(queued.size(), 1u);
+  EXPECT_EQ(queued[0], view);
+  EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 0), view);
+  const auto now = Clock::now();
+  EXPECT_EQ(table_.Dispose(view, now, false), Disposition::kRevived);  // left alone
+  EXPECT_EQ(view->refs(), 1u);
+  EXPECT_EQ(table_.idle_count(), 0u);
+  ASSERT_EQ(DropToZero(queue_, view), view);  // queued anew by its next last Unref
+  EXPECT_EQ(table_.Dispose(view, now, false), Disposition::kCached);
   Destroy(table_.TakeAllIdle());
 }
 
@@ -68,7 +90,7 @@ TEST_F(LeaseTableTest, LingerExpiryReleasesTheCachedLease) {
   table_.Insert(view);
   DropToZero(queue_, view);
   const auto now = Clock::now();
-  ASSERT_TRUE(table_.Park(view, now));
+  ASSERT_EQ(table_.Dispose(view, now, false), Disposition::kCached);
   Clock::time_point next;
   EXPECT_TRUE(table_.TakeExpired(now + milliseconds(1999), &next).empty());
   EXPECT_EQ(next, now + milliseconds(2000));
@@ -87,7 +109,7 @@ TEST_F(LeaseTableTest, ARetiredPushDropsTheCachedLeaseAndKeepsLiveOnesFromCachin
   table_.Insert(idle);
   table_.Insert(live);
   DropToZero(queue_, idle);
-  ASSERT_TRUE(table_.Park(idle, Clock::now()));
+  ASSERT_EQ(table_.Dispose(idle, Clock::now(), false), Disposition::kCached);
   std::vector<LeaseView*> dropped = table_.OnRetired(1);
   ASSERT_EQ(dropped.size(), 1u);
   EXPECT_EQ(dropped[0], idle);
@@ -95,7 +117,7 @@ TEST_F(LeaseTableTest, ARetiredPushDropsTheCachedLeaseAndKeepsLiveOnesFromCachin
   EXPECT_TRUE(live->retired());
   EXPECT_EQ(table_.FindByName("ns/b", ViewKind::kPrivate, 0), nullptr);
   DropToZero(queue_, live);
-  EXPECT_FALSE(table_.Park(live, Clock::now()));  // released, not cached
+  EXPECT_EQ(table_.Dispose(live, Clock::now(), false), Disposition::kRelease);  // released, not cached
   Destroy(dropped);
   delete live;
 }
@@ -107,8 +129,8 @@ TEST_F(LeaseTableTest, CacheResetAndDeleteByThisClientDropCachedLeases) {
   table_.Insert(b);
   DropToZero(queue_, a);
   DropToZero(queue_, b);
-  ASSERT_TRUE(table_.Park(a, Clock::now()));
-  ASSERT_TRUE(table_.Park(b, Clock::now()));
+  ASSERT_EQ(table_.Dispose(a, Clock::now(), false), Disposition::kCached);
+  ASSERT_EQ(table_.Dispose(b, Clock::now(), false), Disposition::kCached);
   std::vector<LeaseView*> by_name = table_.DropName("ns/a");
   ASSERT_EQ(by_name.size(), 1u);
   EXPECT_EQ(by_name[0], a);
@@ -125,7 +147,7 @@ TEST_F(LeaseTableTest, ASecondLeaseOnAHeldTensorReusesTheView) {
   ASSERT_TRUE(table_.Insert(first).inserted);
   // The acquire path looks the tensor up before mapping anything.
   EXPECT_EQ(table_.FindByTensor(1, ViewKind::kPrivate, "ns/a"), first);
-  EXPECT_EQ(first->refs(), 2);
+  EXPECT_EQ(first->refs(), 2u);
   // Acquired by name now, so it serves that name.
   EXPECT_EQ(first->cache_name, "ns/a");
   // A racing insert of another view for the same tensor gets the existing one back.
@@ -133,41 +155,40 @@ TEST_F(LeaseTableTest, ASecondLeaseOnAHeldTensorReusesTheView) {
   LeaseTable::InsertResult r = table_.Insert(racer);
   EXPECT_FALSE(r.inserted);
   EXPECT_EQ(r.view, first);
-  EXPECT_EQ(first->refs(), 3);
+  EXPECT_EQ(first->refs(), 3u);
   delete racer;
   first->Unref();
   first->Unref();
   DropToZero(queue_, first);
-  EXPECT_TRUE(table_.Park(first, Clock::now()));
+  EXPECT_EQ(table_.Dispose(first, Clock::now(), false), Disposition::kCached);
   Destroy(table_.TakeAllIdle());
 }
 
-TEST_F(LeaseTableTest, AViewOnItsWayOutIsNeverHandedOutAgain) {
+TEST_F(LeaseTableTest, AViewOnItsWayOutIsRevivedByAnInsertOfItsTensor) {
   LeaseView* old = NamedView(queue_, 1, "ns/a");
   table_.Insert(old);
-  old->Unref();  // refcount 0, queued, not yet parked by the sender
-  EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 0), nullptr);
-  EXPECT_EQ(table_.FindByTensor(1, ViewKind::kPrivate, ""), nullptr);
+  old->Unref();  // refcount 0, queued, not yet seen by the sender
+  // Another acquire of the tensor raced the drop: the old view comes back and the new
+  // one (and its second remote lease) is the caller's to give back.
   LeaseView* fresh = NamedView(queue_, 1, "ns/a");
-  EXPECT_TRUE(table_.Insert(fresh).inserted);
-  // The sender then processes the old one: it is no longer the name's view, so released.
+  LeaseTable::InsertResult r = table_.Insert(fresh);
+  EXPECT_FALSE(r.inserted);
+  EXPECT_EQ(r.view, old);
+  EXPECT_EQ(old->refs(), 1u);
+  delete fresh;
   ASSERT_EQ(queue_->PopAll().size(), 1u);
-  EXPECT_FALSE(table_.Park(old, Clock::now()));
+  EXPECT_EQ(table_.Dispose(old, Clock::now(), false), Disposition::kRevived);
+  ASSERT_EQ(DropToZero(queue_, old), old);
+  EXPECT_EQ(table_.Dispose(old, Clock::now(), /*closing=*/true), Disposition::kRelease);
+  EXPECT_EQ(table_.held_count(), 0u);
   delete old;
-  EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 0), fresh);
-  fresh->Unref();
-  fresh->Unref();
-  for (LeaseView* v : queue_->PopAll()) {
-    table_.Remove(v);
-    delete v;
-  }
 }
 
 TEST_F(LeaseTableTest, ANewBindingOfANameDisplacesTheCachedOldOne) {
   LeaseView* old = NamedView(queue_, 1, "ns/a", 1);
   table_.Insert(old);
   DropToZero(queue_, old);
-  ASSERT_TRUE(table_.Park(old, Clock::now()));
+  ASSERT_EQ(table_.Dispose(old, Clock::now(), false), Disposition::kCached);
   LeaseView* fresh = NamedView(queue_, 2, "ns/a", 2);
   LeaseTable::InsertResult r = table_.Insert(fresh);
   EXPECT_TRUE(r.inserted);
@@ -178,7 +199,7 @@ TEST_F(LeaseTableTest, ANewBindingOfANameDisplacesTheCachedOldOne) {
   fresh->Unref();
   fresh->Unref();
   for (LeaseView* v : queue_->PopAll()) {
-    table_.Remove(v);
+    EXPECT_EQ(table_.Dispose(v, Clock::now(), /*closing=*/true), Disposition::kRelease);
     delete v;
   }
 }
@@ -190,7 +211,7 @@ TEST(LeaseTableNoCacheTest, WithTheCacheOffNothingIsKept) {
   table.Insert(view);
   EXPECT_EQ(table.FindByName("ns/a", ViewKind::kPrivate, 0), nullptr);
   DropToZero(queue, view);
-  EXPECT_FALSE(table.Park(view, Clock::now()));
+  EXPECT_EQ(table.Dispose(view, Clock::now(), false), Disposition::kRelease);
   EXPECT_EQ(table.held_count(), 0u);
   delete view;
 }
