@@ -10,6 +10,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
   libze-dev clang libfuzzer-14-dev
+  # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
+  # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.
+  libclang-rt-14-dev llvm
   procps util-linux
 )
 
