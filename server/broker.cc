@@ -49,6 +49,18 @@ std::string Quote(std::string_view text) {
   return "'" + std::string(text) + "'";
 }
 
+absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>& tags) {
+  if (tags.size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most 64"));
+  }
+  for (const auto& [key, value] : tags) {
+    if (key.empty() || key.size() > 256 || value.size() > 4096) {
+      return absl::InvalidArgumentError("tags: keys 1..256 bytes, values at most 4096 bytes");
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -123,6 +135,20 @@ absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view wha
   return absl::OkStatus();
 }
 
+absl::Status Broker::CheckLeaseCapLocked(const Session& session) const {
+  if (session.leases.size() < options_.max_leases_per_session) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "session ", session.id, " holds ", session.leases.size(), " leases, the limit (--max-leases-per-session ",
+      options_.max_leases_per_session, "): release some first"));
+}
+
+absl::Status Broker::CheckWaitCapLocked(const Session& session) const {
+  if (session.waits < options_.max_waits_per_session) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "session ", session.id, " has ", session.waits, " acquires and takes waiting, the limit "
+      "(--max-waits-per-session ", options_.max_waits_per_session, "): cancel some or wait less"));
+}
+
 // ---------------------------------------------------------------------------------------
 // Sessions
 
@@ -131,6 +157,11 @@ absl::StatusOr<v1::Welcome> Broker::OpenSession(const common::PeerCredentials& c
   if (client_name.size() > 256) client_name.resize(256);
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("tensord is shutting down");
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tensord already serves ", sessions_.size(), " sessions, the limit (--max-sessions ",
+        options_.max_sessions, "): try again when other clients have disconnected"));
+  }
   TENSORD_ASSIGN_OR_RETURN(Session * session, sessions_.Open(creds, std::move(client_name)));
   v1::Welcome welcome;
   welcome.set_protocol_version(common::kFdProtocolVersion);
@@ -176,13 +207,22 @@ void Broker::CloseSession(uint64_t session_id) {
   Deliver(effects);
 }
 
-absl::StatusOr<uint64_t> Broker::Authenticate(std::string_view token) {
+absl::StatusOr<uint64_t> Broker::Authenticate(std::string_view token,
+                                               const common::PeerCredentials& peer) {
   absl::MutexLock lock(&mu_);
   Session* session = sessions_.FindByToken(token);
   if (session == nullptr) {
     return absl::UnauthenticatedError(
         "unknown or expired session token: connect on the fd channel first (metadata "
         "'tensord-session')");
+  }
+  if (session->creds.uid != peer.uid || session->creds.gid != peer.gid) {
+    spdlog::warn("session {} (uid {} gid {}): its token was presented by uid {} gid {}; refused",
+                 session->id, session->creds.uid, session->creds.gid, peer.uid, peer.gid);
+    return absl::UnauthenticatedError(absl::StrCat(
+        "this session token was issued to other credentials than this connection's (uid ",
+        peer.uid, ", gid ", peer.gid, "): a token is valid only from the uid and gid that opened "
+        "its session on the fd channel"));
   }
   return session->id;
 }
@@ -235,10 +275,10 @@ absl::StatusOr<v1::Staged> Broker::StageFd(uint64_t session_id, common::UniqueFd
   return staged;
 }
 
-bool Broker::AttachSink(uint64_t session_id, std::shared_ptr<PushSink> sink) {
+absl::StatusOr<bool> Broker::AttachSink(uint64_t session_id, std::shared_ptr<PushSink> sink) {
   absl::MutexLock lock(&mu_);
-  Session* session = sessions_.Find(session_id);
-  if (session == nullptr) return false;
+  if (shutting_down_) return absl::UnavailableError("tensord is shutting down");
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
   session->sink = std::move(sink);
   return std::exchange(session->reset_pending, false);
 }
@@ -375,8 +415,14 @@ void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
       Session* session = sessions_.Find(waiter.session_id);
       TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
       effects.cancel_timers.push_back(waiter.timer_id);
+      if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
+        // The waiter fails; the tensor stays for the next one (a take does not unbind).
+        effects.completions.emplace_back(std::move(waiter.done), std::move(cap));
+        it = EraseWaiterLocked(it);
+        continue;
+      }
       effects.completions.emplace_back(std::move(waiter.done), GrantLocked(*session, tensor));
-      it = waiters_.erase(it);
+      it = EraseWaiterLocked(it);
       if (pass == 1) {
         UnbindLocked(tensor, effects);
         return;
@@ -401,12 +447,7 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
   if (!request.ns().empty()) {
     if (absl::Status status = common::ValidateNamespace(request.ns()); !status.ok()) return fail(status);
   }
-  if (request.tags_size() > 64) return fail(absl::InvalidArgumentError("tags: at most 64 entries"));
-  for (const auto& [key, value] : request.tags()) {
-    if (key.empty() || key.size() > 256 || value.size() > 4096) {
-      return fail(absl::InvalidArgumentError("tags: keys 1..256 bytes, values at most 4096 bytes"));
-    }
-  }
+  if (absl::Status status = ValidateTags(request.tags()); !status.ok()) return fail(status);
   Tensor tensor;
   tensor.ns = request.ns();
   tensor.desc = request.desc();
@@ -423,6 +464,7 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     if (!tensor.ns.empty()) {
       if (absl::Status status = CheckAccess(**session, tensor.ns, true); !status.ok()) return fail(status);
     }
+    if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
     tensor.producer_uid = (*session)->creds.uid;
     if (size > 0) {
       absl::Status reserved = ReserveHostBytesLocked(
@@ -450,10 +492,13 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
   {
     absl::MutexLock lock(&mu_);
     Session* session = sessions_.Find(session_id);
-    if (!memory.ok() || session == nullptr) {
+    // Other calls of the session may have taken the last lease under the cap meanwhile.
+    absl::Status cap = session == nullptr ? absl::CancelledError("the session closed during Allocate")
+                                          : CheckLeaseCapLocked(*session);
+    if (!memory.ok() || !cap.ok()) {
       host_bytes_in_use_ -= size;
       if (memory.ok() && *memory != nullptr) effects.garbage.push_back(std::move(*memory));
-      result = memory.ok() ? absl::CancelledError("the session closed during Allocate") : memory.status();
+      result = memory.ok() ? cap : memory.status();
     } else {
       result = RegisterLocked(*session, std::move(tensor), std::move(*memory), size);
     }
@@ -487,10 +532,12 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     return absl::FailedPreconditionError("export: only host (CPU) memfds can be exported by this build");
   }
   if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(common::ValidateNamespace(request.ns()));
+  TENSORD_RETURN_IF_ERROR(ValidateTags(request.tags()));
   common::UniqueFd fd;
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
     auto staged = session->staged_fds.find(request.staged_fd_id());
     if (staged == session->staged_fds.end()) {
       return absl::NotFoundError(absl::StrCat("export: staged fd ", request.staged_fd_id(),
@@ -509,6 +556,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
+    TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
     uint64_t accounted = (size + kPageBytes - 1) / kPageBytes * kPageBytes;
     TENSORD_RETURN_IF_ERROR(ReserveHostBytesLocked(accounted, "exporting a memfd"));
     Tensor tensor;

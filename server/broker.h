@@ -12,7 +12,9 @@
 // Errors: INVALID_ARGUMENT (bad description, name), NOT_FOUND (no such name/tensor/lease),
 // DEADLINE_EXCEEDED (a wait expired), ALREADY_EXISTS / ABORTED (conditional publish),
 // FAILED_PRECONDITION (wrong state, missing seals), PERMISSION_DENIED (ACL),
-// RESOURCE_EXHAUSTED (quota, memory), UNAUTHENTICATED (unknown session token),
+// RESOURCE_EXHAUSTED (quota, memory, and the caps on sessions, leases per session and
+// pending waits per session: the message names the cap and its value; nothing is made),
+// UNAUTHENTICATED (unknown session token, or a token used by other credentials),
 // CANCELLED (a wait was cancelled or the broker is stopping). Thread-safe.
 #pragma once
 
@@ -20,7 +22,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -51,6 +55,9 @@ class WatchSink {
 
 struct BrokerOptions {
   uint64_t max_host_bytes = 0;
+  uint64_t max_sessions = kDefaultMaxSessions;
+  uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
+  uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
   uid_t daemon_uid = 0;
   std::map<std::string, NamespaceAcl> acls;
   std::string socket;
@@ -71,8 +78,10 @@ class Broker {
   absl::StatusOr<tensord::v1::Welcome> OpenSession(const common::PeerCredentials& creds,
                                                    std::string client_name);
   void CloseSession(uint64_t session_id);
-  // The session a token names; UNAUTHENTICATED otherwise (the message never holds the token).
-  absl::StatusOr<uint64_t> Authenticate(std::string_view token);
+  // The session a token names, when `peer` (the credentials of the gRPC connection the
+  // token came on) has the uid and gid that opened it: a token is useless to other users.
+  // UNAUTHENTICATED otherwise (the message never holds the token).
+  absl::StatusOr<uint64_t> Authenticate(std::string_view token, const common::PeerCredentials& peer);
   struct FetchedFd {
     uint64_t buffer_id;
     uint64_t size;
@@ -82,8 +91,9 @@ class Broker {
                                                   const tensord::v1::FetchFd& request);
   absl::StatusOr<tensord::v1::Staged> StageFd(uint64_t session_id, common::UniqueFd fd);
   // Returns true when the session missed pushes while no stream was attached: the new
-  // stream must start with a cache_reset.
-  bool AttachSink(uint64_t session_id, std::shared_ptr<PushSink> sink);
+  // stream must start with a cache_reset. UNAUTHENTICATED when the session is gone,
+  // UNAVAILABLE once the broker is stopping (a stream attached then would never be closed).
+  absl::StatusOr<bool> AttachSink(uint64_t session_id, std::shared_ptr<PushSink> sink);
   void DetachSink(uint64_t session_id, const PushSink* sink);
 
   // --- Broker calls ---
@@ -102,7 +112,10 @@ class Broker {
                 Completion<tensord::v1::AcquireResponse> done);
   // Completes a pending wait with CANCELLED; no-op when it already completed.
   void CancelWait(uint64_t wait_id);
-  tensord::v1::ReleaseResponse Release(uint64_t session_id, const tensord::v1::ReleaseRequest& request);
+  // INVALID_ARGUMENT (nothing released) for more than kMaxReleaseBatch ids.
+  absl::StatusOr<tensord::v1::ReleaseResponse> Release(uint64_t session_id,
+                                                       const tensord::v1::ReleaseRequest& request);
+  static constexpr size_t kMaxReleaseBatch = 65536;
   absl::StatusOr<tensord::v1::DeleteResponse> Delete(uint64_t session_id,
                                                      const tensord::v1::DeleteRequest& request);
   absl::StatusOr<tensord::v1::ListResponse> List(uint64_t session_id,
@@ -148,8 +161,17 @@ class Broker {
   };
 
 
-  uint64_t StartWait(uint64_t session_id, Waiter waiter,
-                     Completion<tensord::v1::AcquireResponse>& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers a pending acquire/take (with its timer unless it waits forever); the caller
+  // has checked the session's wait cap.
+  uint64_t StartWait(Session& session, Waiter waiter, Completion<tensord::v1::AcquireResponse>& done,
+                     std::optional<uint64_t> timeout_ms, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a waiter, keeping its session's count of waits.
+  std::map<uint64_t, Waiter>::iterator EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `session` may not hold one more lease / start one more wait.
+  absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWaitCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants a lease on `tensor` to `session`.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 // status and watchers.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -18,7 +19,9 @@ namespace v1 = tensord::v1;
 
 namespace {
 
-constexpr size_t kMaxReleaseBatch = 65536;
+// Longer waits are as good as forever; the bound keeps deadline arithmetic from overflowing.
+constexpr size_t kMaxWatchers = 4096;
+constexpr uint64_t kMaxWaitMs = uint64_t{365} * 24 * 3600 * 1000;
 
 std::string Quote(std::string_view text) {
   if (text.size() > 128) return "'" + std::string(text.substr(0, 128)) + "...'";
@@ -33,12 +36,32 @@ bool WantsWait(const Request& request) {
 
 }  // namespace
 
-uint64_t Broker::StartWait(uint64_t session_id, Waiter waiter, Completion<v1::AcquireResponse>& done) {
+uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::AcquireResponse>& done,
+                           std::optional<uint64_t> timeout_ms, std::string_view what) {
   uint64_t id = ++last_wait_id_;
-  waiter.session_id = session_id;
+  waiter.session_id = session.id;
   waiter.done = std::move(done);
+  if (timeout_ms) {
+    uint64_t ms = std::min(*timeout_ms, kMaxWaitMs);
+    waiter.timer_id = timers_.Schedule(
+        TimerQueue::Clock::now() + std::chrono::milliseconds(ms),
+        [this, id, ms, what = std::string(what)] {
+          CompleteWaitWith(id, absl::DeadlineExceededError(
+                                   absl::StrCat("nothing to ", what, " within ", ms, " ms")));
+        });
+  }
   waiters_.emplace(id, std::move(waiter));
+  ++session.waits;
   return id;
+}
+
+std::map<uint64_t, Broker::Waiter>::iterator Broker::EraseWaiterLocked(
+    std::map<uint64_t, Waiter>::iterator it) {
+  if (Session* session = sessions_.Find(it->second.session_id); session != nullptr) {
+    TENSORD_CHECK(session->waits > 0);
+    --session->waits;
+  }
+  return waiters_.erase(it);
 }
 
 uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
@@ -72,7 +95,8 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
       if (absl::Status access = CheckAccess(**session, ns, false); !access.ok()) {
         result = access;
       } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
-        result = GrantLocked(**session, *tensor);
+        absl::Status cap = CheckLeaseCapLocked(**session);
+        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
       } else if (tensor != nullptr && !WantsWait(request)) {
         result = absl::NotFoundError(absl::StrCat(Quote(waiter.target), " is at generation ",
                                                   tensor->generation, ", below the ",
@@ -90,7 +114,8 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
         result = absl::PermissionDeniedError(absl::StrCat("uid ", (*session)->creds.uid,
                                                           " may not read tensor ", tensor->id));
       } else if (tensor != nullptr && tensor->state != v1::TENSOR_STATE_CREATING) {
-        result = GrantLocked(**session, *tensor);
+        absl::Status cap = CheckLeaseCapLocked(**session);
+        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
       } else if (!WantsWait(request)) {
         result = absl::NotFoundError(absl::StrCat("no published tensor has id ", waiter.tensor_id));
       }
@@ -98,17 +123,12 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
     if (!result) {
       if (shutting_down_) {
         result = absl::CancelledError("tensord is shutting down");
+      } else if (absl::Status cap = CheckWaitCapLocked(**session); !cap.ok()) {
+        result = cap;
       } else {
-        uint64_t wait_id = StartWait(session_id, std::move(waiter), done);
-        if (!request.has_forever()) {
-          waiters_[wait_id].timer_id = timers_.Schedule(
-              TimerQueue::Clock::now() + std::chrono::milliseconds(request.timeout_ms()),
-              [this, wait_id, ms = request.timeout_ms()] {
-                CompleteWaitWith(wait_id, absl::DeadlineExceededError(absl::StrCat(
-                                              "nothing to acquire within ", ms, " ms")));
-              });
-        }
-        return wait_id;
+        std::optional<uint64_t> timeout;
+        if (!request.has_forever()) timeout = request.timeout_ms();
+        return StartWait(**session, std::move(waiter), done, timeout, "acquire");
       }
     }
   }
@@ -138,27 +158,26 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
     } else {
       Tensor* tensor = prefix ? registry_.OldestUnder(target) : registry_.FindByName(target);
       if (tensor != nullptr) {
-        result = GrantLocked(**session, *tensor);
-        UnbindLocked(*tensor, effects);
+        if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) {
+          result = cap;
+        } else {
+          result = GrantLocked(**session, *tensor);
+          UnbindLocked(*tensor, effects);
+        }
       } else if (!WantsWait(request)) {
         result = absl::NotFoundError(absl::StrCat("nothing is bound ", prefix ? "under " : "to ",
                                                   Quote(target)));
       } else if (shutting_down_) {
         result = absl::CancelledError("tensord is shutting down");
+      } else if (absl::Status cap = CheckWaitCapLocked(**session); !cap.ok()) {
+        result = cap;
       } else {
         Waiter waiter;
         waiter.kind = Waiter::Kind::kTake;
         waiter.target = target;
-        uint64_t wait_id = StartWait(session_id, std::move(waiter), done);
-        if (!request.has_forever()) {
-          waiters_[wait_id].timer_id = timers_.Schedule(
-              TimerQueue::Clock::now() + std::chrono::milliseconds(request.timeout_ms()),
-              [this, wait_id, ms = request.timeout_ms()] {
-                CompleteWaitWith(wait_id, absl::DeadlineExceededError(
-                                              absl::StrCat("nothing to take within ", ms, " ms")));
-              });
-        }
-        return wait_id;
+        std::optional<uint64_t> timeout;
+        if (!request.has_forever()) timeout = request.timeout_ms();
+        return StartWait(**session, std::move(waiter), done, timeout, "take");
       }
     }
   }
@@ -176,7 +195,7 @@ void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
     if (it == waiters_.end()) return;
     done = std::move(it->second.done);
     timer_id = it->second.timer_id;
-    waiters_.erase(it);
+    EraseWaiterLocked(it);
   }
   if (timer_id != 0) timers_.Cancel(timer_id);
   std::move(done)(std::move(status));
@@ -186,15 +205,20 @@ void Broker::CancelWait(uint64_t wait_id) {
   CompleteWaitWith(wait_id, absl::CancelledError("the wait was cancelled"));
 }
 
-v1::ReleaseResponse Broker::Release(uint64_t session_id, const v1::ReleaseRequest& request) {
+absl::StatusOr<v1::ReleaseResponse> Broker::Release(uint64_t session_id,
+                                                    const v1::ReleaseRequest& request) {
+  if (static_cast<size_t>(request.lease_ids_size()) > kMaxReleaseBatch) {
+    // All or nothing: releasing a prefix would leave the caller unsure what it still holds.
+    return absl::InvalidArgumentError(absl::StrCat("release: lease_ids has ", request.lease_ids_size(),
+                                                   " entries, at most ", kMaxReleaseBatch,
+                                                   " per request; nothing was released"));
+  }
   v1::ReleaseResponse response;
   Effects effects;
   {
     absl::MutexLock lock(&mu_);
     Session* session = sessions_.Find(session_id);
-    int count = 0;
     for (uint64_t lease_id : request.lease_ids()) {
-      if (++count > static_cast<int>(kMaxReleaseBatch)) break;
       std::optional<Lease> lease =
           session == nullptr ? std::nullopt : leases_.Remove(lease_id, session_id);
       if (!lease) {
@@ -317,7 +341,12 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    if (watchers_.size() >= 4096) return absl::ResourceExhaustedError("too many watchers (4096)");
+    // Shutdown closed every watcher it knew of; a later one would keep the server waiting.
+    if (shutting_down_) return absl::UnavailableError("tensord is shutting down");
+    if (watchers_.size() >= kMaxWatchers) {
+      return absl::ResourceExhaustedError(absl::StrCat("tensord already has ", watchers_.size(),
+                                                       " watchers, the limit: close some first"));
+    }
     id = ++last_watcher_id_;
     watchers_.emplace(id, Watcher{session_id, request.prefix(), session->creds, sink});
     if (request.initial()) {
@@ -363,6 +392,8 @@ void Broker::Shutdown() {
       if (session.sink != nullptr) push_sinks.push_back(session.sink);
     }
   }
+  spdlog::debug("shutdown: closing {} session streams and {} watchers, cancelling {} waits",
+                push_sinks.size(), watch_sinks.size(), pending.size());
   for (auto& sink : watch_sinks) sink->Close();
   for (auto& sink : push_sinks) sink->Close();
   for (uint64_t id : pending) {

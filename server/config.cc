@@ -56,6 +56,24 @@ uint64_t ReadCgroupLimit() {
   return limit;
 }
 
+// Caps are counts of things held in memory: 2^32 is far beyond what a node can hold.
+constexpr uint64_t kMaxCount = uint64_t{1} << 32;
+
+uint64_t& CountField(Config& config, const std::string& key) {
+  if (key == "max_sessions") return config.max_sessions;
+  if (key == "max_leases_per_session") return config.max_leases_per_session;
+  return config.max_waits_per_session;
+}
+
+absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& what) {
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &value) || value < 1 || value > kMaxCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", text, "': expected a whole number from 1 to ", kMaxCount));
+  }
+  return value;
+}
+
 absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node* node, const std::string& key) {
   std::vector<uint32_t> ids;
   if (node == nullptr) return ids;
@@ -98,6 +116,13 @@ absl::Status ApplyFile(const std::string& path, Config& config) {
       } else {
         return absl::InvalidArgumentError(absl::StrCat("config ", path, ": max_host_bytes must be a size"));
       }
+    } else if (k == "max_sessions" || k == "max_leases_per_session" || k == "max_waits_per_session") {
+      std::optional<int64_t> count = node.value<int64_t>();
+      if (!count || *count < 1 || static_cast<uint64_t>(*count) > kMaxCount) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config ", path, ": ", k, " must be a whole number from 1 to ", kMaxCount));
+      }
+      CountField(config, k) = static_cast<uint64_t>(*count);
     } else if (k == "acl") {
       const toml::table* acls = node.as_table();
       if (acls == nullptr) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": [acl] must be a table"));
@@ -159,11 +184,24 @@ uint64_t DefaultMaxHostBytes() {
 absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   CLI::App app{"tensord: share tensors between processes on this node without copying them"};
   std::string config_file, socket, socket_group, max_host, log_level;
+  std::string max_sessions, max_leases, max_waits;
   app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)");
   app.add_option("--socket", socket, "gRPC socket path (the fd channel is <socket>.fd)");
   app.add_option("--socket-group", socket_group, "group that may connect (sockets are mode 0660)");
   app.add_option("--max-host-bytes", max_host, "host memory quota, e.g. 4G (default: half of available memory)");
+  app.add_option("--max-sessions", max_sessions,
+                 absl::StrCat("sessions (connected clients) served at once (default ", kDefaultMaxSessions, ")"));
+  app.add_option("--max-leases-per-session", max_leases,
+                 absl::StrCat("leases one session may hold (default ", kDefaultMaxLeasesPerSession, ")"));
+  app.add_option("--max-waits-per-session", max_waits,
+                 absl::StrCat("acquires and takes one session may have waiting (default ",
+                              kDefaultMaxWaitsPerSession, ")"));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off");
+  app.footer(
+      "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"
+      "or as a key in the --config TOML file (max_sessions = 4096, ...); flags win over the\n"
+      "environment, which wins over the file. Per-namespace access lists are file-only:\n"
+      "  [acl.<namespace>] read_uids = [...] write_uids = [...] read_gids = [...] write_gids = [...]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -196,6 +234,25 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     absl::StatusOr<uint64_t> bytes = ParseByteSize(host_text);
     if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--max-host-bytes: ", bytes.status().message()));
     config.max_host_bytes = *bytes;
+  }
+  struct CountOption {
+    const std::string& flag_value;
+    const char* flag;
+    const char* env;
+    uint64_t& target;
+  };
+  for (const CountOption& option : {
+           CountOption{max_sessions, "--max-sessions", "TENSORD_MAX_SESSIONS", config.max_sessions},
+           CountOption{max_leases, "--max-leases-per-session", "TENSORD_MAX_LEASES_PER_SESSION",
+                       config.max_leases_per_session},
+           CountOption{max_waits, "--max-waits-per-session", "TENSORD_MAX_WAITS_PER_SESSION",
+                       config.max_waits_per_session}}) {
+    std::string text;
+    pick(option.flag_value, option.env, text);
+    if (text.empty()) continue;
+    absl::StatusOr<uint64_t> count = ParseCount(text, option.flag);
+    if (!count.ok()) return count.status();
+    option.target = *count;
   }
   if (config.max_host_bytes == 0) config.max_host_bytes = DefaultMaxHostBytes();
   return config;

@@ -1,6 +1,7 @@
 // Daemon configuration: built-in defaults < TOML file (--config) < TENSORD_* environment
 // variables < command-line flags. The same keys everywhere: socket, socket_group,
-// max_host_bytes, log_level, trusted (config only), [acl.<namespace>] tables (config only).
+// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, log_level,
+// [acl.<namespace>] tables (config only).
 //
 // Sizes accept plain bytes or units: 512MiB, 4G, 1.5GiB (K/M/G/T are binary, like the
 // rest of Linux memory tooling; "KB"/"MB"/"GB" are decimal).
@@ -17,6 +18,10 @@
 
 namespace tensord::server {
 
+inline constexpr uint64_t kDefaultMaxSessions = 4096;
+inline constexpr uint64_t kDefaultMaxLeasesPerSession = uint64_t{1} << 20;
+inline constexpr uint64_t kDefaultMaxWaitsPerSession = 1024;
+
 // Who may read and write one namespace. Empty lists grant nothing; the daemon's own uid and
 // root always have access.
 struct NamespaceAcl {
@@ -28,6 +33,11 @@ struct Config {
   std::string socket;        // empty: the default path for our uid
   std::string socket_group;  // group of the sockets (mode 0660); empty: our primary group
   uint64_t max_host_bytes = 0;  // 0: half of the memory the daemon may use
+  // Caps that keep one client from exhausting the daemon; exceeding one answers
+  // RESOURCE_EXHAUSTED naming it. Sessions are fd-channel connections after HELLO.
+  uint64_t max_sessions = kDefaultMaxSessions;
+  uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
+  uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/memory/host_backend.h"
 #include "common/socket_paths.h"
@@ -26,6 +27,7 @@
 #include "server/broker.h"
 #include "server/broker_service.h"
 #include "server/fd_server.h"
+#include "server/grpc_listener.h"
 #include "spdlog/spdlog.h"
 
 #ifndef TENSORD_VERSION
@@ -36,6 +38,7 @@ namespace tensord::server {
 namespace {
 
 constexpr mode_t kSocketMode = 0660;
+constexpr uint64_t kFdChannelSlack = 64;
 
 // A process sharing many tensors holds many fds in flight: use the hard limit.
 void RaiseFileLimit() {
@@ -60,12 +63,15 @@ absl::Status PrepareDirectory(const std::string& socket) {
     return common::ErrnoToStatus(absl::StrCat("create socket directory ", dir.string()), errno);
   }
   struct stat info{};
-  if (stat(dir.c_str(), &info) != 0) return common::ErrnoToStatus(absl::StrCat("stat ", dir.string()), errno);
-  if (per_user_default && (info.st_uid != getuid() || (info.st_mode & 077) != 0)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "socket directory ", dir.string(), " is owned by uid ", info.st_uid, " with mode ",
-        absl::StrCat(absl::Hex(info.st_mode & 0777)),
-        ": refusing to use it (it must be ours and mode 0700)"));
+  // lstat: a symlink planted where our directory belongs must not redirect the sockets.
+  if (lstat(dir.c_str(), &info) != 0) return common::ErrnoToStatus(absl::StrCat("stat ", dir.string()), errno);
+  if (per_user_default &&
+      (!S_ISDIR(info.st_mode) || info.st_uid != getuid() || (info.st_mode & 077) != 0)) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "socket directory %s is %s owned by uid %u with mode %04o: refusing to use it (it must "
+        "be a directory of uid %u with mode 0700)",
+        dir.string(), S_ISDIR(info.st_mode) ? "a directory" : "not a directory", info.st_uid,
+        info.st_mode & 07777, getuid()));
   }
   return absl::OkStatus();
 }
@@ -111,35 +117,44 @@ absl::Status RunDaemon(const Config& config) {
 
   BrokerOptions options;
   options.max_host_bytes = config.max_host_bytes;
+  options.max_sessions = config.max_sessions;
+  options.max_leases_per_session = config.max_leases_per_session;
+  options.max_waits_per_session = config.max_waits_per_session;
   options.daemon_uid = getuid();
   options.acls = config.acls;
   options.socket = socket;
   options.version = TENSORD_VERSION;
   Broker broker(std::move(options), std::make_unique<common::HostBackend>());
 
-  FdServer fd_server(&broker);
+  // Pending connections before HELLO get a little room above the session cap.
+  FdServer fd_server(&broker, config.max_sessions + kFdChannelSlack);
   TENSORD_RETURN_IF_ERROR(fd_server.Start(common::FdChannelPath(socket), kSocketMode, group));
 
-  BrokerService service(&broker);
+  // The server listens on no port of its own: GrpcListener accepts, notes each connection's
+  // credentials and hands it over.
+  GrpcListener listener;
+  BrokerService service(&broker, &listener);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  unlink(socket.c_str());
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 * 1024 * 1024);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     fd_server.Stop();
-    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on unix:", socket));
+    return absl::UnavailableError("cannot start the gRPC server");
   }
-  if (chmod(socket.c_str(), kSocketMode) != 0 ||
-      (group != static_cast<gid_t>(-1) && chown(socket.c_str(), static_cast<uid_t>(-1), group) != 0)) {
-    spdlog::warn("cannot set mode/group of {}: {}", socket, std::strerror(errno));
+  if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get()); !listening.ok()) {
+    server->Shutdown();
+    fd_server.Stop();
+    return listening;
   }
-  spdlog::info("tensord {} serving on {} (fd channel {}), host memory limit {} bytes{}",
-               TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes,
-               config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
+  spdlog::info(
+      "tensord {} serving on {} (fd channel {}), host memory limit {} bytes, at most {} sessions, "
+      "{} leases and {} waits per session{}",
+      TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes, config.max_sessions,
+      config.max_leases_per_session, config.max_waits_per_session,
+      config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
 
   sigset_t set;
   sigemptyset(&set);
@@ -152,11 +167,11 @@ absl::Status RunDaemon(const Config& config) {
 
   // Stop taking new sessions, end the streams that never finish by themselves, then let
   // in-flight calls complete for up to 5 s.
+  listener.Stop();
   broker.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   fd_server.Stop();
-  unlink(socket.c_str());
   spdlog::info("tensord stopped");
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/unix_socket.h"
 #include "spdlog/spdlog.h"
 #include "tensord/v1/fd_channel.pb.h"
 
@@ -21,6 +22,8 @@ namespace tensord::server {
 namespace v1 = tensord::v1;
 
 namespace {
+
+constexpr size_t kMaxRequestFds = 1;
 
 struct Connection {
   common::UniqueFd fd;
@@ -127,24 +130,7 @@ bool Handle(Broker* broker, Connection& connection, common::ReceivedMessage rece
 
 absl::Status FdServer::Start(const std::string& path, mode_t mode, gid_t group) {
   path_ = path;
-  sockaddr_un address{};
-  if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("fd channel path '", path, "' is longer than ",
-                                                   sizeof(address.sun_path) - 1, " bytes"));
-  }
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-  listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listen_fd_) return common::ErrnoToStatus("fd channel socket", errno);
-  unlink(path.c_str());
-  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    return common::ErrnoToStatus(absl::StrCat("bind fd channel ", path), errno);
-  }
-  if (chmod(path.c_str(), mode) != 0) return common::ErrnoToStatus(absl::StrCat("chmod ", path), errno);
-  if (group != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
-    return common::ErrnoToStatus(absl::StrCat("chown ", path), errno);
-  }
-  if (listen(listen_fd_.get(), 512) != 0) return common::ErrnoToStatus("listen on the fd channel", errno);
+  TENSORD_ASSIGN_OR_RETURN(listen_fd_, ListenUnix(path, SOCK_SEQPACKET, mode, group));
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
   wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!epoll_fd_ || !wake_fd_) return common::ErrnoToStatus("fd channel epoll", errno);
@@ -179,6 +165,7 @@ void FdServer::Run() {
     connections.erase(it);  // closes the socket
     if (session != 0) broker_->CloseSession(session);
   };
+  Acceptor acceptor;
   epoll_event events[64];
   bool running = true;
   while (running) {
@@ -194,34 +181,41 @@ void FdServer::Run() {
         running = false;
       } else if (fd == listen_fd_.get()) {
         while (true) {
-          int client = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-          if (client < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-              spdlog::warn("fd channel: accept: {}", std::strerror(errno));
-            }
+          bool shed = false;
+          common::UniqueFd client = acceptor.Accept(listen_fd_.get(), &shed);
+          if (!client) {
+            if (shed) continue;
             break;
           }
           Connection connection;
-          connection.fd.reset(client);
-          absl::StatusOr<common::PeerCredentials> creds = common::GetPeerCredentials(client);
+          connection.fd = std::move(client);
+          absl::StatusOr<common::PeerCredentials> creds = common::GetPeerCredentials(connection.fd.get());
           if (!creds.ok()) {
             spdlog::warn("fd channel: {}", creds.status().ToString());
             continue;
           }
           connection.creds = *creds;
+          if (connections.size() >= max_connections_) {
+            ReplyError(connection, 0, absl::ResourceExhaustedError(absl::StrCat(
+                "fd channel: ", connections.size(), " connections are open, the limit (--max-sessions plus ",
+                "room for connections before HELLO: ", max_connections_, ")")));
+            continue;  // closed here
+          }
+          int client_fd = connection.fd.get();
           epoll_event event{};
           event.events = EPOLLIN | EPOLLRDHUP;
-          event.data.fd = client;
-          epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, client, &event);
-          connections.emplace(client, std::move(connection));
+          event.data.fd = client_fd;
+          epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, client_fd, &event);
+          connections.emplace(client_fd, std::move(connection));
         }
       } else {
         auto it = connections.find(fd);
         if (it == connections.end()) continue;
         bool keep = true;
         if (events[i].events & EPOLLIN) {
-          absl::StatusOr<common::ReceivedMessage> received =
-              common::ReceiveFdMessage(fd, common::kMaxFdsPerMessage);
+          // Room for the one fd a STAGE carries: the kernel drops a larger batch's surplus
+          // (MSG_CTRUNC), so a peer cannot make us hold hundreds of its fds.
+          absl::StatusOr<common::ReceivedMessage> received = common::ReceiveFdMessage(fd, kMaxRequestFds);
           if (received.ok()) {
             keep = Handle(broker_, it->second, std::move(*received));
           } else if (received.status().code() == absl::StatusCode::kUnavailable &&

@@ -6,6 +6,8 @@
 // A peer that sends garbage, the wrong protocol version, unexpected fds, or anything before
 // HELLO gets an error reply and is disconnected. Replies are sent without blocking: a peer
 // that does not read its replies is disconnected rather than allowed to stall the loop.
+// Connections beyond `max_connections` (sessions plus those still before HELLO) are
+// answered RESOURCE_EXHAUSTED and closed at once.
 // Thread-safe: Start/Stop from one thread.
 #pragma once
 
@@ -21,7 +23,8 @@ namespace tensord::server {
 
 class FdServer {
  public:
-  explicit FdServer(Broker* broker) : broker_(broker) {}
+  FdServer(Broker* broker, uint64_t max_connections)
+      : broker_(broker), max_connections_(max_connections) {}
   ~FdServer() { Stop(); }
   FdServer(const FdServer&) = delete;
   FdServer& operator=(const FdServer&) = delete;
@@ -36,6 +39,7 @@ class FdServer {
   void Run();
 
   Broker* const broker_;
+  const uint64_t max_connections_;
   common::UniqueFd listen_fd_;
   common::UniqueFd epoll_fd_;
   common::UniqueFd wake_fd_;  // eventfd: tells the loop to stop

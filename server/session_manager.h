@@ -38,6 +38,7 @@ struct Session {
   absl::flat_hash_map<uint64_t, uint32_t> tensor_leases;  // tensor id -> leases on it
   absl::flat_hash_map<uint64_t, common::UniqueFd> staged_fds;
   uint64_t last_staged_id = 0;
+  size_t waits = 0;  // pending acquires and takes
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
 };

@@ -1,0 +1,64 @@
+// GrpcListener: the gRPC socket. tensord accepts gRPC connections itself, reads each one's
+// SO_PEERCRED, and hands it to the gRPC server (AddInsecureChannelFromFd), so every call's
+// credentials are known and a session token is honoured only from the uid and gid that
+// opened its session: a token another user has seen is useless to them.
+//
+// gRPC names such a connection "fd:<N>" in its calls' peer string. So that a number never
+// names two connections while a call of the first may still be on its way to a handler,
+// accepted sockets are moved to numbers that rotate through a large range (thousands of
+// connections go by before one is reused).
+//
+// Thread-safety: Start and Stop from one thread; Lookup from any.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/fd_channel.h"
+#include "common/unique_fd.h"
+#include "grpcpp/server.h"
+#include "server/broker_service.h"
+
+namespace tensord::server {
+
+class GrpcListener final : public PeerDirectory {
+ public:
+  GrpcListener() = default;
+  ~GrpcListener() override { Stop(); }
+  GrpcListener(const GrpcListener&) = delete;
+  GrpcListener& operator=(const GrpcListener&) = delete;
+
+  // Listens at `path` (mode and group as given) and feeds connections to `server`, which
+  // must be started and outlive Stop().
+  absl::Status Start(const std::string& path, mode_t mode, gid_t group, grpc::Server* server);
+  // Stops accepting and removes the socket file; connections already handed over stay.
+  void Stop();
+
+  std::optional<common::PeerCredentials> Lookup(std::string_view peer) const override;
+
+ private:
+  void Run();
+  // Moves `fd` to the next free number of the rotating range; the fd itself when the
+  // range is full or too small for the open-file limit.
+  int MoveToRotatingNumber(int fd);
+
+  grpc::Server* server_ = nullptr;
+  common::UniqueFd listen_fd_;
+  common::UniqueFd wake_fd_;
+  std::thread thread_;
+  std::string path_;
+  // Only the accept thread touches these after Start.
+  int rotate_first_ = 0, rotate_end_ = 0, rotate_next_ = 0;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, common::PeerCredentials> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tensord::server

@@ -1,0 +1,338 @@
+#include "server/session_stream.h"
+
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "server/grpc_status.h"
+#include "server/wire_messages.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+constexpr size_t kMaxQueuedResponses = 1024;  // stop reading requests beyond this
+constexpr size_t kMaxQueuedPushes = 4096;      // beyond this: drop, then one cache_reset
+
+// What the broker pushes unasked (counted against kMaxQueuedPushes); replies never have
+// these bodies, whatever seq a client chose.
+bool IsPush(const v1::SessionResponse& message) {
+  return message.body_case() == v1::SessionResponse::kRetired ||
+         message.body_case() == v1::SessionResponse::kCacheReset;
+}
+
+class SessionStream;
+
+// What the stream shares with the Broker (as its PushSink) and with wait completions,
+// which may outlive the reactor.
+class StreamOutbox final : public PushSink {
+ public:
+  explicit StreamOutbox(SessionStream* stream) : stream_(stream) {}
+  bool Push(const v1::SessionResponse& message) override;
+  void Close() override;
+  void Respond(v1::SessionResponse message);
+  // An acquire or take was dispatched: its reply is owed, and a stream the client
+  // half-closed finishes only once every owed reply is written (a client draining its
+  // stream before fork() relies on this: a wait granted while it drains is never lost).
+  void ExpectReply();
+  void RespondOwed(v1::SessionResponse message);
+  // Drops everything queued and finishes with `status` once no write is in flight.
+  void Abort(const absl::Status& status);
+
+  // Reactor side.
+  void OnWriteDone(bool ok);
+  void OnReadsDone();
+  bool ShouldPauseReads();
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  // Starts the next write or the finish; both run after the lock is dropped.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  SessionStream* stream_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::SessionResponse> queue_ ABSL_GUARDED_BY(mu_);
+  v1::SessionResponse in_flight_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer in_flight_bytes_ ABSL_GUARDED_BY(mu_);
+  size_t pushes_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reset_owed_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  size_t owed_replies_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  SessionStream(Broker* broker, absl::StatusOr<uint64_t> session) : broker_(broker) {
+    if (!session.ok()) {
+      Finish(ToGrpcStatus(session.status()));
+      return;
+    }
+    session_id_ = *session;
+    auto outbox = std::make_shared<StreamOutbox>(this);
+    absl::StatusOr<bool> reset_owed = broker_->AttachSink(session_id_, outbox);
+    if (!reset_owed.ok()) {
+      outbox->Detach();
+      Finish(ToGrpcStatus(reset_owed.status()));
+      return;
+    }
+    outbox_ = std::move(outbox);
+    if (*reset_owed) {
+      v1::SessionResponse reset;
+      reset.set_cache_reset(true);
+      outbox_->Push(reset);
+    }
+    StartRead(&request_bytes_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      CancelWaits();
+      outbox_->OnReadsDone();
+      return;
+    }
+    v1::SessionRequest request;
+    if (absl::Status parsed = ParseRequest(request_bytes_, &request); !parsed.ok()) {
+      // The client's stream is corrupt from here on: stop reading and say why.
+      spdlog::debug("session {}: {}", session_id_, parsed.ToString());
+      CancelWaits();
+      outbox_->Abort(parsed);
+      return;
+    }
+    request_bytes_.Clear();
+    Dispatch(request);
+    if (!outbox_->ShouldPauseReads()) StartRead(&request_bytes_);
+  }
+  void ResumeReads() { StartRead(&request_bytes_); }
+
+  void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
+
+  void OnDone() override {
+    if (outbox_ != nullptr) {
+      CancelWaits();
+      outbox_->Detach();
+      broker_->DetachSink(session_id_, outbox_.get());
+    }
+    delete this;
+  }
+
+ private:
+  void Dispatch(const v1::SessionRequest& request) {
+    uint64_t seq = request.seq();
+    std::shared_ptr<StreamOutbox> outbox = outbox_;
+    auto respond_error = [&](const absl::Status& status) {
+      v1::SessionResponse response;
+      response.set_seq(seq);
+      response.mutable_error()->set_code(static_cast<int>(status.code()));
+      response.mutable_error()->set_message(std::string(status.message()));
+      outbox->Respond(std::move(response));
+    };
+    switch (request.op_case()) {
+      case v1::SessionRequest::kAcquire:
+      case v1::SessionRequest::kTake: {
+        bool take = request.op_case() == v1::SessionRequest::kTake;
+        outbox->ExpectReply();
+        auto done = [outbox, seq, take](absl::StatusOr<v1::AcquireResponse> result) {
+          v1::SessionResponse response;
+          response.set_seq(seq);
+          if (result.ok()) {
+            *(take ? response.mutable_take() : response.mutable_acquire()) = std::move(*result);
+          } else {
+            response.mutable_error()->set_code(static_cast<int>(result.status().code()));
+            response.mutable_error()->set_message(std::string(result.status().message()));
+          }
+          outbox->RespondOwed(std::move(response));
+        };
+        uint64_t wait_id = take ? broker_->Take(session_id_, request.take(), std::move(done))
+                                : broker_->Acquire(session_id_, request.acquire(), std::move(done));
+        if (wait_id != 0) {
+          absl::MutexLock lock(&waits_mu_);
+          waits_.insert(wait_id);
+        }
+        break;
+      }
+      case v1::SessionRequest::kRelease: {
+        absl::StatusOr<v1::ReleaseResponse> released = broker_->Release(session_id_, request.release());
+        if (seq == 0) {
+          // No reply wanted: a refused batch is only logged.
+          if (!released.ok()) spdlog::debug("session {}: {}", session_id_, released.status().ToString());
+        } else if (!released.ok()) {
+          respond_error(released.status());
+        } else {
+          v1::SessionResponse response;
+          response.set_seq(seq);
+          *response.mutable_release() = std::move(*released);
+          outbox->Respond(std::move(response));
+        }
+        break;
+      }
+      case v1::SessionRequest::kPublish: {
+        absl::StatusOr<v1::PublishResponse> published = broker_->Publish(session_id_, request.publish());
+        if (!published.ok()) {
+          respond_error(published.status());
+          break;
+        }
+        v1::SessionResponse response;
+        response.set_seq(seq);
+        *response.mutable_publish() = std::move(*published);
+        outbox->Respond(std::move(response));
+        break;
+      }
+      case v1::SessionRequest::OP_NOT_SET:
+        respond_error(absl::InvalidArgumentError("session request without an operation"));
+        break;
+    }
+  }
+
+  void CancelWaits() {
+    absl::flat_hash_set<uint64_t> waits;
+    {
+      absl::MutexLock lock(&waits_mu_);
+      waits.swap(waits_);
+    }
+    for (uint64_t id : waits) broker_->CancelWait(id);
+  }
+
+  Broker* const broker_;
+  uint64_t session_id_ = 0;
+  std::shared_ptr<StreamOutbox> outbox_;
+  grpc::ByteBuffer request_bytes_;
+  absl::Mutex waits_mu_;
+  // Waits started on this stream; completed ids may linger here and cancel as no-ops.
+  absl::flat_hash_set<uint64_t> waits_ ABSL_GUARDED_BY(waits_mu_);
+};
+
+bool StreamOutbox::Push(const v1::SessionResponse& message) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || broken_ || closing_) return false;
+  if (pushes_queued_ >= kMaxQueuedPushes) {
+    reset_owed_ = true;  // the client stopped reading: one reset instead of a backlog
+    return false;
+  }
+  ++pushes_queued_;
+  queue_.push_back(message);
+  Pump();
+  return true;
+}
+
+void StreamOutbox::Respond(v1::SessionResponse message) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || broken_) return;
+  queue_.push_back(std::move(message));
+  Pump();
+}
+
+void StreamOutbox::ExpectReply() {
+  absl::MutexLock lock(&mu_);
+  ++owed_replies_;
+}
+
+void StreamOutbox::RespondOwed(v1::SessionResponse message) {
+  absl::MutexLock lock(&mu_);
+  if (owed_replies_ > 0) --owed_replies_;
+  if (finished_ || broken_) return;
+  queue_.push_back(std::move(message));
+  Pump();
+}
+
+void StreamOutbox::Close() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  Pump();
+}
+
+void StreamOutbox::Abort(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  broken_ = true;
+  queue_.clear();
+  pushes_queued_ = 0;
+  final_status_ = ToGrpcStatus(status);
+  Pump();
+}
+
+void StreamOutbox::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  if (IsPush(in_flight_) && pushes_queued_ > 0) --pushes_queued_;
+  if (!ok) {
+    broken_ = true;
+    queue_.clear();
+    pushes_queued_ = 0;
+  }
+  if (reset_owed_ && pushes_queued_ < kMaxQueuedPushes / 2 && !broken_) {
+    reset_owed_ = false;
+    v1::SessionResponse reset;
+    reset.set_cache_reset(true);
+    ++pushes_queued_;
+    queue_.push_back(std::move(reset));
+  }
+  Pump();
+}
+
+void StreamOutbox::OnReadsDone() {
+  absl::MutexLock lock(&mu_);
+  reads_done_ = true;
+  Pump();
+}
+
+bool StreamOutbox::ShouldPauseReads() {
+  absl::MutexLock lock(&mu_);
+  reads_paused_ = queue_.size() >= kMaxQueuedResponses;
+  return reads_paused_;
+}
+
+void StreamOutbox::Pump() {
+  SessionStream* stream = stream_;
+  if (stream == nullptr || finished_ || writing_) return;
+  bool resume = false;
+  while (!queue_.empty() && !broken_) {
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    if (absl::Status serialized = SerializeResponse(in_flight_, &in_flight_bytes_); !serialized.ok()) {
+      spdlog::error("session stream: {}", serialized.ToString());
+      if (IsPush(in_flight_) && pushes_queued_ > 0) --pushes_queued_;
+      continue;
+    }
+    writing_ = true;
+    if (reads_paused_ && queue_.size() < kMaxQueuedResponses / 2) {
+      reads_paused_ = false;
+      resume = true;
+    }
+    const grpc::ByteBuffer* bytes = &in_flight_bytes_;
+    // The stream cannot finish while writing_ is set, so it outlives these calls.
+    mu_.Unlock();
+    stream->StartWrite(bytes);
+    if (resume) stream->ResumeReads();
+    mu_.Lock();
+    return;
+  }
+  if (((reads_done_ && owed_replies_ == 0) || closing_ || broken_) && queue_.empty()) {
+    finished_ = true;
+    grpc::Status status = final_status_;
+    mu_.Unlock();
+    stream->Finish(status);
+    mu_.Lock();
+  }
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionStream(
+    Broker* broker, absl::StatusOr<uint64_t> session) {
+  return new SessionStream(broker, std::move(session));
+}
+
+}  // namespace tensord::server

@@ -1,0 +1,69 @@
+#include "server/unix_socket.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server {
+
+absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, mode_t mode,
+                                           gid_t group) {
+  sockaddr_un address{};
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is ", path.size(),
+                                                   " bytes: must be 1 to ",
+                                                   sizeof(address.sun_path) - 1));
+  }
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  common::UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return common::ErrnoToStatus(absl::StrCat("socket for ", path), errno);
+  unlink(path.c_str());
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    return common::ErrnoToStatus(absl::StrCat("bind ", path), errno);
+  }
+  // Connections are refused until listen(): set the mode and group first.
+  if (chmod(path.c_str(), mode) != 0) return common::ErrnoToStatus(absl::StrCat("chmod ", path), errno);
+  if (group != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    return common::ErrnoToStatus(absl::StrCat("chown ", path, " to group ", group), errno);
+  }
+  if (listen(fd.get(), 512) != 0) return common::ErrnoToStatus(absl::StrCat("listen on ", path), errno);
+  return fd;
+}
+
+Acceptor::Acceptor() : spare_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+
+common::UniqueFd Acceptor::Accept(int listen_fd, bool* shed) {
+  *shed = false;
+  if (!spare_) spare_.reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  while (true) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) return common::UniqueFd(fd);
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if ((errno == EMFILE || errno == ENFILE) && spare_) {
+      // The connection stays pending and keeps the socket readable: take it with the spare
+      // descriptor and close it, so the client sees the daemon refuse rather than hang.
+      spare_.reset();
+      common::UniqueFd refused(accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+      spare_.reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
+      *shed = refused.valid();
+      if (*shed) spdlog::warn("out of file descriptors: a new connection was refused");
+      return common::UniqueFd();
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      spdlog::warn("accept: {}", std::strerror(errno));
+    }
+    return common::UniqueFd();
+  }
+}
+
+}  // namespace tensord::server

@@ -1,0 +1,35 @@
+// Listening Unix sockets for the daemon's two endpoints (gRPC and the fd channel).
+//
+// ListenUnix binds, sets the mode and group, and only then listens, so no client can
+// connect while the socket still has the umask's mode. AcceptShedding accepts one
+// connection; when the fd table is full (EMFILE/ENFILE) it sheds the oldest pending
+// connection with a spare descriptor kept for that purpose, so a level-triggered poll on
+// the listening socket does not spin. Not thread-safe: one owner per socket.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace tensord::server {
+
+// `type` is SOCK_STREAM or SOCK_SEQPACKET. An old file at `path` is removed first: the
+// caller holds the lock that proves no other daemon serves it. group -1: unchanged.
+absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, mode_t mode,
+                                           gid_t group);
+
+class Acceptor {
+ public:
+  Acceptor();
+  // A new non-blocking, close-on-exec connection; an invalid fd when none is pending (or
+  // when one was shed because the fd table is full: then *shed is set).
+  common::UniqueFd Accept(int listen_fd, bool* shed);
+
+ private:
+  common::UniqueFd spare_;  // /dev/null, given up to accept-and-close when out of fds
+};
+
+}  // namespace tensord::server

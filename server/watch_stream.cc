@@ -1,0 +1,161 @@
+#include "server/watch_stream.h"
+
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "server/grpc_status.h"
+#include "server/wire_messages.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+constexpr size_t kMaxQueuedWatchEvents = 4096;
+
+class WatchStream;
+
+class WatchOutbox final : public WatchSink {
+ public:
+  explicit WatchOutbox(WatchStream* stream) : stream_(stream) {}
+  bool Push(const v1::WatchEvent& event) override;
+  void Close() override;
+  void OnWriteDone(bool ok);
+  void Cancel();
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  WatchStream* stream_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WatchEvent> queue_ ABSL_GUARDED_BY(mu_);
+  v1::WatchEvent in_flight_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer in_flight_bytes_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reset_owed_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  WatchStream(Broker* broker, absl::StatusOr<uint64_t> session, const grpc::ByteBuffer& bytes)
+      : broker_(broker) {
+    v1::WatchRequest request;
+    if (absl::Status parsed = ParseRequest(bytes, &request); !parsed.ok()) session = parsed;
+    if (!session.ok()) {
+      Finish(ToGrpcStatus(session.status()));
+      return;
+    }
+    outbox_ = std::make_shared<WatchOutbox>(this);
+    absl::StatusOr<uint64_t> id = broker_->AddWatcher(*session, request, outbox_);
+    if (!id.ok()) {
+      outbox_.reset();
+      Finish(ToGrpcStatus(id.status()));
+      return;
+    }
+    watcher_id_ = *id;
+  }
+  void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
+  void OnCancel() override {
+    if (outbox_ != nullptr) outbox_->Cancel();
+  }
+  void OnDone() override {
+    if (outbox_ != nullptr) {
+      broker_->RemoveWatcher(watcher_id_);
+      outbox_->Detach();
+    }
+    delete this;
+  }
+
+ private:
+  Broker* const broker_;
+  uint64_t watcher_id_ = 0;
+  std::shared_ptr<WatchOutbox> outbox_;
+};
+
+bool WatchOutbox::Push(const v1::WatchEvent& event) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || closing_) return false;
+  if (queue_.size() >= kMaxQueuedWatchEvents) {
+    reset_owed_ = true;
+    return false;
+  }
+  queue_.push_back(event);
+  Pump();
+  return true;
+}
+
+void WatchOutbox::Close() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  Pump();
+}
+
+void WatchOutbox::Cancel() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  queue_.clear();
+  final_status_ = grpc::Status::CANCELLED;
+  Pump();
+}
+
+void WatchOutbox::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
+  if (!ok) {
+    closing_ = true;
+    queue_.clear();
+  }
+  if (reset_owed_ && queue_.size() < kMaxQueuedWatchEvents / 2 && !closing_) {
+    reset_owed_ = false;
+    v1::WatchEvent reset;
+    reset.set_kind(v1::WatchEvent::KIND_RESET);
+    queue_.push_back(std::move(reset));
+  }
+  Pump();
+}
+
+void WatchOutbox::Pump() {
+  WatchStream* stream = stream_;
+  if (stream == nullptr || finished_ || writing_) return;
+  while (!queue_.empty()) {
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    if (absl::Status serialized = SerializeResponse(in_flight_, &in_flight_bytes_); !serialized.ok()) {
+      spdlog::error("watch stream: {}", serialized.ToString());
+      continue;
+    }
+    writing_ = true;
+    const grpc::ByteBuffer* bytes = &in_flight_bytes_;
+    mu_.Unlock();
+    stream->StartWrite(bytes);
+    mu_.Lock();
+    return;
+  }
+  if (closing_) {
+    finished_ = true;
+    grpc::Status status = final_status_;
+    mu_.Unlock();
+    stream->Finish(status);
+    mu_.Lock();
+  }
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewWatchStream(Broker* broker, absl::StatusOr<uint64_t> session,
+                                                          const grpc::ByteBuffer& request) {
+  return new WatchStream(broker, std::move(session), request);
+}
+
+}  // namespace tensord::server
