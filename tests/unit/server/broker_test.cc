@@ -5,84 +5,14 @@
 
 #include <future>
 
-#include "common/memory/host_backend.h"
-#include "common/memory/memfd.h"
 #include "gtest/gtest.h"
+#include "tests/unit/server/broker_fixture.h"
 
 namespace tensord::server {
 namespace {
 
 namespace v1 = tensord::v1;
-
-class BrokerTest : public ::testing::Test {
- protected:
-  BrokerTest() {
-    BrokerOptions options;
-    options.max_host_bytes = 64 << 20;
-    options.daemon_uid = getuid();
-    options.acls["shared"].read_uids = {4242};
-    broker_ = std::make_unique<Broker>(options, std::make_unique<common::HostBackend>());
-  }
-
-  uint64_t Open(uid_t uid = getuid()) {
-    common::PeerCredentials creds{uid, getgid(), getpid()};
-    auto welcome = broker_->OpenSession(creds, "test");
-    EXPECT_TRUE(welcome.ok());
-    return welcome->session_id();
-  }
-
-  absl::StatusOr<v1::AllocateResponse> Allocate(uint64_t session, const std::string& ns, int64_t count) {
-    v1::AllocateRequest request;
-    request.set_ns(ns);
-    v1::TensorDesc* desc = request.mutable_desc();
-    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_FLOAT);
-    desc->mutable_dtype()->set_bits(32);
-    desc->mutable_dtype()->set_lanes(1);
-    desc->add_shape(count);
-    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
-    std::promise<absl::StatusOr<v1::AllocateResponse>> promise;
-    broker_->Allocate(session, request, [&](absl::StatusOr<v1::AllocateResponse> r) { promise.set_value(std::move(r)); });
-    return promise.get_future().get();
-  }
-
-  // What a producer's client does before publishing: map, fill, seal against writes.
-  void Seal(uint64_t session, const v1::AllocateResponse& allocated) {
-    v1::FetchFd fetch;
-    fetch.add_buffer_ids(allocated.tensor().buffer().buffer_id());
-    auto fds = broker_->FetchFds(session, fetch);
-    ASSERT_TRUE(fds.ok()) << fds.status();
-    ASSERT_TRUE(common::SealFutureWrite((*fds)[0].fd.get(), "test").ok());
-  }
-
-  absl::StatusOr<v1::PublishResponse> Publish(uint64_t session, uint64_t tensor_id, const std::string& name) {
-    v1::PublishRequest request;
-    request.set_tensor_id(tensor_id);
-    request.set_name(name);
-    return broker_->Publish(session, request);
-  }
-
-  absl::StatusOr<v1::AcquireResponse> Acquire(uint64_t session, const std::string& name, uint64_t timeout_ms = 0) {
-    v1::AcquireRequest request;
-    request.set_name(name);
-    if (timeout_ms > 0) request.set_timeout_ms(timeout_ms);
-    std::promise<absl::StatusOr<v1::AcquireResponse>> promise;
-    broker_->Acquire(session, request, [&](absl::StatusOr<v1::AcquireResponse> r) { promise.set_value(std::move(r)); });
-    return promise.get_future().get();
-  }
-
-  uint64_t PublishNew(uint64_t session, const std::string& name) {
-    auto allocated = Allocate(session, name.substr(0, name.find('/')), 16);
-    EXPECT_TRUE(allocated.ok()) << allocated.status();
-    Seal(session, *allocated);
-    EXPECT_TRUE(Publish(session, allocated->tensor().tensor_id(), name).ok());
-    v1::ReleaseRequest release;
-    release.add_lease_ids(allocated->lease_id());
-    broker_->Release(session, release);
-    return allocated->tensor().tensor_id();
-  }
-
-  std::unique_ptr<Broker> broker_;
-};
+using testing::BrokerTest;
 
 TEST_F(BrokerTest, PublishRefusesABufferWithoutTheWriteSeal) {
   uint64_t session = Open();
@@ -118,11 +48,12 @@ TEST_F(BrokerTest, ReleaseOfAnotherSessionsLeaseIsNotFoundAndCounted) {
   ASSERT_TRUE(lease.ok());
   v1::ReleaseRequest release;
   release.add_lease_ids(lease->lease_id());
-  v1::ReleaseResponse response = broker_->Release(b, release);
-  EXPECT_EQ(response.released(), 0u);
-  ASSERT_EQ(response.not_found_size(), 1);
+  absl::StatusOr<v1::ReleaseResponse> response = broker_->Release(b, release);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->released(), 0u);
+  ASSERT_EQ(response->not_found_size(), 1);
   EXPECT_EQ(broker_->GetStatus().releases_not_found(), 1u);
-  EXPECT_EQ(broker_->Release(a, release).released(), 1u);
+  EXPECT_EQ(broker_->Release(a, release)->released(), 1u);
 }
 
 TEST_F(BrokerTest, AWaitingAcquireCompletesWhenTheNameIsPublished) {
@@ -184,7 +115,8 @@ TEST_F(BrokerTest, ConditionalPublish) {
 }
 
 TEST_F(BrokerTest, UnknownTokensAreUnauthenticated) {
-  EXPECT_EQ(broker_->Authenticate("00000000000000000000000000000000").status().code(),
+  common::PeerCredentials us{getuid(), getgid(), getpid()};
+  EXPECT_EQ(broker_->Authenticate("00000000000000000000000000000000", us).status().code(),
             absl::StatusCode::kUnauthenticated);
   uint64_t session = Open();
   v1::FetchFd fetch;

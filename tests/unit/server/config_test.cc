@@ -63,5 +63,57 @@ TEST(Config, DefaultHostLimitIsHalfOfWhatWeMayUse) {
   EXPECT_EQ(config->max_host_bytes, limit);
 }
 
+TEST(Config, CapsHaveDefaultsAndTheUsualPrecedence) {
+  const char* bare[] = {"tensord"};
+  auto defaults = LoadConfig(1, const_cast<char**>(bare));
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->max_sessions, 4096u);
+  EXPECT_EQ(defaults->max_leases_per_session, 1048576u);
+  EXPECT_EQ(defaults->max_waits_per_session, 1024u);
+
+  std::string path = ::testing::TempDir() + "/tensord_config_caps.toml";
+  {
+    std::ofstream file(path);
+    file << "max_sessions = 10\nmax_leases_per_session = 11\nmax_waits_per_session = 12\n";
+  }
+  setenv("TENSORD_MAX_LEASES_PER_SESSION", "21", 1);
+  setenv("TENSORD_MAX_WAITS_PER_SESSION", "22", 1);
+  std::string flag = "--config=" + path;
+  const char* argv[] = {"tensord", flag.c_str(), "--max-waits-per-session", "32"};
+  auto config = LoadConfig(4, const_cast<char**>(argv));
+  unsetenv("TENSORD_MAX_LEASES_PER_SESSION");
+  unsetenv("TENSORD_MAX_WAITS_PER_SESSION");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->max_sessions, 10u);            // file
+  EXPECT_EQ(config->max_leases_per_session, 21u);  // environment over file
+  EXPECT_EQ(config->max_waits_per_session, 32u);   // flag over environment
+}
+
+TEST(Config, BadCapsAreErrorsNamingTheSetting) {
+  for (const char* value : {"0", "-1", "many", "1.5", "99999999999999"}) {
+    const char* argv[] = {"tensord", "--max-sessions", value};
+    auto config = LoadConfig(3, const_cast<char**>(argv));
+    ASSERT_FALSE(config.ok()) << value;
+    EXPECT_NE(config.status().message().find("--max-sessions"), std::string::npos) << config.status();
+  }
+  setenv("TENSORD_MAX_WAITS_PER_SESSION", "0", 1);
+  const char* bare[] = {"tensord"};
+  auto from_env = LoadConfig(1, const_cast<char**>(bare));
+  unsetenv("TENSORD_MAX_WAITS_PER_SESSION");
+  ASSERT_FALSE(from_env.ok());
+  EXPECT_NE(from_env.status().message().find("max-waits-per-session"), std::string::npos);
+
+  std::string path = ::testing::TempDir() + "/tensord_config_bad_caps.toml";
+  {
+    std::ofstream file(path);
+    file << "max_leases_per_session = \"lots\"\n";
+  }
+  std::string flag = "--config=" + path;
+  const char* argv[] = {"tensord", flag.c_str()};
+  auto from_file = LoadConfig(2, const_cast<char**>(argv));
+  ASSERT_FALSE(from_file.ok());
+  EXPECT_NE(from_file.status().message().find("max_leases_per_session"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tensord::server

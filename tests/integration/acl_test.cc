@@ -1,0 +1,729 @@
+// Access control against the real `tensord`, with a second uid: per-namespace ACLs from the
+// configuration (uid and gid lists), identity only from SO_PEERCRED, session tokens bound to
+// the credentials that opened them, reader views that cannot change what others see (the
+// memfd's seals), socket and directory modes, and clients that refuse a daemon running as
+// an unexpected uid.
+//
+// Needs root (to become uid 65534 and 65533); skipped otherwise. Work as another uid runs
+// in a child forked from this process, which never uses gRPC itself, so each child starts
+// gRPC afresh; a child reports what it saw as "check <label> <value>" lines on a pipe and
+// the test asserts on them. `acl_test --as UID GID [--env N=V]... -- PROGRAM ARGS...` runs
+// a program (the daemon, the test peer) as that uid.
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/memory/memfd.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tensord/v1/broker.grpc.pb.h"
+#include "tests/integration/daemon_fixture.h"
+#include "tests/integration/raw_wire.h"
+
+namespace tensord {
+namespace {
+
+using namespace testing;  // tensord::testing: the daemon fixture and the raw wire helpers
+
+constexpr uid_t kNobody = 65534;
+constexpr gid_t kNogroup = 65534;
+constexpr uid_t kStranger = 65533;  // a uid and gid no ACL names
+
+std::string SelfExe() {
+  char path[4096];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, static_cast<size_t>(n)) : std::string();
+}
+
+bool BecomeUser(uid_t uid, gid_t gid) {
+  return setgroups(0, nullptr) == 0 && setresgid(gid, gid, gid) == 0 && setresuid(uid, uid, uid) == 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Children that run as another uid
+
+class Reporter {
+ public:
+  explicit Reporter(int fd) : fd_(fd) {}
+  void Check(const std::string& label, const std::string& value) {
+    std::string line = "check " + label + " " + value + "\n";
+    if (write(fd_, line.data(), line.size()) < 0) _exit(3);
+  }
+  void Check(const std::string& label, const grpc::Status& status) { Check(label, CodeName(status.error_code())); }
+
+ private:
+  int fd_;
+};
+
+using Checks = std::map<std::string, std::string>;
+
+// Runs `body` in a forked child as uid:gid (no supplementary groups) and returns its checks.
+Checks RunAs(uid_t uid, gid_t gid, const std::function<void(Reporter&)>& body) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    Reporter reporter(fds[1]);
+    if (!BecomeUser(uid, gid)) {
+      reporter.Check("become", std::strerror(errno));
+      _exit(2);
+    }
+    body(reporter);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string output;
+  char chunk[4096];
+  ssize_t n;
+  while ((n = read(fds[0], chunk, sizeof(chunk))) > 0) output.append(chunk, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child as uid " << uid << " failed: " << output;
+  Checks checks;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("check ", 0) != 0) continue;
+    size_t space = line.find(' ', 6);
+    checks[line.substr(6, space - 6)] = space == std::string::npos ? "" : line.substr(space + 1);
+  }
+  return checks;
+}
+
+// The wire protocol spoken by a child: a session on the fd channel and gRPC calls with
+// its token (or another one, to see what a stolen token is worth).
+class Wire {
+ public:
+  explicit Wire(const std::string& socket)
+      : session_(OpenSession(socket)),
+        stub_(v1::Broker::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()))),
+        token_(session_.token()) {}
+
+  void UseToken(std::string token) { token_ = std::move(token); }
+  const std::string& own_token() const { return session_.token(); }
+  v1::Broker::Stub& stub() { return *stub_; }
+  int fd_channel() const { return session_.fd.get(); }
+
+  void Prepare(grpc::ClientContext& context) {
+    context.AddMetadata(kTokenKey, token_);
+    context.set_deadline(std::chrono::system_clock::now() + 10s);
+  }
+
+  grpc::Status Acquire(v1::AcquireRequest request, v1::AcquireResponse* response) {
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Acquire(&context, request, response);
+  }
+  grpc::Status AcquireName(const std::string& name, v1::AcquireResponse* response = nullptr) {
+    v1::AcquireRequest request;
+    request.set_name(name);
+    v1::AcquireResponse ignored;
+    return Acquire(request, response != nullptr ? response : &ignored);
+  }
+  grpc::Status Allocate(const std::string& ns, int64_t count, v1::AllocateResponse* response) {
+    v1::AllocateRequest request;
+    request.set_ns(ns);
+    *request.mutable_desc() = Float32({count});
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Allocate(&context, request, response);
+  }
+  grpc::Status Publish(uint64_t tensor_id, const std::string& name) {
+    v1::PublishRequest request;
+    request.set_tensor_id(tensor_id);
+    request.set_name(name);
+    v1::PublishResponse response;
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Publish(&context, request, &response);
+  }
+  grpc::Status Delete(const std::string& name) {
+    v1::DeleteRequest request;
+    request.set_name(name);
+    v1::DeleteResponse response;
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Delete(&context, request, &response);
+  }
+  grpc::Status Take(const std::string& name) {
+    v1::TakeRequest request;
+    request.set_name_or_prefix(name);
+    v1::AcquireResponse response;
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Take(&context, request, &response);
+  }
+  grpc::Status Stat(v1::StatRequest request, v1::StatResponse* response) {
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Stat(&context, request, response);
+  }
+  grpc::Status Release(uint64_t lease, v1::ReleaseResponse* response) {
+    v1::ReleaseRequest request;
+    request.add_lease_ids(lease);
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Release(&context, request, response);
+  }
+  grpc::Status Status(v1::StatusResponse* response) {
+    grpc::ClientContext context;
+    Prepare(context);
+    return stub_->Status(&context, v1::StatusRequest(), response);
+  }
+  // Names List shows, joined by ','.
+  std::string List(const std::string& prefix) {
+    v1::ListRequest request;
+    request.set_prefix(prefix);
+    v1::ListResponse response;
+    grpc::ClientContext context;
+    Prepare(context);
+    if (!stub_->List(&context, request, &response).ok()) return "error";
+    std::string names;
+    for (const auto& tensor : response.tensors()) names += (names.empty() ? "" : ",") + tensor.name();
+    return names;
+  }
+  // Names a Watch's initial snapshot shows, joined by ','.
+  std::string WatchSnapshot(const std::string& prefix) {
+    v1::WatchRequest request;
+    request.set_prefix(prefix);
+    request.set_initial(true);
+    grpc::ClientContext context;
+    context.AddMetadata(kTokenKey, token_);
+    context.set_deadline(std::chrono::system_clock::now() + 500ms);
+    auto reader = stub_->Watch(&context, request);
+    std::string names;
+    v1::WatchEvent event;
+    while (reader->Read(&event)) names += (names.empty() ? "" : ",") + event.name();
+    return names;
+  }
+  // The fd of a buffer this session holds, or why not.
+  grpc::StatusCode Fetch(uint64_t buffer_id, common::UniqueFd* fd) {
+    v1::FdRequest request;
+    request.set_seq(++seq_);
+    request.mutable_fetch()->add_buffer_ids(buffer_id);
+    if (!SendRaw(session_.fd.get(), Bytes(request))) return grpc::StatusCode::UNAVAILABLE;
+    FdReply reply = Receive(session_.fd.get());
+    if (reply.kind != FdReply::kMessage) return grpc::StatusCode::UNAVAILABLE;
+    if (reply.response.has_error()) return static_cast<grpc::StatusCode>(reply.response.error().code());
+    if (reply.fds.size() != 1) return grpc::StatusCode::INTERNAL;
+    *fd = std::move(reply.fds[0]);
+    return grpc::StatusCode::OK;
+  }
+  // Allocates float32[count] in `ns`, fills it with `value`, seals it and publishes it.
+  grpc::Status PublishFilled(const std::string& name, int64_t count, float value) {
+    v1::AllocateResponse allocated;
+    grpc::Status status = Allocate(name.substr(0, name.find('/')), count, &allocated);
+    if (!status.ok()) return status;
+    common::UniqueFd fd;
+    if (Fetch(allocated.tensor().buffer().buffer_id(), &fd) != grpc::StatusCode::OK) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "fetch");
+    }
+    size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (map == MAP_FAILED) return grpc::Status(grpc::StatusCode::INTERNAL, "mmap");
+    for (int64_t i = 0; i < count; ++i) static_cast<float*>(map)[i] = value;
+    munmap(map, bytes);
+    if (!common::SealFutureWrite(fd.get(), "test").ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "seal");
+    return Publish(allocated.tensor().tensor_id(), name);
+  }
+
+ private:
+  RawSession session_;
+  std::unique_ptr<v1::Broker::Stub> stub_;
+  std::string token_;
+  uint64_t seq_ = 100;
+};
+
+// A stream connection to the gRPC socket: its fd, or -1 with errno set.
+int ConnectStream(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+std::string ErrnoName(int err) {
+  switch (err) {
+    case 0: return "OK";
+    case EPERM: return "EPERM";
+    case EACCES: return "EACCES";
+    case EINVAL: return "EINVAL";
+    case EBUSY: return "EBUSY";
+    default: return "errno" + std::to_string(err);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The daemon as root, with an ACL configuration
+
+class AclTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run clients as uid " << kNobody << " and " << kStranger;
+    config_ = MakeTempDir() + ".toml";
+    std::ofstream file(config_);
+    file << "[acl.shared]\nread_uids = [" << kNobody << "]\n"
+         << "[acl.team]\nread_gids = [" << kNogroup << "]\nwrite_gids = [" << kNogroup << "]\n";
+    file.close();
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--config", config_, "--socket-group", std::to_string(kNogroup)});
+    // Others may traverse the directory; the sockets' own mode and group decide who connects.
+    chmod(daemon_->dir().c_str(), 0711);
+    socket_ = daemon_->socket();
+    Produce("shared/x", 1024, 2.5f);
+    Produce("private/x", 1024, 7.0f);
+    Produce("team/base", 16, 1.0f);
+  }
+  void TearDown() override {
+    daemon_.reset();
+    if (!config_.empty()) {
+      std::filesystem::remove(config_);
+      std::filesystem::remove(config_.substr(0, config_.size() - 5));
+    }
+  }
+
+  // Published by root through the public client (another process).
+  void Produce(const std::string& name, int count, float value) {
+    ChildProcess producer(PeerArgs({"produce", socket_, name, std::to_string(count), std::to_string(value)}));
+    ASSERT_NE(producer.WaitForLine("published"), "") << name;
+    producer.Wait();
+  }
+
+  // Ids of a tensor, looked up by root.
+  std::pair<uint64_t, uint64_t> TensorAndBuffer(const std::string& name) {
+    std::string socket = socket_;
+    Checks ids = RunAs(0, 0, [&](Reporter& report) {
+      Wire wire(socket);
+      v1::StatRequest request;
+      request.set_name(name);
+      v1::StatResponse response;
+      report.Check("stat", wire.Stat(request, &response));
+      report.Check("tensor", std::to_string(response.tensor().tensor_id()));
+      report.Check("buffer", std::to_string(response.tensor().buffer().buffer_id()));
+    });
+    EXPECT_EQ(ids["stat"], "OK");
+    return {std::stoull("0" + ids["tensor"]), std::stoull("0" + ids["buffer"])};
+  }
+
+  std::string config_;
+  std::string socket_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(AclTest, ASecondUidGetsExactlyWhatTheConfigurationGrants) {
+  auto [private_id, private_buffer] = TensorAndBuffer("private/x");
+  ASSERT_NE(private_id, 0u);
+  std::string socket = socket_;
+  Checks checks = RunAs(kNobody, kNogroup, [&](Reporter& report) {
+    Wire wire(socket);
+    // shared: read (read_uids), nothing else.
+    v1::AcquireResponse shared;
+    report.Check("acquire_shared", wire.AcquireName("shared/x", &shared));
+    common::UniqueFd fd;
+    report.Check("fetch_shared", CodeName(wire.Fetch(shared.tensor().buffer().buffer_id(), &fd)));
+    v1::AllocateResponse allocated;
+    report.Check("allocate_shared", wire.Allocate("shared", 16, &allocated));
+    report.Check("delete_shared", wire.Delete("shared/x"));
+    report.Check("take_shared", wire.Take("shared/x"));
+    v1::AllocateResponse unnamed;
+    report.Check("allocate_unnamed", wire.Allocate("", 0, &unnamed));
+    report.Check("publish_into_shared", wire.Publish(unnamed.tensor().tensor_id(), "shared/y"));
+    report.Check("publish_into_private", wire.Publish(unnamed.tensor().tensor_id(), "private/y"));
+    // private: no ACL, so nothing at all, by name or by id.
+    report.Check("acquire_private", wire.AcquireName("private/x"));
+    v1::StatRequest stat;
+    stat.set_name("private/x");
+    v1::StatResponse stat_response;
+    report.Check("stat_private", wire.Stat(stat, &stat_response));
+    stat.set_tensor_id(private_id);
+    report.Check("stat_private_by_id", wire.Stat(stat, &stat_response));
+    v1::AcquireRequest by_id;
+    by_id.set_tensor_id(private_id);
+    v1::AcquireResponse ignored;
+    report.Check("acquire_private_by_id", wire.Acquire(by_id, &ignored));
+    report.Check("fetch_private_buffer", CodeName(wire.Fetch(private_buffer, &fd)));
+    report.Check("delete_private", wire.Delete("private/x"));
+    report.Check("list", wire.List(""));
+    report.Check("watch", wire.WatchSnapshot(""));
+    // team: read and write through the group.
+    report.Check("acquire_team", wire.AcquireName("team/base"));
+    report.Check("publish_team", wire.PublishFilled("team/y", 16, 3.0f));
+    report.Check("delete_team", wire.Delete("team/y"));
+  });
+  EXPECT_EQ(checks["acquire_shared"], "OK");
+  EXPECT_EQ(checks["fetch_shared"], "OK");
+  EXPECT_EQ(checks["allocate_shared"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["delete_shared"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["take_shared"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["allocate_unnamed"], "OK");
+  EXPECT_EQ(checks["publish_into_shared"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["publish_into_private"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["acquire_private"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["stat_private"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["stat_private_by_id"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["acquire_private_by_id"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["fetch_private_buffer"], "NOT_FOUND");
+  EXPECT_EQ(checks["delete_private"], "PERMISSION_DENIED");
+  EXPECT_EQ(checks["list"], "shared/x,team/base");
+  EXPECT_EQ(checks["watch"], "shared/x,team/base");
+  EXPECT_EQ(checks["acquire_team"], "OK");
+  EXPECT_EQ(checks["publish_team"], "OK");
+  EXPECT_EQ(checks["delete_team"], "OK");
+
+  // A uid no ACL names sees nothing but may still use the daemon; root sees everything.
+  Checks stranger = RunAs(kStranger, kNogroup, [&](Reporter& report) {
+    Wire wire(socket);
+    report.Check("acquire_shared", wire.AcquireName("shared/x"));
+    report.Check("acquire_team", wire.AcquireName("team/base"));  // through the group
+    report.Check("list", wire.List(""));
+  });
+  EXPECT_EQ(stranger["acquire_shared"], "PERMISSION_DENIED");
+  EXPECT_EQ(stranger["acquire_team"], "OK");
+  EXPECT_EQ(stranger["list"], "team/base");
+  Checks root = RunAs(0, 0, [&](Reporter& report) {
+    Wire wire(socket);
+    report.Check("list", wire.List(""));
+  });
+  EXPECT_EQ(root["list"], "private/x,shared/x,team/base");
+}
+
+TEST_F(AclTest, AStolenTokenIsUselessToAnotherUid) {
+  // Root's session, held by this process; its token is what a thief would have seen.
+  RawSession root_session = OpenSession(socket_);
+  std::string root_token = root_session.token();
+  std::string socket = socket_;
+  Checks owner = RunAs(0, 0, [&](Reporter& report) {
+    Wire wire(socket);
+    wire.UseToken(root_token);
+    v1::StatusResponse status;
+    report.Check("status", wire.Status(&status));
+    v1::AcquireResponse acquired;
+    report.Check("acquire", wire.AcquireName("shared/x", &acquired));
+    report.Check("lease", std::to_string(acquired.lease_id()));
+  });
+  ASSERT_EQ(owner["status"], "OK") << "the token does not even work for its owner";
+  ASSERT_EQ(owner["acquire"], "OK");
+  uint64_t lease = std::stoull(owner["lease"]);
+
+  Checks thief = RunAs(kNobody, kNogroup, [&](Reporter& report) {
+    Wire wire(socket);
+    wire.UseToken(root_token);
+    v1::StatusResponse status;
+    report.Check("status", wire.Status(&status));
+    report.Check("acquire_private", wire.AcquireName("private/x"));
+    report.Check("delete_private", wire.Delete("private/x"));
+    v1::ReleaseResponse released;
+    report.Check("release_roots_lease", wire.Release(lease, &released));
+    grpc::ClientContext context;
+    wire.Prepare(context);
+    auto stream = wire.stub().Session(&context);
+    v1::SessionRequest request;
+    request.set_seq(1);
+    request.mutable_acquire()->set_name("private/x");
+    stream->Write(request);
+    stream->WritesDone();
+    v1::SessionResponse response;
+    while (stream->Read(&response)) {
+    }
+    report.Check("session_stream", stream->Finish());
+    report.Check("watch", wire.WatchSnapshot("").empty() ? "nothing" : "events");
+  });
+  EXPECT_EQ(thief["status"], "UNAUTHENTICATED");
+  EXPECT_EQ(thief["acquire_private"], "UNAUTHENTICATED");
+  EXPECT_EQ(thief["delete_private"], "UNAUTHENTICATED");
+  EXPECT_EQ(thief["release_roots_lease"], "UNAUTHENTICATED");
+  EXPECT_EQ(thief["session_stream"], "UNAUTHENTICATED");
+  EXPECT_EQ(thief["watch"], "nothing");
+
+  // Root's lease and names are untouched.
+  Checks after = RunAs(0, 0, [&](Reporter& report) {
+    Wire wire(socket);
+    wire.UseToken(root_token);
+    v1::ReleaseResponse released;
+    report.Check("release", wire.Release(lease, &released));
+    report.Check("released", std::to_string(released.released()));
+    report.Check("list", wire.List("private/"));
+  });
+  EXPECT_EQ(after["release"], "OK");
+  EXPECT_EQ(after["released"], "1");
+  EXPECT_EQ(after["list"], "private/x");
+}
+
+TEST_F(AclTest, AReaderCannotChangeAPublishedTensorForAnyoneElse) {
+  std::string socket = socket_;
+  Checks checks = RunAs(kNobody, kNogroup, [&](Reporter& report) {
+    Wire wire(socket);
+    v1::AcquireResponse acquired;
+    report.Check("acquire", wire.AcquireName("shared/x", &acquired));
+    common::UniqueFd fd;
+    report.Check("fetch", CodeName(wire.Fetch(acquired.tensor().buffer().buffer_id(), &fd)));
+    size_t size = acquired.tensor().buffer().size();
+    auto seals = common::GetSeals(fd.get(), "shared/x");
+    int required = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE;
+    report.Check("seals", seals.ok() && (*seals & required) == required ? "sealed" : "missing");
+    // A shared writable mapping is what would reach other readers: refused.
+    void* shared_rw = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    report.Check("mmap_shared_rw", shared_rw == MAP_FAILED ? ErrnoName(errno) : "mapped");
+    float one = -1.0f;
+    report.Check("pwrite", pwrite(fd.get(), &one, sizeof(one), 0) < 0 ? ErrnoName(errno) : "written");
+    // Reopening the memfd read-write through /proc does not get around the seal.
+    std::string proc = "/proc/self/fd/" + std::to_string(fd.get());
+    common::UniqueFd reopened(open(proc.c_str(), O_RDWR | O_CLOEXEC));
+    if (reopened) {
+      report.Check("reopened_pwrite", pwrite(reopened.get(), &one, sizeof(one), 0) < 0 ? ErrnoName(errno) : "written");
+      void* again = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, reopened.get(), 0);
+      report.Check("reopened_mmap_shared_rw", again == MAP_FAILED ? ErrnoName(errno) : "mapped");
+      report.Check("reopened_ftruncate", ftruncate(reopened.get(), 0) < 0 ? ErrnoName(errno) : "truncated");
+    } else {
+      report.Check("reopened_pwrite", ErrnoName(errno));
+      report.Check("reopened_mmap_shared_rw", ErrnoName(errno));
+      report.Check("reopened_ftruncate", ErrnoName(errno));
+    }
+    // A private copy-on-write view is the reader's own: writing it changes nothing else.
+    void* cow = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
+    if (cow != MAP_FAILED) {
+      static_cast<float*>(cow)[0] = -1.0f;
+      report.Check("private_view", std::to_string(static_cast<float*>(cow)[0]));
+    }
+    void* fresh = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+    report.Check("fresh_view", fresh == MAP_FAILED ? ErrnoName(errno) : std::to_string(static_cast<float*>(fresh)[0]));
+  });
+  EXPECT_EQ(checks["acquire"], "OK");
+  EXPECT_EQ(checks["fetch"], "OK");
+  EXPECT_EQ(checks["seals"], "sealed");
+  EXPECT_EQ(checks["mmap_shared_rw"], "EPERM");
+  EXPECT_EQ(checks["pwrite"], "EPERM");
+  EXPECT_EQ(checks["reopened_pwrite"], "EPERM");
+  EXPECT_EQ(checks["reopened_mmap_shared_rw"], "EPERM");
+  EXPECT_EQ(checks["reopened_ftruncate"], "EPERM");
+  EXPECT_EQ(checks["private_view"], std::to_string(-1.0f));
+  EXPECT_EQ(checks["fresh_view"], std::to_string(2.5f));
+  // And another reader (root, through the public client) sees the published values.
+  ChildProcess reader(PeerArgs({"hold", socket_, "shared/x"}));
+  EXPECT_EQ(reader.WaitForLine("held"), "held 2560.000000");
+}
+
+TEST_F(AclTest, SocketsAre0660InTheConfiguredGroupAndOthersCannotConnect) {
+  for (const std::string& path : {socket_, socket_ + ".fd"}) {
+    struct stat info{};
+    ASSERT_EQ(stat(path.c_str(), &info), 0) << path;
+    EXPECT_TRUE(S_ISSOCK(info.st_mode)) << path;
+    EXPECT_EQ(info.st_mode & 07777, 0660u) << path;
+    EXPECT_EQ(info.st_uid, 0u) << path;
+    EXPECT_EQ(info.st_gid, kNogroup) << path;
+  }
+  std::string socket = socket_;
+  Checks outsider = RunAs(kStranger, kStranger, [&](Reporter& report) {
+    auto fd = common::ConnectSeqpacket(socket + ".fd");
+    report.Check("fd_channel", fd.ok() ? "connected" : std::string(absl::StatusCodeToString(fd.status().code())));
+    int stream = ConnectStream(socket);
+    report.Check("grpc_socket", stream >= 0 ? "connected" : ErrnoName(errno));
+  });
+  EXPECT_EQ(outsider["fd_channel"], "PERMISSION_DENIED");
+  EXPECT_EQ(outsider["grpc_socket"], "EACCES");
+  Checks member = RunAs(kStranger, kNogroup, [&](Reporter& report) {
+    Wire wire(socket);
+    v1::StatusResponse status;
+    report.Check("status", wire.Status(&status));
+    report.Check("uid_seen", std::to_string(status.uid()));
+  });
+  EXPECT_EQ(member["status"], "OK");
+  EXPECT_EQ(member["uid_seen"], "0");
+}
+
+// ---------------------------------------------------------------------------------------
+// The daemon as another uid
+
+// argv that runs `program` as uid:gid (stderr joined to stdout, `env` entries NAME=VALUE
+// set, TENSORD_SOCKET unset) through this binary's --as mode.
+std::vector<std::string> AsUser(uid_t uid, gid_t gid, const std::vector<std::string>& env,
+                                const std::vector<std::string>& program) {
+  std::vector<std::string> argv = {SelfExe(), "--as", std::to_string(uid), std::to_string(gid)};
+  for (const std::string& entry : env) {
+    argv.push_back("--env");
+    argv.push_back(entry);
+  }
+  argv.push_back("--");
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+// Waits until a daemon serves on `socket`; false when it did not within 4 s.
+bool Serving(const std::string& socket) {
+  for (int i = 0; i < 400; ++i) {
+    struct stat info{};
+    if (stat(socket.c_str(), &info) == 0 && Accepts(socket + ".fd")) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// True once `child` has exited by itself (a zombie until reaped), within `timeout`. Its
+// output can then be read without blocking on a silent, living process.
+bool Exits(const ChildProcess& child, std::chrono::milliseconds timeout) {
+  for (auto deadline = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < deadline;) {
+    std::ifstream stat("/proc/" + std::to_string(child.pid()) + "/stat");
+    std::string pid, comm, state;
+    stat >> pid >> comm >> state;
+    if (state == "Z") return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// A directory only uid:gid may use.
+std::string PrivateDirOf(uid_t uid, gid_t gid) {
+  std::string dir = MakeTempDir();
+  if (chown(dir.c_str(), uid, gid) != 0 || chmod(dir.c_str(), 0700) != 0) ADD_FAILURE() << "chown " << dir;
+  return dir;
+}
+
+TEST(AclDaemon, ClientsRefuseADaemonRunningAsAnUnexpectedUid) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as uid " << kNobody;
+  std::string dir = PrivateDirOf(kNobody, kNogroup);
+  std::string socket = dir + "/tensord.sock";
+  ChildProcess daemon(AsUser(kNobody, kNogroup, {}, {TENSORD_BIN, "--socket", socket, "--log-level", "warn"}));
+  if (!Serving(socket)) {
+    std::string line = Exits(daemon, 1s) ? daemon.WaitForLine("") : "(still running)";
+    daemon.Kill(SIGKILL);
+    std::filesystem::remove_all(dir);
+    if (line.rfind("exec-failed", 0) == 0) GTEST_SKIP() << "uid " << kNobody << " cannot run " << TENSORD_BIN << ": " << line;
+    FAIL() << "tensord as uid " << kNobody << " did not start: " << line;
+  }
+  // Root's client does not trust a daemon of uid 65534...
+  ChildProcess root_peer(PeerArgs({"produce", socket, "ns/x", "4", "1"}));
+  std::string refused = root_peer.WaitForLine("error");
+  EXPECT_NE(refused.find("PERMISSION_DENIED"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("uid 65534"), std::string::npos) << refused;
+  root_peer.Wait();
+  // ...while a client of that uid does.
+  ChildProcess own_peer(AsUser(kNobody, kNogroup, {}, PeerArgs({"produce", socket, "ns/x", "4", "1"})));
+  EXPECT_EQ(own_peer.WaitForLine("published"), "published 1");
+  own_peer.Wait();
+  int status = daemon.Kill(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Runs tensord as uid 65534 on its per-user default socket and returns its error line
+// once it has exited (it is expected to refuse).
+std::string RefusalOf(const std::string& runtime_dir) {
+  ChildProcess daemon(AsUser(kNobody, kNogroup, {"XDG_RUNTIME_DIR=" + runtime_dir}, {TENSORD_BIN, "--log-level", "warn"}));
+  if (!Exits(daemon, 5s)) {
+    daemon.Kill(SIGKILL);
+    ADD_FAILURE() << "tensord served from " << runtime_dir;
+    return "";
+  }
+  std::string line = daemon.WaitForLine("tensord:");
+  int status = daemon.Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << line;
+  return line;
+}
+
+TEST(AclDaemon, ThePerUserSocketDirectoryIsPrivateAndMustBeOurs) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as uid " << kNobody;
+  std::string runtime = PrivateDirOf(kNobody, kNogroup);
+  std::string dir = runtime + "/tensord";
+  std::string socket = dir + "/tensord.sock";
+  {
+    ChildProcess daemon(AsUser(kNobody, kNogroup, {"XDG_RUNTIME_DIR=" + runtime}, {TENSORD_BIN, "--log-level", "warn"}));
+    if (!Serving(socket)) {
+      std::string line = Exits(daemon, 1s) ? daemon.WaitForLine("") : "(still running)";
+      daemon.Kill(SIGKILL);
+      std::filesystem::remove_all(runtime);
+      if (line.rfind("exec-failed", 0) == 0) GTEST_SKIP() << "uid " << kNobody << " cannot run " << TENSORD_BIN;
+      FAIL() << "tensord did not serve on " << socket << ": " << line;
+    }
+    struct stat info{};
+    ASSERT_EQ(lstat(dir.c_str(), &info), 0);
+    EXPECT_TRUE(S_ISDIR(info.st_mode));
+    EXPECT_EQ(info.st_mode & 07777, 0700u);
+    EXPECT_EQ(info.st_uid, kNobody);
+    for (const std::string& path : {socket, socket + ".fd"}) {
+      ASSERT_EQ(stat(path.c_str(), &info), 0) << path;
+      EXPECT_EQ(info.st_mode & 07777, 0660u) << path;
+      EXPECT_EQ(info.st_uid, kNobody) << path;
+    }
+    int status = daemon.Kill(SIGTERM);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  // Someone else's directory, a shared one, and a symlink are all refused.
+  ASSERT_EQ(chown(dir.c_str(), 0, 0), 0);
+  std::string line = RefusalOf(runtime);
+  EXPECT_NE(line.find("owned by uid 0"), std::string::npos) << line;
+  EXPECT_NE(line.find("refusing"), std::string::npos) << line;
+  ASSERT_EQ(chown(dir.c_str(), kNobody, kNogroup), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  line = RefusalOf(runtime);
+  EXPECT_NE(line.find("mode 0755"), std::string::npos) << line;
+  std::filesystem::remove_all(dir);
+  std::string elsewhere = runtime + "/elsewhere";
+  ASSERT_EQ(mkdir(elsewhere.c_str(), 0700), 0);
+  ASSERT_EQ(chown(elsewhere.c_str(), kNobody, kNogroup), 0);
+  ASSERT_EQ(symlink(elsewhere.c_str(), dir.c_str()), 0);
+  line = RefusalOf(runtime);
+  EXPECT_NE(line.find("not a directory"), std::string::npos) << line;
+  std::filesystem::remove_all(runtime);
+}
+
+// `acl_test --as UID GID [--env NAME=VALUE]... -- PROGRAM ARGS...`
+int RunProgramAs(int argc, char** argv) {
+  if (argc < 6) return 2;
+  uid_t uid = static_cast<uid_t>(std::stoul(argv[2]));
+  gid_t gid = static_cast<gid_t>(std::stoul(argv[3]));
+  int i = 4;
+  unsetenv("TENSORD_SOCKET");
+  for (; i + 1 < argc && std::string(argv[i]) == "--env"; i += 2) {
+    std::string entry = argv[i + 1];
+    size_t equals = entry.find('=');
+    if (equals != std::string::npos) setenv(entry.substr(0, equals).c_str(), entry.substr(equals + 1).c_str(), 1);
+  }
+  if (i >= argc || std::string(argv[i]) != "--") return 2;
+  dup2(STDOUT_FILENO, STDERR_FILENO);
+  if (!BecomeUser(uid, gid)) {
+    std::printf("exec-failed cannot become uid %u: %s\n", uid, std::strerror(errno));
+    return 126;
+  }
+  execv(argv[i + 1], argv + i + 1);
+  std::printf("exec-failed %s: %s\n", argv[i + 1], std::strerror(errno));
+  std::fflush(stdout);
+  return 126;
+}
+
+}  // namespace
+}  // namespace tensord
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--as") return tensord::RunProgramAs(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
