@@ -190,12 +190,15 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   app.add_option("--socket-group", socket_group, "group that may connect (sockets are mode 0660)");
   app.add_option("--max-host-bytes", max_host, "host memory quota, e.g. 4G (default: half of available memory)");
   app.add_option("--max-sessions", max_sessions,
-                 absl::StrCat("sessions (connected clients) served at once (default ", kDefaultMaxSessions, ")"));
+                 absl::StrCat("sessions (connected clients) served at once (default ", kDefaultMaxSessions, ")"))
+      ->type_name("N");
   app.add_option("--max-leases-per-session", max_leases,
-                 absl::StrCat("leases one session may hold (default ", kDefaultMaxLeasesPerSession, ")"));
+                 absl::StrCat("leases one session may hold (default ", kDefaultMaxLeasesPerSession, ")"))
+      ->type_name("N");
   app.add_option("--max-waits-per-session", max_waits,
                  absl::StrCat("acquires and takes one session may have waiting (default ",
-                              kDefaultMaxWaitsPerSession, ")"));
+                              kDefaultMaxWaitsPerSession, ")"))
+      ->type_name("N");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off");
   app.footer(
       "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"

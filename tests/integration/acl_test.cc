@@ -294,8 +294,10 @@ class AclTest : public ::testing::Test {
     file << "[acl.shared]\nread_uids = [" << kNobody << "]\n"
          << "[acl.team]\nread_gids = [" << kNogroup << "]\nwrite_gids = [" << kNogroup << "]\n";
     file.close();
-    daemon_ = std::make_unique<DaemonProcess>(
-        std::vector<std::string>{"--config", config_, "--socket-group", std::to_string(kNogroup)});
+    // The group by name where it has one (exercising the lookup), else by number.
+    group* entry = getgrgid(kNogroup);
+    std::string group_name = entry != nullptr ? entry->gr_name : std::to_string(kNogroup);
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config", config_, "--socket-group", group_name});
     // Others may traverse the directory; the sockets' own mode and group decide who connects.
     chmod(daemon_->dir().c_str(), 0711);
     socket_ = daemon_->socket();

@@ -940,6 +940,26 @@ TEST_F(HostileTest, FdChannelStagedFdsAreCappedAndGoWithTheSession) {
   EXPECT_EQ(CodeName(exported.error_code()), "FAILED_PRECONDITION") << exported.error_message();
   session.fd.reset();
   EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before) << "staged fds outlived their session";
+
+  // A real memfd with a tensor placed past its end, or past 2^64: refused, nothing made.
+  v1::StatusResponse baseline = GetStatus();
+  RawSession exporter = OpenSession(daemon_->socket());
+  auto memfd = common::CreateSealedMemfd("export", 4096);
+  ASSERT_TRUE(memfd.ok()) << memfd.status();
+  const int memfd_number = memfd->get();
+  for (uint64_t offset : {uint64_t{4096}, kU64Max - 8, kU64Max}) {
+    stage.set_seq(offset);
+    ASSERT_TRUE(SendRaw(exporter.fd.get(), Bytes(stage), std::span<const int>(&memfd_number, 1)));
+    FdReply staged_memfd = Receive(exporter.fd.get());
+    ASSERT_TRUE(staged_memfd.response.has_staged()) << staged_memfd.response.ShortDebugString();
+    request.set_staged_fd_id(staged_memfd.response.staged().staged_fd_id());
+    request.set_offset(offset);
+    grpc::ClientContext export_context;
+    Authorize(export_context, exporter.token());
+    grpc::Status refused = stub_->Export(&export_context, request, &response);
+    EXPECT_EQ(CodeName(refused.error_code()), "INVALID_ARGUMENT") << offset << ": " << refused.error_message();
+  }
+  ExpectIntact("exports past the end", baseline);
 }
 
 TEST_F(HostileTest, FdChannelPeerThatNeverReadsIsDisconnected) {
