@@ -53,8 +53,14 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
   absl::StatusOr<std::unique_ptr<FdConnection>> fd =
       FdConnection::Connect(common::FdChannelPath(socket_path), name, options.trusted_daemon_uids);
   if (!fd.ok()) {
-    if (fd.status().code() == absl::StatusCode::kPermissionDenied) return fd.status();
-    return absl::UnavailableError(Unavailable(socket_path, std::string(fd.status().message())));
+    switch (fd.status().code()) {
+      case absl::StatusCode::kPermissionDenied:     // socket mode, or an untrusted daemon uid
+      case absl::StatusCode::kResourceExhausted:    // the broker is at --max-sessions
+      case absl::StatusCode::kFailedPrecondition:   // protocol versions differ
+        return fd.status();
+      default:
+        return absl::UnavailableError(Unavailable(socket_path, std::string(fd.status().message())));
+    }
   }
   s->fd_ = *std::move(fd);
   s->instance_nonce_ = s->fd_->welcome().instance_nonce();

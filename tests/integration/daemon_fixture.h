@@ -64,7 +64,7 @@ class ChildProcess {
         buffer_.erase(0, newline + 1);
         if (line.rfind(prefix, 0) == 0) return line;
       }
-      pollfd_wait(50);
+      if (!pollfd_wait(50)) continue;  // nothing to read yet: never block in read()
       char chunk[4096];
       ssize_t n = read(out_fd_, chunk, sizeof(chunk));
       if (n > 0) buffer_.append(chunk, static_cast<size_t>(n));
@@ -91,12 +91,13 @@ class ChildProcess {
   pid_t pid() const { return pid_; }
 
  private:
-  void pollfd_wait(int ms) {
+  // Whether stdout has something to read (or hit end of file) within `ms`.
+  bool pollfd_wait(int ms) {
     fd_set set;
     FD_ZERO(&set);
     FD_SET(out_fd_, &set);
     timeval tv{0, ms * 1000};
-    select(out_fd_ + 1, &set, nullptr, nullptr, &tv);
+    return select(out_fd_ + 1, &set, nullptr, nullptr, &tv) > 0;
   }
   pid_t pid_ = -1;
   int out_fd_ = -1;
