@@ -126,10 +126,6 @@ absl::Status RunDaemon(const Config& config) {
   options.version = TENSORD_VERSION;
   Broker broker(std::move(options), std::make_unique<common::HostBackend>());
 
-  // Pending connections before HELLO get a little room above the session cap.
-  FdServer fd_server(&broker, config.max_sessions + kFdChannelSlack);
-  TENSORD_RETURN_IF_ERROR(fd_server.Start(common::FdChannelPath(socket), kSocketMode, group));
-
   // The server listens on no port of its own: GrpcListener accepts, notes each connection's
   // credentials and hands it over.
   GrpcListener listener;
@@ -140,14 +136,21 @@ absl::Status RunDaemon(const Config& config) {
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 * 1024 * 1024);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    fd_server.Stop();
-    return absl::UnavailableError("cannot start the gRPC server");
-  }
+  if (server == nullptr) return absl::UnavailableError("cannot start the gRPC server");
   if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get()); !listening.ok()) {
     server->Shutdown();
-    fd_server.Stop();
     return listening;
+  }
+  // The fd channel opens last: a client connects to it first, so once it accepts, the gRPC
+  // socket is already there (a client racing a restart never meets a stale gRPC socket and
+  // gRPC's reconnect backoff).
+  // Pending connections before HELLO get a little room above the session cap.
+  FdServer fd_server(&broker, config.max_sessions + kFdChannelSlack);
+  if (absl::Status started = fd_server.Start(common::FdChannelPath(socket), kSocketMode, group);
+      !started.ok()) {
+    listener.Stop();
+    server->Shutdown();
+    return started;
   }
   spdlog::info(
       "tensord {} serving on {} (fd channel {}), host memory limit {} bytes, at most {} sessions, "
