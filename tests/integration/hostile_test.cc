@@ -615,9 +615,14 @@ TEST_F(HostileTest, MissingForgedAndStaleTokensAreUnauthenticated) {
     }
   }
   // Metadata beyond gRPC's own limit is refused by gRPC, never UNKNOWN or OK. gRPC drops
-  // the whole connection for it, so this goes on a channel of its own.
+  // the whole connection for it, so this goes on a connection of its own: channels with
+  // the same target and arguments share gRPC's global subchannel pool, and so would share
+  // channel_'s connection (a call of ours then racing the drop fails with "Socket closed").
   std::string huge(100000, 'f');
-  auto own_channel = grpc::CreateChannel("unix:" + daemon_->socket(), grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments own_args;
+  own_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto own_channel =
+      grpc::CreateCustomChannel("unix:" + daemon_->socket(), grpc::InsecureChannelCredentials(), own_args);
   grpc::GenericStub own_stub(own_channel);
   grpc::Status status = RawUnary(own_stub, "Status", "", &huge);
   EXPECT_FALSE(status.ok());
