@@ -177,18 +177,25 @@ bool ReleaseSender::WaitFor(ReleaseSink::Clock::time_point deadline) {
 void ReleaseSender::Run() {
   using Clock = ReleaseSink::Clock;
   uint64_t done = 0;
+  // Views collected but not sent yet, and when the window of the oldest of them closes.
+  std::vector<LeaseView*> views;
+  Clock::time_point collect_until{};
   while (!stopping_.load(std::memory_order_acquire)) {
     queue_->ConsumeWake();
     uint64_t ticket = flush_requested_.load(std::memory_order_acquire);
-    std::vector<LeaseView*> views = queue_->PopAll();
+    std::vector<LeaseView*> popped = queue_->PopAll();
     std::vector<uint64_t> ids = queue_->PopLeaseIds();
-    if (views.empty() && ids.empty() && ticket == done) {
+    if (views.empty() && popped.empty() && ids.empty() && ticket == done) {
+      // Stop() sets the flag before its wake: if ConsumeWake() above ate that wake, the
+      // flag is visible here, and ppoll must not wait for a wake that already came.
+      if (stopping_.load(std::memory_order_seq_cst)) break;
       WaitFor(sink_->Tick(Clock::now()));
       continue;
     }
-    // Collect for up to max_delay after the first entry, unless the batch is full, a flush
-    // is asked for, or we are stopping.
-    const Clock::time_point collect_until = Clock::now() + options_.max_delay;
+    // Each entry goes out within max_delay of the first one waiting, or at once when a
+    // batch is full, a flush is asked for, or we are stopping.
+    if (views.empty()) collect_until = Clock::now() + options_.max_delay;
+    views.insert(views.end(), popped.begin(), popped.end());
     while (views.size() < options_.max_batch && ticket == done &&
            !stopping_.load(std::memory_order_acquire) && Clock::now() < collect_until) {
       WaitFor(collect_until);
@@ -199,20 +206,36 @@ void ReleaseSender::Run() {
     }
     std::vector<uint64_t> more_ids = queue_->PopLeaseIds();
     ids.insert(ids.end(), more_ids.begin(), more_ids.end());
+    // Full batches go now; a partial one only once its window closed (or a flush or stop
+    // asks): otherwise it keeps collecting with the deadline of its oldest entry.
+    const bool send_all = ticket != done || stopping_.load(std::memory_order_acquire) ||
+                          Clock::now() >= collect_until;
+    const size_t send = send_all ? views.size()
+                                 : views.size() / options_.max_batch * options_.max_batch;
     size_t i = 0;
     do {
-      size_t n = std::min(options_.max_batch, views.size() - i);
+      size_t n = std::min(options_.max_batch, send - i);
       std::vector<LeaseView*> chunk(views.begin() + static_cast<ptrdiff_t>(i),
                                     views.begin() + static_cast<ptrdiff_t>(i + n));
       sink_->ProcessBatch(std::move(chunk), std::exchange(ids, {}));
       i += n;
-    } while (i < views.size());
-    done = ticket;
-    {
+    } while (i < send);
+    views.erase(views.begin(), views.begin() + static_cast<ptrdiff_t>(send));
+    if (send_all) {
+      done = ticket;
       absl::MutexLock lock(&mu_);
       flush_done_ = done;
     }
     sink_->Tick(Clock::now());
+  }
+  // Stopping: what was collected still goes (the queue's own Stop() drains the rest).
+  if (!views.empty()) {
+    for (size_t i = 0; i < views.size(); i += options_.max_batch) {
+      size_t n = std::min(options_.max_batch, views.size() - i);
+      sink_->ProcessBatch(std::vector<LeaseView*>(views.begin() + static_cast<ptrdiff_t>(i),
+                                                  views.begin() + static_cast<ptrdiff_t>(i + n)),
+                          {});
+    }
   }
 }
 
