@@ -35,9 +35,10 @@ absl::StatusOr<std::unique_ptr<Watcher>> WatcherImpl::Start(std::shared_ptr<Sess
   std::unique_ptr<WatcherImpl> w(new WatcherImpl(std::move(session), std::string(prefix)));
   TENSORD_ASSIGN_OR_RETURN(Session::RpcCall call,
                            w->session_->BeginCall(std::nullopt, /*cancel_on_fork=*/true));
+  std::unique_ptr<Reader> reader = w->Open(call, initial);
   WatcherImpl* raw = w.get();
-  w->thread_ = std::thread([raw, initial, call = std::move(call)]() mutable {
-    raw->Run(std::move(call), initial);
+  w->thread_ = std::thread([raw, call = std::move(call), reader = std::move(reader)]() mutable {
+    raw->Run(std::move(call), std::move(reader));
   });
   return std::unique_ptr<Watcher>(std::move(w));
 }
@@ -52,11 +53,21 @@ WatcherImpl::~WatcherImpl() {
   if (thread_.joinable()) thread_.join();
 }
 
-void WatcherImpl::Run(Session::RpcCall first_call, bool initial) {
+std::unique_ptr<WatcherImpl::Reader> WatcherImpl::Open(const Session::RpcCall& call, bool initial) {
+  tensord::v1::WatchRequest request;
+  request.set_prefix(prefix_);
+  request.set_initial(initial);
+  std::unique_ptr<Reader> reader = call.stub()->Watch(call.context(), request);
+  reader->WaitForInitialMetadata();
+  return reader;
+}
+
+void WatcherImpl::Run(Session::RpcCall first_call, std::unique_ptr<Reader> first_reader) {
   std::optional<Session::RpcCall> call(std::move(first_call));
+  std::unique_ptr<Reader> reader = std::move(first_reader);
   bool reopened = false;
   for (;;) {
-    grpc::Status status = ReadCall(*call, initial, reopened);
+    grpc::Status status = ReadCall(*call, std::move(reader), reopened);
     const bool forked = call->interrupted_by_fork();
     call.reset();  // gone before the fork may go on
     {
@@ -79,17 +90,13 @@ void WatcherImpl::Run(Session::RpcCall first_call, bool initial) {
       return;
     }
     call.emplace(*std::move(next));
-    initial = false;
+    reader = Open(*call, /*initial=*/false);
     reopened = true;
   }
 }
 
-grpc::Status WatcherImpl::ReadCall(const Session::RpcCall& call, bool initial, bool reopened) {
-  tensord::v1::WatchRequest request;
-  request.set_prefix(prefix_);
-  request.set_initial(initial);
-  std::unique_ptr<grpc::ClientReader<tensord::v1::WatchEvent>> reader =
-      call.stub()->Watch(call.context(), request);
+grpc::Status WatcherImpl::ReadCall(const Session::RpcCall& call, std::unique_ptr<Reader> reader,
+                                   bool reopened) {
   {
     absl::MutexLock lock(&mu_);
     context_ = call.context();

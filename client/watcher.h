@@ -47,10 +47,14 @@ class WatcherImpl final : public Watcher {
  private:
   WatcherImpl(std::shared_ptr<Session> session, std::string prefix)
       : session_(std::move(session)), prefix_(std::move(prefix)) {}
-  // The reader thread: reads `call`, and reopens it after each fork.
-  void Run(Session::RpcCall first_call, bool initial);
+  using Reader = grpc::ClientReader<tensord::v1::WatchEvent>;
+  // Starts the Watch call and waits until the broker has registered it (its initial
+  // metadata), so no change made after this returns is missed.
+  std::unique_ptr<Reader> Open(const Session::RpcCall& call, bool initial);
+  // The reader thread: reads the first call, and reopens it after each fork.
+  void Run(Session::RpcCall first_call, std::unique_ptr<Reader> first_reader);
   // Reads one call until it ends; returns its final status.
-  grpc::Status ReadCall(const Session::RpcCall& call, bool initial, bool reopened);
+  grpc::Status ReadCall(const Session::RpcCall& call, std::unique_ptr<Reader> reader, bool reopened);
 
   const std::shared_ptr<Session> session_;
   const std::string prefix_;

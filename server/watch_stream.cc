@@ -64,6 +64,9 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     watcher_id_ = *id;
+    // Registered: a client waiting for this before it returns from Watch() sees every
+    // change made after that.
+    StartSendInitialMetadata();
   }
   void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
   void OnCancel() override {
