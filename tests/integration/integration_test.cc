@@ -49,7 +49,11 @@ Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_
   if (!tensor.ok()) return tensor.status();
   float* data = static_cast<float*>(tensor->mutable_data());
   for (int64_t i = 0; i < count; ++i) data[i] = value;
-  return client.Publish(*tensor, name);
+  Result<TensorInfo> published = client.Publish(*tensor, name);
+  // The producer's own lease goes with `tensor`; tests count leases right after this.
+  tensor = Status(StatusCode::kCancelled, "dropped");
+  if (Status flushed = client.Flush(); !flushed.ok()) return flushed;
+  return published;
 }
 
 TEST(Integration, ProducerAndConsumerProcessesSharePages) {
