@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds and runs tensord's whole test suite, stage by stage:
+#   deps   deploy/install-deps.sh (Debian packages only)
+#   build  build/       the default build; every ctest test (unit, integration, install,
+#                       python, load, ...)
+#   asan   build-asan/  TENSORD_SANITIZER=address (ASan+UBSan): unit and integration tests
+#   tsan   build-tsan/  clang, TENSORD_SANITIZER=thread: unit and integration tests
+#   fuzz   build-fuzz/  clang, TENSORD_BUILD_FUZZERS: a bounded run of every fuzzer and a
+#                       replay of the saved regressions (ctest label `fuzz`)
+# Sanitizer options (halt on the first report, suppressions for third-party code only) come
+# with the tests from cmake/TensordSanitizers.cmake, so `ctest` in a build directory runs
+# them the same way.
+#
+# A failing stage does not stop the later ones (they are independent builds), so one run
+# shows every failure; the script exits non-zero if any stage failed. Only a failure of
+# `deps` stops it at once.
+#
+# Usage: tests/run_all.sh [stage...]   (default: every stage, in the order above)
+# Environment: JOBS (parallel build and test jobs; default: the number of CPUs),
+#              TENSORD_FUZZ_SECONDS (seconds per fuzzer; default 30).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs="${JOBS:-$(nproc)}"
+fuzz_seconds="${TENSORD_FUZZ_SECONDS:-30}"
+stages=("$@")
+if [ ${#stages[@]} -eq 0 ]; then
+  stages=(deps build asan tsan fuzz)
+fi
+
+banner() {
+  echo
+  echo "================================================================================"
+  echo "== $*"
+  echo "================================================================================"
+}
+
+duration() {
+  printf '%dm%02ds' $(($1 / 60)) $(($1 % 60))
+}
+
+# configure_and_build DIR [cmake args...]
+configure_and_build() {
+  local dir="$1"
+  shift
+  cmake -S . -B "$dir" -G Ninja "$@"
+  cmake --build "$dir" -j "$jobs"
+}
+
+# Runs in a subshell with errexit, so the first failing command ends the stage.
+stage_commands() {
+  case "$1" in
+    deps)
+      ./deploy/install-deps.sh
+      ;;
+    build)
+      configure_and_build build
+      ctest --test-dir build --output-on-failure -j "$jobs"
+      ;;
+    asan)
+      configure_and_build build-asan -DTENSORD_SANITIZER=address \
+        -DTENSORD_BUILD_PYTHON=OFF -DTENSORD_BUILD_BENCH=OFF
+      ctest --test-dir build-asan --output-on-failure -j "$jobs" -L 'unit|integration'
+      ;;
+    tsan)
+      # clang: its ignorelist keeps gRPC's inline header code uninstrumented (see
+      # cmake/TensordSanitizers.cmake).
+      CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DTENSORD_SANITIZER=thread \
+        -DTENSORD_BUILD_PYTHON=OFF -DTENSORD_BUILD_BENCH=OFF
+      cmake --build build-tsan -j "$jobs"
+      ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L 'unit|integration'
+      ;;
+    fuzz)
+      # The fuzzers need clang (libFuzzer); only they and what they link are built.
+      CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DTENSORD_BUILD_FUZZERS=ON \
+        -DTENSORD_FUZZ_SECONDS="$fuzz_seconds"
+      cmake --build build-fuzz -j "$jobs" --target tensord_fuzzers
+      ctest --test-dir build-fuzz --output-on-failure -j "$jobs" -L fuzz
+      ;;
+    *)
+      echo "run_all.sh: unknown stage '$1' (deps, build, asan, tsan, fuzz)" >&2
+      return 2
+      ;;
+  esac
+}
+
+started=$(date +%s)
+summary=()
+failed=0
+for stage in "${stages[@]}"; do
+  stage_start=$(date +%s)
+  banner "stage ${stage}: start ($(date '+%H:%M:%S'), ${jobs} jobs)"
+  # Not `( ... ) || rc=$?`: errexit is ignored inside anything on the left of `||`.
+  set +e
+  (
+    set -e
+    stage_commands "$stage"
+  )
+  rc=$?
+  set -e
+  seconds=$(($(date +%s) - stage_start))
+  if [ "$rc" -eq 0 ]; then
+    result="passed"
+  else
+    result="FAILED (exit ${rc})"
+    failed=1
+  fi
+  summary+=("$(printf '%-6s %-18s %s' "$stage" "$result" "$(duration "$seconds")")")
+  banner "stage ${stage}: ${result} in $(duration "$seconds")"
+  if [ "$rc" -ne 0 ] && [ "$stage" = deps ]; then
+    break
+  fi
+done
+
+total=$(($(date +%s) - started))
+if [ "$failed" -eq 0 ]; then
+  banner "all stages passed in $(duration "$total")"
+else
+  banner "some stages FAILED; total $(duration "$total")"
+fi
+printf '   %s\n' "${summary[@]}"
+exit "$failed"
