@@ -557,8 +557,9 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
-    uint64_t accounted = (size + kPageBytes - 1) / kPageBytes * kPageBytes;
-    TENSORD_RETURN_IF_ERROR(ReserveHostBytesLocked(accounted, "exporting a memfd"));
+    // The buffer's size is the memfd's own (clients refuse an fd smaller than the size the
+    // broker states), and the quota counts the same bytes.
+    TENSORD_RETURN_IF_ERROR(ReserveHostBytesLocked(size, "exporting a memfd"));
     Tensor tensor;
     tensor.ns = request.ns();
     tensor.desc = request.desc();
@@ -570,7 +571,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
     return RegisterLocked(*session, std::move(tensor),
-                          std::make_unique<common::HostBuffer>(std::move(fd), accounted), accounted);
+                          std::make_unique<common::HostBuffer>(std::move(fd), size), size);
   }
 }
 

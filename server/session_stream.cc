@@ -82,14 +82,16 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       return;
     }
     session_id_ = *session;
-    auto outbox = std::make_shared<StreamOutbox>(this);
-    absl::StatusOr<bool> reset_owed = broker_->AttachSink(session_id_, outbox);
+    // Set before the broker can see it: from AttachSink on, a push may start a write whose
+    // OnWriteDone (another thread) reads outbox_.
+    outbox_ = std::make_shared<StreamOutbox>(this);
+    absl::StatusOr<bool> reset_owed = broker_->AttachSink(session_id_, outbox_);
     if (!reset_owed.ok()) {
-      outbox->Detach();
+      outbox_->Detach();
+      outbox_.reset();
       Finish(ToGrpcStatus(reset_owed.status()));
       return;
     }
-    outbox_ = std::move(outbox);
     if (*reset_owed) {
       v1::SessionResponse reset;
       reset.set_cache_reset(true);

@@ -342,7 +342,10 @@ class AclTest : public ::testing::Test {
 };
 
 TEST_F(AclTest, ASecondUidGetsExactlyWhatTheConfigurationGrants) {
-  auto [private_id, private_buffer] = TensorAndBuffer("private/x");
+  // Not a structured binding: the lambdas below capture these (clang 14 cannot).
+  const auto private_ids = TensorAndBuffer("private/x");
+  const uint64_t private_id = private_ids.first;
+  const uint64_t private_buffer = private_ids.second;
   ASSERT_NE(private_id, 0u);
   std::string socket = socket_;
   Checks checks = RunAs(kNobody, kNogroup, [&](Reporter& report) {
