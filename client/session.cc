@@ -256,22 +256,50 @@ absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
 
 absl::StatusOr<tensord::v1::SessionResponse> Session::StreamCall(
     tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait) {
+  std::vector<tensord::v1::SessionRequest> one;
+  one.push_back(std::move(request));
+  return std::move(StreamCallMany(std::move(one), wait)[0]);
+}
+
+std::vector<absl::StatusOr<tensord::v1::SessionResponse>> Session::StreamCallMany(
+    std::vector<tensord::v1::SessionRequest> requests,
+    std::optional<std::chrono::milliseconds> wait) {
   std::optional<SessionStream::Clock::time_point> deadline;
   if (wait.has_value()) deadline = SessionStream::Clock::now() + *wait;
-  for (;;) {
-    TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, Stream());
-    absl::StatusOr<tensord::v1::SessionResponse> response = stream->Call(request, deadline);
-    if (stream->IsInterruptedByDrain(response)) {
-      // A fork() drained the stream under this call: ask again on the next stream, with
-      // what is left of the wait.
-      stream.reset();
-      ShortenWait(request, deadline);
-      continue;
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> results(
+      requests.size(), absl::UnavailableError("the session stream is closed"));
+  std::vector<size_t> todo(requests.size());
+  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  while (!todo.empty()) {
+    absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
+    if (!stream.ok()) {
+      for (size_t i : todo) results[i] = stream.status();
+      break;
     }
-    if (!response.ok()) return response.status();
-    if (response->has_error()) return ToAbsl(FromRpcError(response->error()));
-    return response;
+    std::vector<tensord::v1::SessionRequest> batch;
+    batch.reserve(todo.size());
+    for (size_t i : todo) batch.push_back(requests[i]);
+    std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
+        (*stream)->CallMany(std::move(batch), deadline);
+    std::vector<size_t> retry;
+    for (size_t k = 0; k < todo.size(); ++k) {
+      const size_t i = todo[k];
+      if ((*stream)->IsInterruptedByDrain(replies[k])) {
+        // A fork() drained the stream under this call: ask again on the next stream, with
+        // what is left of the wait.
+        ShortenWait(requests[i], deadline);
+        retry.push_back(i);
+      } else if (!replies[k].ok()) {
+        results[i] = replies[k].status();
+      } else if (replies[k]->has_error()) {
+        results[i] = ToAbsl(FromRpcError(replies[k]->error()));
+      } else {
+        results[i] = std::move(replies[k]);
+      }
+    }
+    todo = std::move(retry);
   }
+  return results;
 }
 
 void Session::ShortenWait(tensord::v1::SessionRequest& request,
@@ -304,6 +332,7 @@ void Session::OnOrphan(const tensord::v1::SessionResponse& reply) {
   uint64_t lease = 0;
   if (reply.has_acquire()) lease = reply.acquire().lease_id();
   if (reply.has_take()) lease = reply.take().lease_id();
+  if (reply.has_allocate()) lease = reply.allocate().lease_id();
   if (lease != 0) queue_->PushLeaseIds({lease});
 }
 
@@ -445,18 +474,19 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   const std::string what = "allocate in '" + std::string(ns) + "'";
   absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
   if (!desc.ok()) return Annotate(desc.status(), what);
-  tensord::v1::AllocateRequest request;
-  request.set_ns(std::string(ns));
-  *request.mutable_desc() = *std::move(desc);
-  request.set_isolated(spec.isolated);
-  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
-  tensord::v1::AllocateResponse response;
-  {
-    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
-    grpc::Status status = call.stub()->Allocate(call.context(), request, &response);
-    if (!status.ok()) return ToAbsl(FromGrpc(status));
+  tensord::v1::SessionRequest request;
+  tensord::v1::AllocateRequest* allocate = request.mutable_allocate();
+  allocate->set_ns(std::string(ns));
+  *allocate->mutable_desc() = *std::move(desc);
+  allocate->set_isolated(spec.isolated);
+  allocate->mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           StreamCall(std::move(request), kDefaultCallTimeout));
+  if (!response.has_allocate()) {
+    return absl::InternalError(what + ": the broker answered with something else");
   }
-  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what);
+  return AdoptLease(response.allocate().lease_id(), response.allocate().tensor(),
+                    ViewKind::kProducer, "", what);
 }
 
 absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::string_view ns,

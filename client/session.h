@@ -131,6 +131,11 @@ class Session final : public ReleaseSink {
   absl::StatusOr<std::shared_ptr<SessionStream>> Stream();
   absl::StatusOr<tensord::v1::SessionResponse> StreamCall(tensord::v1::SessionRequest request,
                                                           std::optional<std::chrono::milliseconds> wait);
+  // CallMany on the stream, retrying what a fork's drain interrupted on the next stream; an
+  // error reply becomes that element's status.
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> StreamCallMany(
+      std::vector<tensord::v1::SessionRequest> requests,
+      std::optional<std::chrono::milliseconds> wait);
   void OnPush(const tensord::v1::SessionResponse& push);
   void OnOrphan(const tensord::v1::SessionResponse& reply);
   // Builds (or finds) the view for a lease the broker just granted. On any failure the

@@ -60,6 +60,13 @@ void SessionStream::AbandonInForkedChild() noexcept {
   (void)stream_.release();
 }
 
+void SessionStream::Complete(Waiter* waiter,
+                             absl::StatusOr<tensord::v1::SessionResponse> result) {
+  waiter->result = std::move(result);
+  waiter->done = true;
+  --*waiter->outstanding;
+}
+
 void SessionStream::ReadLoop() {
   tensord::v1::SessionResponse response;
   while (stream_->Read(&response)) {
@@ -67,19 +74,19 @@ void SessionStream::ReadLoop() {
       if (on_push_) on_push_(response);
       continue;
     }
-    Waiter* waiter = nullptr;
+    bool matched = false;
     {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(response.seq());
       if (it != pending_.end()) {
-        waiter = it->second;
+        Waiter* waiter = it->second;
         pending_.erase(it);
-        waiter->result = std::move(response);
-        waiter->done = true;
+        Complete(waiter, std::move(response));
         response = tensord::v1::SessionResponse();
+        matched = true;
       }
     }
-    if (waiter == nullptr && on_orphan_) on_orphan_(response);
+    if (!matched && on_orphan_) on_orphan_(response);
   }
   broken_.store(true, std::memory_order_release);
   grpc::Status status;
@@ -93,11 +100,13 @@ void SessionStream::ReadLoop() {
                                      : FromGrpc(status).ToString());
   absl::MutexLock lock(&mu_);
   end_message_ = message;
-  for (auto& [seq, waiter] : pending_) {
-    waiter->result = absl::UnavailableError(message);
-    waiter->done = true;
-  }
+  for (auto& [seq, waiter] : pending_) Complete(waiter, absl::UnavailableError(message));
   pending_.clear();
+}
+
+absl::Status SessionStream::ClosedStatus() const {
+  return absl::UnavailableError(end_message_.empty() ? "the session stream is closed"
+                                                     : end_message_);
 }
 
 absl::Status SessionStream::Write(const tensord::v1::SessionRequest& request) {
@@ -112,6 +121,26 @@ absl::Status SessionStream::Write(const tensord::v1::SessionRequest& request) {
   return absl::OkStatus();
 }
 
+size_t SessionStream::WriteAll(const std::vector<tensord::v1::SessionRequest>& requests,
+                               absl::Status* error) {
+  absl::MutexLock lock(&write_mu_);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
+      *error = absl::UnavailableError("the session stream is closed");
+      return i;
+    }
+    // Buffered until the last one, which flushes them all: a batch costs few writes.
+    grpc::WriteOptions options;
+    if (i + 1 < requests.size()) options.set_buffer_hint();
+    if (!stream_->Write(requests[i], options)) {
+      broken_.store(true, std::memory_order_release);
+      *error = absl::UnavailableError("the session stream broke while writing");
+      return i;
+    }
+  }
+  return requests.size();
+}
+
 absl::Status SessionStream::Send(tensord::v1::SessionRequest request) {
   request.set_seq(0);
   return Write(request);
@@ -119,35 +148,58 @@ absl::Status SessionStream::Send(tensord::v1::SessionRequest request) {
 
 absl::StatusOr<tensord::v1::SessionResponse> SessionStream::Call(
     tensord::v1::SessionRequest request, std::optional<Clock::time_point> deadline) {
-  Waiter waiter;
+  std::vector<tensord::v1::SessionRequest> one;
+  one.push_back(std::move(request));
+  return std::move(CallMany(std::move(one), deadline)[0]);
+}
+
+std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMany(
+    std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline) {
+  const size_t n = requests.size();
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> results;
+  results.reserve(n);
+  if (n == 0) return results;
+  std::vector<Waiter> waiters(n);  // never resized: pending_ points into it
+  size_t outstanding = n;
   {
     absl::MutexLock lock(&mu_);
     if (broken_.load(std::memory_order_acquire)) {
-      return absl::UnavailableError(end_message_.empty() ? "the session stream is closed"
-                                                         : end_message_);
+      results.assign(n, ClosedStatus());
+      return results;
     }
-    request.set_seq(next_seq_++);
-    pending_[request.seq()] = &waiter;
+    for (size_t i = 0; i < n; ++i) {
+      requests[i].set_seq(next_seq_++);
+      waiters[i].outstanding = &outstanding;
+      pending_[requests[i].seq()] = &waiters[i];
+    }
   }
-  absl::Status written = Write(request);
+  absl::Status write_error;
+  const size_t written = WriteAll(requests, &write_error);
   absl::MutexLock lock(&mu_);
-  if (!written.ok()) {
-    if (!waiter.done) pending_.erase(request.seq());
-    return written;
+  // What was not written fails now; what was written is answered, or failed by the reader
+  // when the stream ends, so it is waited for.
+  for (size_t i = written; i < n; ++i) {
+    if (waiters[i].done) continue;
+    pending_.erase(requests[i].seq());
+    Complete(&waiters[i], write_error);
   }
-  auto done = [&waiter]() { return waiter.done; };
+  auto done = [&outstanding]() { return outstanding == 0; };
   if (deadline.has_value()) {
     mu_.AwaitWithDeadline(absl::Condition(&done), absl::FromChrono(
         std::chrono::system_clock::now() + (*deadline - Clock::now())));
   } else {
     mu_.Await(absl::Condition(&done));
   }
-  if (!waiter.done) {
-    // Too late now; a reply that still comes goes to the orphan handler.
-    pending_.erase(request.seq());
-    return absl::DeadlineExceededError("the broker did not answer on the session stream in time");
+  for (size_t i = 0; i < n; ++i) {
+    if (!waiters[i].done) {
+      // Too late now; a reply that still comes goes to the orphan handler.
+      pending_.erase(requests[i].seq());
+      Complete(&waiters[i], absl::DeadlineExceededError(
+                                "the broker did not answer on the session stream in time"));
+    }
+    results.push_back(std::move(waiters[i].result));
   }
-  return std::move(waiter.result);
+  return results;
 }
 
 }  // namespace tensord::internal

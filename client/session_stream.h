@@ -3,6 +3,12 @@
 //
 // Call() sends a request with a fresh seq and waits for the response with that seq, up to
 // an optional deadline (the broker enforces an acquire's own wait; the caller adds slack).
+// CallMany() pipelines a batch: every request gets a fresh seq and all are written back to
+// back under one hold of the write lock (all but the last with a buffer hint, so gRPC
+// coalesces them into few writes), then it waits for every reply up to one deadline and
+// returns one result per request, in order. A request not answered by the deadline gets
+// DEADLINE_EXCEEDED (its late reply goes to the orphan handler); if the stream breaks, every
+// outstanding request gets UNAVAILABLE, as in Call().
 // Send() writes a request with seq 0 (a release that wants no reply). Writes are serialized
 // by a mutex. A reader thread matches responses to waiting callers and hands pushes
 // (seq 0: `retired`, `cache_reset`) to the push handler, and replies nobody waits for any
@@ -27,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -52,6 +59,8 @@ class SessionStream {
   // `deadline` nullopt: wait as long as the stream lives.
   absl::StatusOr<tensord::v1::SessionResponse> Call(tensord::v1::SessionRequest request,
                                                     std::optional<Clock::time_point> deadline);
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> CallMany(
+      std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline);
   absl::Status Send(tensord::v1::SessionRequest request);
 
   bool broken() const { return broken_.load(std::memory_order_acquire); }
@@ -69,11 +78,18 @@ class SessionStream {
   struct Waiter {
     bool done = false;
     absl::StatusOr<tensord::v1::SessionResponse> result;
+    size_t* outstanding = nullptr;  // the batch's count of waiters not done, under mu_
   };
+  // Marks `waiter` done with `result`.
+  static void Complete(Waiter* waiter, absl::StatusOr<tensord::v1::SessionResponse> result);
   SessionStream(Handler on_push, Handler on_orphan)
       : on_push_(std::move(on_push)), on_orphan_(std::move(on_orphan)) {}
   void ReadLoop();
   absl::Status Write(const tensord::v1::SessionRequest& request);
+  // Writes `requests` in order under one hold of the write lock; returns how many were
+  // written and, when fewer than all, why the next one was not.
+  size_t WriteAll(const std::vector<tensord::v1::SessionRequest>& requests, absl::Status* error);
+  absl::Status ClosedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Handler on_push_;
   const Handler on_orphan_;

@@ -1,0 +1,258 @@
+// SessionStream against an in-process fake Broker (a sync gRPC service on a unix socket in a
+// temporary directory), whose Session handler each test scripts.
+#include "client/session_stream.h"
+
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "tests/unit/common/status_matchers.h"
+
+namespace tensord::internal {
+namespace {
+
+using common::testing::StatusIs;
+using ::testing::HasSubstr;
+using tensord::v1::SessionRequest;
+using tensord::v1::SessionResponse;
+using ServerStream = grpc::ServerReaderWriter<SessionResponse, SessionRequest>;
+using Clock = SessionStream::Clock;
+using namespace std::chrono_literals;
+
+class ScriptedBroker final : public tensord::v1::Broker::Service {
+ public:
+  using Script = std::function<grpc::Status(ServerStream*)>;
+  explicit ScriptedBroker(Script script) : script_(std::move(script)) {}
+  grpc::Status Session(grpc::ServerContext*, ServerStream* stream) override {
+    return script_(stream);
+  }
+
+ private:
+  Script script_;
+};
+
+// A publish request whose tensor id marks it, so replies can be told apart.
+SessionRequest Marked(uint64_t mark) {
+  SessionRequest request;
+  request.mutable_publish()->set_tensor_id(mark);
+  return request;
+}
+
+// The reply to `request`: its seq, and its mark echoed as the published tensor's id.
+SessionResponse ReplyTo(const SessionRequest& request) {
+  SessionResponse response;
+  response.set_seq(request.seq());
+  response.mutable_publish()->mutable_tensor()->set_tensor_id(request.publish().tensor_id());
+  return response;
+}
+
+// Reads `n` requests (false when the stream ends first).
+bool ReadN(ServerStream* stream, size_t n, std::vector<SessionRequest>* out) {
+  for (size_t i = 0; i < n; ++i) {
+    SessionRequest request;
+    if (!stream->Read(&request)) return false;
+    out->push_back(std::move(request));
+  }
+  return true;
+}
+
+// A fake broker serving `script`, and a SessionStream connected to it.
+class Harness {
+ public:
+  explicit Harness(ScriptedBroker::Script script) : service_(std::move(script)) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "tensord-stream-test-XXXXXX").string();
+    dir_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
+    EXPECT_FALSE(dir_.empty());
+    const std::string address = "unix:" + dir_ + "/broker.sock";
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    EXPECT_NE(server_, nullptr);
+    stub_ = tensord::v1::Broker::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto stream = SessionStream::Open(
+        stub_.get(), "token",
+        [this](const SessionResponse& push) {
+          std::lock_guard<std::mutex> lock(mu_);
+          pushes_.push_back(push);
+        },
+        [this](const SessionResponse& reply) {
+          std::lock_guard<std::mutex> lock(mu_);
+          orphans_.push_back(reply);
+        });
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    if (stream.ok()) stream_ = *std::move(stream);
+  }
+  ~Harness() {
+    stream_.reset();
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());  // cancels what is left
+    std::filesystem::remove_all(dir_);
+  }
+  SessionStream& stream() { return *stream_; }
+  std::vector<SessionResponse> pushes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pushes_;
+  }
+  // Waits up to 10 s for `n` orphaned replies.
+  std::vector<SessionResponse> WaitOrphans(size_t n) {
+    auto deadline = Clock::now() + 10s;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (orphans_.size() >= n || Clock::now() > deadline) return orphans_;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+
+ private:
+  ScriptedBroker service_;
+  std::string dir_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<tensord::v1::Broker::Stub> stub_;
+  std::unique_ptr<SessionStream> stream_;
+  std::mutex mu_;
+  std::vector<SessionResponse> pushes_;
+  std::vector<SessionResponse> orphans_;
+};
+
+std::vector<SessionRequest> MarkedBatch(uint64_t first, size_t n) {
+  std::vector<SessionRequest> batch;
+  for (size_t i = 0; i < n; ++i) batch.push_back(Marked(first + i));
+  return batch;
+}
+
+TEST(SessionStreamTest, CallManySendsTheWholeBatchBeforeAnyReplyAndReturnsRepliesInOrder) {
+  std::vector<SessionRequest> seen;
+  Harness h([&](ServerStream* stream) {
+    // Every request must arrive before the broker answers any: the buffered writes of the
+    // batch were flushed by its last one.
+    if (!ReadN(stream, 5, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    SessionResponse push;
+    push.mutable_retired()->set_tensor_id(99);
+    stream->Write(push);
+    for (auto it = seen.rbegin(); it != seen.rend(); ++it) stream->Write(ReplyTo(*it));
+    SessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return grpc::Status::OK;
+  });
+  auto results = h.stream().CallMany(MarkedBatch(10, 5), Clock::now() + 10s);
+  ASSERT_EQ(results.size(), 5u);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->publish().tensor().tensor_id(), 10 + i) << "reply " << i;
+  }
+  // Fresh, distinct, non-zero seqs, in the order of the batch.
+  ASSERT_EQ(seen.size(), 5u);
+  std::set<uint64_t> seqs;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].publish().tensor_id(), 10 + i);
+    EXPECT_NE(seen[i].seq(), 0u);
+    if (i > 0) {
+      EXPECT_GT(seen[i].seq(), seen[i - 1].seq());
+    }
+    seqs.insert(seen[i].seq());
+  }
+  EXPECT_EQ(seqs.size(), 5u);
+  ASSERT_EQ(h.pushes().size(), 1u);
+  EXPECT_EQ(h.pushes()[0].retired().tensor_id(), 99u);
+}
+
+TEST(SessionStreamTest, CallAndCallManyShareTheSeqSpace) {
+  std::vector<SessionRequest> seen;
+  Harness h([&](ServerStream* stream) {
+    SessionRequest request;
+    while (stream->Read(&request)) {
+      seen.push_back(request);
+      stream->Write(ReplyTo(request));
+    }
+    return grpc::Status::OK;
+  });
+  auto one = h.stream().Call(Marked(1), Clock::now() + 10s);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->publish().tensor().tensor_id(), 1u);
+  auto many = h.stream().CallMany(MarkedBatch(2, 3), Clock::now() + 10s);
+  ASSERT_EQ(many.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(many[i].ok());
+    EXPECT_EQ(many[i]->publish().tensor().tensor_id(), 2 + i);
+  }
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_LT(seen[0].seq(), seen[1].seq());
+  EXPECT_TRUE(h.stream().CallMany({}, Clock::now() + 1s).empty());
+}
+
+TEST(SessionStreamTest, ABrokenStreamFailsEveryOutstandingRequestWithUnavailable) {
+  Harness h([](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 4, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    stream->Write(ReplyTo(seen[1]));
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the fake broker hangs up");
+  });
+  auto results = h.stream().CallMany(MarkedBatch(20, 4), Clock::now() + 10s);
+  ASSERT_EQ(results.size(), 4u);
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[1]->publish().tensor().tensor_id(), 21u);
+  for (size_t i : {0u, 2u, 3u}) {
+    EXPECT_THAT(results[i], StatusIs(absl::StatusCode::kUnavailable,
+                                     HasSubstr("the session stream ended")))
+        << "request " << i;
+  }
+  EXPECT_TRUE(h.stream().broken());
+  // Once broken, a batch fails at once, every element of it.
+  auto later = h.stream().CallMany(MarkedBatch(30, 2), Clock::now() + 10s);
+  ASSERT_EQ(later.size(), 2u);
+  for (const auto& result : later) {
+    EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("fake broker hangs up")));
+  }
+}
+
+TEST(SessionStreamTest, OnlyTheUnansweredTimeOutAndTheirLateRepliesAreOrphans) {
+  absl::Notification late;
+  Harness h([&](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 3, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    stream->Write(ReplyTo(seen[0]));
+    stream->Write(ReplyTo(seen[2]));
+    late.WaitForNotification();
+    stream->Write(ReplyTo(seen[1]));
+    SessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return grpc::Status::OK;
+  });
+  const auto start = Clock::now();
+  auto results = h.stream().CallMany(MarkedBatch(40, 3), Clock::now() + 300ms);
+  EXPECT_GE(Clock::now() - start, 250ms);
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_TRUE(results[0].ok());
+  EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+  EXPECT_TRUE(results[2].ok());
+  EXPECT_FALSE(h.stream().broken());
+  late.Notify();
+  std::vector<SessionResponse> orphans = h.WaitOrphans(1);
+  ASSERT_EQ(orphans.size(), 1u);
+  EXPECT_EQ(orphans[0].publish().tensor().tensor_id(), 41u);
+}
+
+}  // namespace
+}  // namespace tensord::internal
