@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -202,6 +203,7 @@ void Broker::CloseSession(uint64_t session_id) {
       it = it->second.session_id == session_id ? watchers_.erase(it) : std::next(it);
     }
     // Tensors this session was still creating die with it: their only hold was its lease.
+    ReleaseArenasLocked(*session, effects);
   }
   spdlog::debug("session {} closed: {} leases released", session_id, released);
   Deliver(effects);
@@ -240,6 +242,7 @@ absl::StatusOr<std::vector<Broker::FetchedFd>> Broker::FetchFds(uint64_t session
     Buffer* buffer = registry_.FindBuffer(buffer_id);
     bool held = false;
     if (buffer != nullptr) {
+      // O(tensors in the buffer), once per buffer and client: clients keep arena fds.
       for (uint64_t tensor_id : buffer->tensor_ids) {
         Tensor* tensor = registry_.Find(tensor_id);
         if (tensor != nullptr && tensor->holders.contains(session->id)) {
@@ -457,6 +460,11 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
   tensor.created_unix_ms = NowUnixMs();
   tensor.producer_session = session_id;
   uint64_t size = (layout->extent + kPageBytes - 1) / kPageBytes * kPageBytes;
+  // Small tensors in a namespace share arenas: a consumer maps an arena once.
+  const bool in_arena = layout->extent > 0 && !tensor.ns.empty() && !request.isolated() &&
+                        options_.arena_bytes > 0 && layout->extent <= options_.arena_max_tensor_bytes &&
+                        layout->extent <= options_.arena_bytes;
+  std::optional<absl::StatusOr<v1::AllocateResponse>> placed;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
@@ -466,25 +474,67 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     }
     if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
     tensor.producer_uid = (*session)->creds.uid;
-    if (size > 0) {
+    if (in_arena && PlaceInArenaLocked(**session, tensor)) {
+      placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
+    } else if (in_arena) {
+      size = options_.arena_bytes;
+      absl::Status reserved = ReserveHostBytesLocked(
+          size, absl::StrCat("allocating a new arena for namespace ", Quote(tensor.ns)));
+      if (!reserved.ok()) return fail(reserved);
+    } else if (size > 0) {
       absl::Status reserved = ReserveHostBytesLocked(
           size, absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()), " tensor of ",
                              layout->nbytes, " bytes"));
       if (!reserved.ok()) return fail(reserved);
     }
   }
+  if (placed) return std::move(done)(std::move(*placed));
   if (size == 0) {
-    return FinishAllocate(session_id, 0, std::move(tensor), std::unique_ptr<common::BackendBuffer>(),
-                          std::move(done));
+    return FinishAllocate(session_id, 0, false, std::move(tensor),
+                          std::unique_ptr<common::BackendBuffer>(), std::move(done));
   }
-  executor_.Post([this, session_id, size, tensor = std::move(tensor), done = std::move(done)]() mutable {
-    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory =
-        host_backend_->Allocate(size, absl::StrCat("tensord-session-", session_id));
-    FinishAllocate(session_id, size, std::move(tensor), std::move(memory), std::move(done));
+  executor_.Post([this, session_id, size, in_arena, tensor = std::move(tensor),
+                  done = std::move(done)]() mutable {
+    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = host_backend_->Allocate(
+        size, absl::StrCat(in_arena ? "tensord-arena-" : "tensord-session-", session_id));
+    FinishAllocate(session_id, size, in_arena, std::move(tensor), std::move(memory), std::move(done));
   });
 }
 
-void Broker::FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
+bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
+  auto arenas = session.arenas.find(tensor.ns);
+  if (arenas == session.arenas.end()) return false;
+  uint64_t slot = ArenaSlots::SlotBytes(tensor.layout.extent);
+  for (uint64_t buffer_id : arenas->second) {
+    Buffer* buffer = registry_.FindBuffer(buffer_id);
+    TENSORD_CHECK(buffer != nullptr && buffer->arena != nullptr);
+    if (std::optional<uint64_t> offset = buffer->arena->Allocate(slot)) {
+      tensor.buffer_id = buffer_id;
+      tensor.offset = *offset;
+      tensor.slot_bytes = slot;
+      return true;
+    }
+  }
+  return false;
+}
+
+void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
+  for (const auto& [ns, buffer_ids] : session.arenas) {
+    for (uint64_t buffer_id : buffer_ids) {
+      Buffer* buffer = registry_.FindBuffer(buffer_id);
+      TENSORD_CHECK(buffer != nullptr);
+      buffer->arena_owner = 0;
+      if (!buffer->tensor_ids.empty()) continue;  // goes with its last tensor
+      std::unique_ptr<common::BackendBuffer> memory = registry_.RemoveBuffer(buffer_id);
+      TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
+      host_bytes_in_use_ -= memory->size();
+      effects.garbage.push_back(std::move(memory));
+    }
+  }
+  session.arenas.clear();
+}
+
+void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
                             absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                             Completion<v1::AllocateResponse> done) {
   absl::StatusOr<v1::AllocateResponse> result;
@@ -499,6 +549,23 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
       host_bytes_in_use_ -= size;
       if (memory.ok() && *memory != nullptr) effects.garbage.push_back(std::move(*memory));
       result = memory.ok() ? cap : memory.status();
+    } else if (arena) {
+      Buffer buffer;
+      buffer.id = registry_.NextBufferId();
+      buffer.size = size;
+      buffer.memory = std::move(*memory);
+      buffer.arena = std::make_unique<ArenaSlots>(size);
+      buffer.arena_owner = session_id;
+      buffer.arena_ns = tensor.ns;
+      uint64_t slot = ArenaSlots::SlotBytes(tensor.layout.extent);
+      std::optional<uint64_t> offset = buffer.arena->Allocate(slot);
+      TENSORD_CHECK(offset.has_value());  // a fresh arena holds any tensor it accepts
+      tensor.buffer_id = buffer.id;
+      tensor.offset = *offset;
+      tensor.slot_bytes = slot;
+      session->arenas[tensor.ns].push_back(buffer.id);
+      registry_.AddBuffer(std::move(buffer));
+      result = RegisterLocked(*session, std::move(tensor), nullptr, 0);
     } else {
       result = RegisterLocked(*session, std::move(tensor), std::move(*memory), size);
     }

@@ -58,6 +58,8 @@ struct BrokerOptions {
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
+  uint64_t arena_bytes = 0;  // 0: every tensor gets its own buffer
+  uint64_t arena_max_tensor_bytes = 0;
   uid_t daemon_uid = 0;
   std::map<std::string, NamespaceAcl> acls;
   std::string socket;
@@ -192,7 +194,13 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
-  void FinishAllocate(uint64_t session_id, uint64_t size, Tensor tensor,
+  // Puts `tensor` in a free slot of one of the session's arenas for its namespace; false
+  // when none has room.
+  bool PlaceInArenaLocked(Session& session, Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session closed: its arenas go once empty (those empty now go at once).
+  void ReleaseArenasLocked(Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `arena`: the memory is a new arena for the session's namespace, the tensor goes in it.
+  void FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
                       absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                       Completion<tensord::v1::AllocateResponse> done);
   void CompleteWaitWith(uint64_t wait_id, absl::Status status);

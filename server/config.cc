@@ -8,6 +8,8 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <string_view>
+#include <tuple>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
@@ -74,6 +76,32 @@ absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& 
   return value;
 }
 
+// An arena setting: a size like 16MiB, or 0 (arenas off).
+absl::StatusOr<uint64_t> ParseArenaSize(const std::string& text, std::string_view what) {
+  if (absl::StripAsciiWhitespace(text) == "0") return 0;
+  absl::StatusOr<uint64_t> size = ParseByteSize(text);
+  if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": ", size.status().message()));
+  return *size;
+}
+
+// Arenas are memfds carved in whole pages: sizes round up to a page; a tensor bound above
+// the arena size could never fit.
+absl::Status FinishArenaSettings(Config& config) {
+  constexpr uint64_t kPage = 4096;
+  constexpr uint64_t kMaxArena = uint64_t{1} << 40;
+  if (config.arena_bytes > kMaxArena) {
+    return absl::InvalidArgumentError(absl::StrCat("arena size ", config.arena_bytes, " is above 1 TiB"));
+  }
+  config.arena_bytes = (config.arena_bytes + kPage - 1) / kPage * kPage;
+  config.arena_max_tensor_bytes = (config.arena_max_tensor_bytes + kPage - 1) / kPage * kPage;
+  if (config.arena_bytes > 0 && config.arena_max_tensor_bytes > config.arena_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--arena-max-tensor (", config.arena_max_tensor_bytes, " bytes) is larger than --arena-bytes (",
+        config.arena_bytes, " bytes): tensors that size could never fit in an arena"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node* node, const std::string& key) {
   std::vector<uint32_t> ids;
   if (node == nullptr) return ids;
@@ -115,6 +143,18 @@ absl::Status ApplyFile(const std::string& path, Config& config) {
         config.max_host_bytes = *size;
       } else {
         return absl::InvalidArgumentError(absl::StrCat("config ", path, ": max_host_bytes must be a size"));
+      }
+    } else if (k == "arena_bytes" || k == "arena_max_tensor") {
+      // A size, or 0 (arena_bytes only): arenas off.
+      uint64_t& target = k == "arena_bytes" ? config.arena_bytes : config.arena_max_tensor_bytes;
+      if (std::optional<int64_t> bytes = node.value<int64_t>(); bytes && *bytes >= 0) {
+        target = static_cast<uint64_t>(*bytes);
+      } else if (std::optional<std::string> text = node.value<std::string>()) {
+        absl::StatusOr<uint64_t> size = ParseArenaSize(*text, k);
+        if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", size.status().message()));
+        target = *size;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", k, " must be a size"));
       }
     } else if (k == "max_sessions" || k == "max_leases_per_session" || k == "max_waits_per_session") {
       std::optional<int64_t> count = node.value<int64_t>();
@@ -199,6 +239,13 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
                  absl::StrCat("acquires and takes one session may have waiting (default ",
                               kDefaultMaxWaitsPerSession, ")"))
       ->type_name("N");
+  std::string arena_bytes, arena_max_tensor;
+  app.add_option("--arena-bytes", arena_bytes,
+                 "size of each arena that small tensors allocated in a namespace share (default 16MiB; 0: off)")
+      ->type_name("SIZE");
+  app.add_option("--arena-max-tensor", arena_max_tensor,
+                 "largest tensor that goes into an arena (default 1MiB)")
+      ->type_name("SIZE");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off");
   app.footer(
       "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"
@@ -257,6 +304,19 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     if (!count.ok()) return count.status();
     option.target = *count;
   }
+  for (auto [flag_value, flag, env, target] :
+       {std::tuple<const std::string&, const char*, const char*, uint64_t&>{
+            arena_bytes, "--arena-bytes", "TENSORD_ARENA_BYTES", config.arena_bytes},
+        std::tuple<const std::string&, const char*, const char*, uint64_t&>{
+            arena_max_tensor, "--arena-max-tensor", "TENSORD_ARENA_MAX_TENSOR", config.arena_max_tensor_bytes}}) {
+    std::string text;
+    pick(flag_value, env, text);
+    if (text.empty()) continue;
+    absl::StatusOr<uint64_t> size = ParseArenaSize(text, flag);
+    if (!size.ok()) return size.status();
+    target = *size;
+  }
+  if (absl::Status arenas = FinishArenaSettings(config); !arenas.ok()) return arenas;
   if (config.max_host_bytes == 0) config.max_host_bytes = DefaultMaxHostBytes();
   return config;
 }

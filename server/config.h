@@ -21,6 +21,9 @@ namespace tensord::server {
 inline constexpr uint64_t kDefaultMaxSessions = 4096;
 inline constexpr uint64_t kDefaultMaxLeasesPerSession = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultMaxWaitsPerSession = 1024;
+// Small tensors allocated in a namespace are carved out of arenas of this size.
+inline constexpr uint64_t kDefaultArenaBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kDefaultArenaMaxTensorBytes = uint64_t{1} << 20;
 
 // Who may read and write one namespace. Empty lists grant nothing; the daemon's own uid and
 // root always have access.
@@ -38,6 +41,10 @@ struct Config {
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
+  // Arenas: tensors of at most arena_max_tensor_bytes allocated in a namespace share
+  // arena_bytes memfds (0 turns arenas off). Both are page multiples.
+  uint64_t arena_bytes = kDefaultArenaBytes;
+  uint64_t arena_max_tensor_bytes = kDefaultArenaMaxTensorBytes;
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log

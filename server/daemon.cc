@@ -120,6 +120,8 @@ absl::Status RunDaemon(const Config& config) {
   options.max_sessions = config.max_sessions;
   options.max_leases_per_session = config.max_leases_per_session;
   options.max_waits_per_session = config.max_waits_per_session;
+  options.arena_bytes = config.arena_bytes;
+  options.arena_max_tensor_bytes = config.arena_max_tensor_bytes;
   options.daemon_uid = getuid();
   options.acls = config.acls;
   options.socket = socket;
@@ -154,9 +156,13 @@ absl::Status RunDaemon(const Config& config) {
   }
   spdlog::info(
       "tensord {} serving on {} (fd channel {}), host memory limit {} bytes, at most {} sessions, "
-      "{} leases and {} waits per session{}",
+      "{} leases and {} waits per session, {}{}",
       TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes, config.max_sessions,
       config.max_leases_per_session, config.max_waits_per_session,
+      config.arena_bytes == 0
+          ? std::string("arenas off")
+          : absl::StrCat("arenas of ", config.arena_bytes, " bytes for tensors up to ",
+                         config.arena_max_tensor_bytes, " bytes"),
       config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
 
   sigset_t set;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -35,10 +36,11 @@ struct Session {
   std::string client_name;
   int64_t opened_unix_ms = 0;
   absl::flat_hash_set<uint64_t> leases;                 // lease ids
-  absl::flat_hash_map<uint64_t, uint32_t> tensor_leases;  // tensor id -> leases on it
   absl::flat_hash_map<uint64_t, common::UniqueFd> staged_fds;
   uint64_t last_staged_id = 0;
   size_t waits = 0;  // pending acquires and takes
+  // Arena buffers this session allocates small tensors from, by namespace.
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> arenas;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
 };

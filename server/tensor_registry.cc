@@ -65,11 +65,25 @@ std::unique_ptr<common::BackendBuffer> TensorRegistry::Remove(uint64_t tensor_id
   TENSORD_CHECK(it != tensors_.end());
   TENSORD_CHECK(it->second.name.empty() && it->second.leases == 0);
   uint64_t buffer_id = it->second.buffer_id;
+  uint64_t offset = it->second.offset;
+  uint64_t slot_bytes = it->second.slot_bytes;
   tensors_.erase(it);
   if (buffer_id == 0) return nullptr;
   auto buffer = buffers_.find(buffer_id);
   TENSORD_CHECK(buffer != buffers_.end() && buffer->second.tensor_ids.erase(tensor_id) == 1);
+  if (buffer->second.arena != nullptr) {
+    buffer->second.arena->Free(offset, slot_bytes);
+    if (buffer->second.arena_owner != 0) return nullptr;  // its owner's pool
+  }
   if (!buffer->second.tensor_ids.empty()) return nullptr;
+  std::unique_ptr<common::BackendBuffer> memory = std::move(buffer->second.memory);
+  buffers_.erase(buffer);
+  return memory;
+}
+
+std::unique_ptr<common::BackendBuffer> TensorRegistry::RemoveBuffer(uint64_t buffer_id) {
+  auto buffer = buffers_.find(buffer_id);
+  TENSORD_CHECK(buffer != buffers_.end() && buffer->second.tensor_ids.empty());
   std::unique_ptr<common::BackendBuffer> memory = std::move(buffer->second.memory);
   buffers_.erase(buffer);
   return memory;
@@ -103,7 +117,10 @@ tensord::v1::TensorInfo TensorRegistry::Describe(const Tensor& tensor) const {
   ref->set_extent(tensor.layout.extent);
   if (tensor.buffer_id != 0) {
     auto buffer = buffers_.find(tensor.buffer_id);
-    if (buffer != buffers_.end()) ref->set_size(buffer->second.size);
+    if (buffer != buffers_.end()) {
+      ref->set_size(buffer->second.size);
+      ref->set_arena(buffer->second.arena != nullptr);
+    }
   }
   info.set_state(tensor.state);
   for (const auto& [key, value] : tensor.tags) (*info.mutable_tags())[key] = value;

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/memory/memory_backend.h"
+#include "server/arena.h"
 #include "common/tensor_desc.h"
 #include "tensord/v1/tensor.pb.h"
 
@@ -24,6 +25,11 @@ struct Buffer {
   std::unique_ptr<common::BackendBuffer> memory;
   uint64_t size = 0;
   absl::flat_hash_set<uint64_t> tensor_ids;  // tensors pointing into this buffer
+  // Set for an arena. It lives while its owner session does (an empty arena is that
+  // session's pool) and then until its last tensor goes; arena_owner is 0 once the owner closed.
+  std::unique_ptr<ArenaSlots> arena;
+  uint64_t arena_owner = 0;
+  std::string arena_ns;
 };
 
 struct Tensor {
@@ -35,6 +41,7 @@ struct Tensor {
   common::TensorLayout layout;
   uint64_t buffer_id = 0;  // 0: zero-byte tensor, no buffer
   uint64_t offset = 0;
+  uint64_t slot_bytes = 0;  // in an arena: the slot's length, freed when the tensor goes
   tensord::v1::TensorState state = tensord::v1::TENSOR_STATE_CREATING;
   std::map<std::string, std::string> tags;
   int64_t created_unix_ms = 0;
@@ -64,9 +71,12 @@ class TensorRegistry {
   // Removes the binding of `tensor` (if any); the tensor keeps its generation.
   void Unbind(Tensor& tensor);
 
-  // Removes a tensor that has neither binding nor leases; returns its buffer's memory when
-  // this was the buffer's last tensor, so the caller can free it off the RPC threads.
+  // Removes a tensor that has neither binding nor leases (freeing its arena slot); returns
+  // its buffer's memory when this was the buffer's last tensor and the buffer is not an
+  // arena whose owner still lives, so the caller can free it off the RPC threads.
   std::unique_ptr<common::BackendBuffer> Remove(uint64_t tensor_id);
+  // Removes a buffer no tensor points into (an arena whose owner closed); returns its memory.
+  std::unique_ptr<common::BackendBuffer> RemoveBuffer(uint64_t buffer_id);
 
   // Bound names in order, [begin, end) under a prefix.
   const std::map<std::string, uint64_t>& names() const { return names_; }

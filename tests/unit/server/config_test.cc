@@ -115,5 +115,48 @@ TEST(Config, BadCapsAreErrorsNamingTheSetting) {
   EXPECT_NE(from_file.status().message().find("max_leases_per_session"), std::string::npos);
 }
 
+TEST(Config, ArenaSettingsComeFromFlagsEnvironmentAndFile) {
+  {
+    const char* argv[] = {"tensord"};
+    auto config = LoadConfig(1, const_cast<char**>(argv));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->arena_bytes, kDefaultArenaBytes);
+    EXPECT_EQ(config->arena_max_tensor_bytes, kDefaultArenaMaxTensorBytes);
+  }
+  std::string path = ::testing::TempDir() + "/tensord_arena_config_test.toml";
+  {
+    std::ofstream file(path);
+    file << "arena_bytes = \"64MiB\"\narena_max_tensor = 10000\n";
+  }
+  setenv("TENSORD_ARENA_BYTES", "32MiB", 1);
+  std::string config_flag = "--config=" + path;
+  {
+    const char* argv[] = {"tensord", config_flag.c_str()};
+    auto config = LoadConfig(2, const_cast<char**>(argv));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->arena_bytes, 32ull << 20);
+    EXPECT_EQ(config->arena_max_tensor_bytes, 12288u);  // whole pages
+  }
+  unsetenv("TENSORD_ARENA_BYTES");
+  {
+    const char* argv[] = {"tensord", "--arena-bytes", "0"};
+    auto config = LoadConfig(3, const_cast<char**>(argv));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->arena_bytes, 0u);
+  }
+  {
+    const char* argv[] = {"tensord", "--arena-bytes", "1MiB", "--arena-max-tensor", "2MiB"};
+    auto config = LoadConfig(5, const_cast<char**>(argv));
+    ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(config.status().message().find("--arena-max-tensor"), std::string::npos) << config.status();
+  }
+  {
+    const char* argv[] = {"tensord", "--arena-bytes", "lots"};
+    auto config = LoadConfig(3, const_cast<char**>(argv));
+    ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(config.status().message().find("--arena-bytes"), std::string::npos) << config.status();
+  }
+}
+
 }  // namespace
 }  // namespace tensord::server

@@ -1,0 +1,44 @@
+// ArenaSlots: where small tensors go inside one arena buffer.
+//
+// An arena is a memfd owned by one producer session and one namespace; small tensors are
+// carved out of it so a consumer maps it once and later acquires in it need no fd and no
+// mmap. Slots are whole pages (kArenaAlignment); first fit over a free list that
+// coalesces neighbours on Free. A slot is freed only when its tensor is dropped (no binding,
+// no lease), so a reused slot is never visible through an old lease. Not thread-safe: the
+// Broker guards it with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+
+namespace tensord::server {
+
+// Slots are whole pages: a reader maps one tensor's pages copy-on-write, and a page it wrote
+// to must never hold a neighbour or the slot's next tensor.
+inline constexpr uint64_t kArenaAlignment = 4096;
+
+class ArenaSlots {
+ public:
+  explicit ArenaSlots(uint64_t size);
+
+  // Bytes a tensor with this extent takes in an arena (aligned up; at least one unit).
+  static uint64_t SlotBytes(uint64_t extent);
+
+  // The offset of a free slot of `slot_bytes` (a SlotBytes() value), or nullopt when no free
+  // range is large enough.
+  std::optional<uint64_t> Allocate(uint64_t slot_bytes);
+  // Returns a slot given by Allocate.
+  void Free(uint64_t offset, uint64_t slot_bytes);
+
+  uint64_t size() const { return size_; }
+  uint64_t free_bytes() const { return free_bytes_; }
+  bool unused() const { return free_bytes_ == size_; }
+
+ private:
+  const uint64_t size_;
+  uint64_t free_bytes_;
+  std::map<uint64_t, uint64_t> free_;  // offset -> length; never two adjacent ranges
+};
+
+}  // namespace tensord::server
