@@ -193,6 +193,23 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         outbox->Respond(std::move(response));
         break;
       }
+      case v1::SessionRequest::kAllocate: {
+        // Completes on the broker's executor when a new buffer must be made.
+        outbox->ExpectReply();
+        broker_->Allocate(session_id_, request.allocate(),
+                          [outbox, seq](absl::StatusOr<v1::AllocateResponse> result) {
+                            v1::SessionResponse response;
+                            response.set_seq(seq);
+                            if (result.ok()) {
+                              *response.mutable_allocate() = std::move(*result);
+                            } else {
+                              response.mutable_error()->set_code(static_cast<int>(result.status().code()));
+                              response.mutable_error()->set_message(std::string(result.status().message()));
+                            }
+                            outbox->RespondOwed(std::move(response));
+                          });
+        break;
+      }
       case v1::SessionRequest::OP_NOT_SET:
         respond_error(absl::InvalidArgumentError("session request without an operation"));
         break;
