@@ -1,0 +1,556 @@
+#!/usr/bin/python3
+"""The comparative benchmark of tensord (issue 5), in one run on one machine.
+
+Runs, against daemons it starts on private sockets:
+  - tensord_bench (C++, Google Benchmark): the floors (Unix-socket round trip, gRPC
+    bidi-stream round trip, memfd fd-passing handoff), tensord acquire/publish/release
+    latencies by size, kill -9 -> leases released, daemon memory per live lease;
+  - in Python processes: fresh-tensor handoffs N producers -> M consumers through tensord
+    (single and batched, with and without an arena namespace), torch.multiprocessing
+    queues (file_system and file_descriptor sharing) and a gRPC bytes copy; and a repeated
+    get of an unchanged tensor against a torch.mp file_system handoff of the same tensor;
+and prints one table with every figure and a "targets" section (--json: all of it as JSON).
+
+Run with Debian's /usr/bin/python3 (torch, numpy, grpcio), from the repository root:
+    /usr/bin/python3 tests/bench/compare.py --build-dir build-rel
+docs/performance.md says what each row measures and how to read the targets.
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import peers  # noqa: E402
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def size_label(n):
+    if n >= 1024 * MIB:
+        return f"{n // (1024 * MIB)} GiB"
+    if n >= MIB:
+        return f"{n // MIB} MiB"
+    return f"{n // KIB} KiB"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build-dir", default=os.path.join(REPO, "build-rel"),
+                   help="the CMake build directory (default: build-rel)")
+    p.add_argument("--tensord", help="the daemon binary (default: BUILD/server/tensord)")
+    p.add_argument("--bench", help="tensord_bench (default: BUILD/tests/bench/tensord_bench)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--json-out", help="also write the JSON to this file")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny counts and sizes: checks that everything runs (figures mean nothing)")
+    p.add_argument("--pairs", default="1x1,2x2", help="producers x consumers (default 1x1,2x2)")
+    p.add_argument("--skip-cpp", action="store_true", help="do not run tensord_bench")
+    p.add_argument("--cpp-filter", default="", help="--benchmark_filter for tensord_bench")
+    p.add_argument("--leases", type=int, default=1000000, help="live leases for the memory figure")
+    args = p.parse_args()
+    args.tensord = args.tensord or os.path.join(args.build_dir, "server", "tensord")
+    args.bench = args.bench or os.path.join(args.build_dir, "tests", "bench", "tensord_bench")
+    args.pairs = [tuple(int(x) for x in pair.split("x")) for pair in args.pairs.split(",")]
+    return args
+
+
+# ---- processes: everything started here is stopped in Runner.close() ----
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.dir = tempfile.mkdtemp(prefix="tensord-compare-")
+        self.popens = []
+        self.workers = []
+        self.ctx = multiprocessing.get_context("fork")
+        self.socket = None
+        self.run_id = 0
+
+    def start_daemon(self):
+        self.socket = os.path.join(self.dir, "tensord.sock")
+        daemon = subprocess.Popen([self.args.tensord, "--socket", self.socket, "--log-level", "warn"],
+                                  stdin=subprocess.DEVNULL)
+        self.popens.append(daemon)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if daemon.poll() is not None:
+                raise RuntimeError(f"tensord exited at start with status {daemon.returncode}")
+            if os.path.exists(self.socket) and os.path.exists(self.socket + ".fd"):
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                try:
+                    probe.connect(self.socket + ".fd")
+                    return
+                except OSError:
+                    pass
+                finally:
+                    probe.close()
+            time.sleep(0.01)
+        raise RuntimeError(f"tensord did not start serving on {self.socket}")
+
+    def run(self, workers, timeout=300):
+        """workers: [(role, index, setup)]; returns the 'ok' result tuples."""
+        barrier = self.ctx.Barrier(len(workers), timeout=120)
+        results = self.ctx.Queue()
+        procs = []
+        for role, index, setup in workers:
+            proc = self.ctx.Process(target=peers.run_worker, args=(results, barrier, role, index, setup),
+                                    daemon=True)
+            proc.start()
+            procs.append(proc)
+            self.workers.append(proc)
+        got = []
+        errors = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(got) + len(errors) < len(workers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"workers did not finish in {timeout} s")
+                try:
+                    result = results.get(timeout=min(left, 1.0))
+                except Exception:  # queue.Empty; a worker that died without reporting
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead and not errors:
+                        raise RuntimeError(f"a worker died with exit code {dead[0].exitcode}")
+                    continue
+                (errors if result[0] == "error" else got).append(result)
+                if errors:
+                    break
+            if errors:
+                raise RuntimeError("worker failed:\n" + "\n".join(f"{e[1]} {e[2]}:\n{e[3]}" for e in errors))
+        finally:
+            for proc in procs:
+                proc.join(timeout=0 if errors else 10)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        return got
+
+    def close(self):
+        for proc in self.workers:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for popen in reversed(self.popens):
+            if popen.poll() is None:
+                try:
+                    os.killpg(popen.pid, signal.SIGTERM) if getattr(popen, "own_group", False) \
+                        else popen.terminate()
+                    popen.wait(timeout=10)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    pass
+            if popen.poll() is None:
+                if getattr(popen, "own_group", False):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                popen.kill()
+                popen.wait()
+        subprocess.run(["rm", "-rf", self.dir], check=False)
+
+
+# ---- the C++ benchmark ----
+
+def run_cpp(runner):
+    args = runner.args
+    cmd = [args.bench, "--benchmark_format=json", "--tensord", args.tensord, "--leases", str(args.leases)]
+    if args.smoke:
+        cmd.append("--quick")
+    if args.cpp_filter:
+        cmd.append("--benchmark_filter=" + args.cpp_filter)
+    # Its own process group: its daemon and helpers go with it in close().
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    popen.own_group = True
+    runner.popens.append(popen)
+    out, err = popen.communicate(timeout=900)
+    if popen.returncode != 0:
+        raise RuntimeError(f"tensord_bench failed ({popen.returncode}):\n{err[-4000:]}")
+    # Google Benchmark appends "/iterations:N/manual_time" to the registered names.
+    return {re.sub(r"/(iterations:\d+|manual_time)", "", b["name"]): b for b in json.loads(out)["benchmarks"]}
+
+
+# ---- the Python experiments ----
+
+def expected_checksum(producers, per_producer, size):
+    pages = (size + peers.PAGE - 1) // peers.PAGE
+    return pages * producers * sum(i & 0xFF for i in range(per_producer))
+
+
+def handoff(runner, peer, producers, consumers, size, per_producer, batch, window):
+    runner.run_id += 1
+    # Names start with their namespace: an arena tensor can be published only into the
+    # namespace it was allocated in.
+    prefix = f"{peer.get('ns') or 'x'}{runner.run_id}"
+    cfg = {"socket": runner.socket, "run": runner.run_id, "dir": runner.dir, "size": size,
+           "producers": producers, "consumers": consumers, "per_producer": per_producer,
+           "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
+           "strategy": peer.get("strategy")}
+    if per_producer % batch:
+        raise ValueError(f"{per_producer} tensors per producer is not a whole number of batches of {batch}")
+    kind = peer["kind"]
+    ctx = runner.ctx
+    workers = []
+    if kind == "tensord-single":
+        slots = [ctx.Semaphore(window) for _ in range(consumers)]
+        make_p, make_c, shared = peers.tensord_single_producer, peers.tensord_single_consumer, slots
+    elif kind == "tensord-batched":
+        ring = peers.RING
+        slots = {(p, c): ctx.Semaphore(ring) for p in range(producers) for c in range(consumers)}
+        slots.update({("c", c): ctx.Semaphore(ring * producers) for c in range(consumers)})
+        make_p, make_c, shared = peers.tensord_batched_producer, peers.tensord_batched_consumer, slots
+    elif kind == "torch":
+        queues = [ctx.Queue(maxsize=window) for _ in range(consumers)]
+        consumed, finished = ctx.Event(), ctx.Value("i", 0)
+        workers += [("consumer", c, peers.torch_consumer(cfg, c, (queues, consumed, finished)))
+                    for c in range(consumers)]
+        workers += [("producer", p, peers.torch_producer(cfg, p, (queues, consumed)))
+                    for p in range(producers)]
+    elif kind == "grpc":
+        ready = ctx.Event()
+        listening = ctx.Value("i", 0)
+        for c in range(consumers):
+            workers.append(("consumer", c, peers.grpc_consumer(cfg, c, ready, listening)))
+        for p in range(producers):
+            workers.append(("producer", p, peers.grpc_producer(cfg, p, ready)))
+    if kind.startswith("tensord"):
+        workers += [("consumer", c, make_c(cfg, c, shared)) for c in range(consumers)]
+        workers += [("producer", p, make_p(cfg, p, shared)) for p in range(producers)]
+    results = runner.run(workers)
+    start = min(r[3] for r in results)
+    end = max(r[4] for r in results if r[1] == "consumer")
+    count = sum(r[5] for r in results if r[1] == "consumer")
+    checksum = sum(r[6] for r in results if r[1] == "consumer")
+    if count != producers * per_producer:
+        raise RuntimeError(f"{peer['label']}: {count} tensors arrived of {producers * per_producer}")
+    if checksum != expected_checksum(producers, per_producer, size):
+        raise RuntimeError(f"{peer['label']}: the consumers read the wrong data")
+    seconds = end - start
+    return {"rate": count / seconds, "gbps": count * size / seconds / 1e9, "seconds": seconds, "count": count}
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * (len(values) - 1) + 0.5))]
+
+
+def repeat_stats(samples_ns):
+    us = [s / 1000.0 for s in samples_ns]
+    return {"mean_us": sum(us) / len(us), "p50_us": percentile(us, 0.5), "p99_us": percentile(us, 0.99)}
+
+
+def repeated(runner, size, count, warmup):
+    """tensord get+read+release (lease cache on and off) and torch.mp file_system handoffs
+    of one unchanged tensor."""
+    out = {}
+    runner.run_id += 1
+    name = f"r{runner.run_id}/t"
+
+    def publisher():
+        import numpy
+        import tensord
+
+        client = tensord.connect(runner.socket)
+        client.put(name, numpy.ones(size, numpy.uint8), ns=f"r{runner.run_id}")
+        client.close()
+        return lambda start: (0, 0, None)
+
+    runner.run([("publisher", 0, publisher)])
+    for cache in (True, False):
+        cfg = {"socket": runner.socket, "name": name, "count": count, "warmup": warmup, "cache": cache}
+        result = runner.run([("consumer", 0, peers.tensord_repeat_consumer(cfg, 0, None))])[0]
+        if result[6] != 64 * count:
+            raise RuntimeError("tensord repeated get read the wrong data")
+        out["tensord-cache" if cache else "tensord-nocache"] = repeat_stats(result[7])
+    cfg = {"size": size, "count": count, "warmup": warmup, "strategy": "file_system"}
+    queues = [runner.ctx.Queue(maxsize=16)]
+    results = runner.run([("consumer", 0, peers.torch_repeat_consumer(cfg, 0, queues)),
+                          ("producer", 0, peers.torch_repeat_producer(cfg, 0, queues))])
+    consumer = [r for r in results if r[1] == "consumer"][0]
+    if consumer[6] != 64 * count:
+        raise RuntimeError("torch repeated handoff read the wrong data")
+    out["torch-file_system"] = repeat_stats(consumer[7])
+    return out
+
+
+HANDOFF_PEERS = [
+    {"label": "tensord single (arena ns)", "kind": "tensord-single", "ns": "h"},
+    {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
+    {"label": "tensord batched (arena ns)", "kind": "tensord-batched", "ns": "b"},
+    {"label": "tensord batched (own memfd)", "kind": "tensord-batched", "ns": None, "small_only": True},
+    {"label": "torch.mp file_system", "kind": "torch", "strategy": "file_system"},
+    {"label": "torch.mp file_descriptor", "kind": "torch", "strategy": "file_descriptor"},
+    {"label": "gRPC bytes copy", "kind": "grpc"},
+]
+
+
+def via(peer):
+    """How a peer's producer makes and hands over a fresh tensor, and how its consumer gets it."""
+    kind = peer["kind"]
+    if kind == "tensord-single":
+        return "empty(ns) + fill in place + publish -> take(prefix)"
+    if kind == "tensord-batched":
+        import tensord
+
+        consumer = ("take_many(prefix x batch)" if hasattr(tensord.Client, "take_many")
+                    else "get_many(names of a ring, min_generation)")
+        return f"fill numpy arrays + put_many (copies them) -> {consumer}"
+    if kind == "torch":
+        return "tensor allocated in shared memory + fill + Queue.put -> Queue.get"
+    return "bytes filled + unary call (copied over the socket) -> handler"
+
+
+def run_python(runner, log):
+    args = runner.args
+    small, large = (4 * KIB, 1 * MIB) if args.smoke else (4 * KIB, 64 * MIB)
+    plans = {small: {"per_producer": 8 if args.smoke else 4096, "batch": 4 if args.smoke else 64,
+                     "window": 8 if args.smoke else 128},
+             large: {"per_producer": 4 if args.smoke else 48, "batch": 2 if args.smoke else 4,
+                     "window": 4 if args.smoke else 8}}
+    handoffs = []
+    for producers, consumers in args.pairs:
+        for size in (small, large):
+            plan = plans[size]
+            for peer in HANDOFF_PEERS:
+                if peer.get("small_only") and size != small:
+                    continue
+                log(f"handoff {peer['label']} {producers}->{consumers} {size_label(size)}")
+                figures = handoff(runner, peer, producers, consumers, size, plan["per_producer"],
+                                  plan["batch"], plan["window"])
+                batch = plan["batch"] if peer["kind"] == "tensord-batched" else 1
+                handoffs.append({"peer": peer["label"], "producers": producers, "consumers": consumers,
+                                 "size": size, "batch": batch, "window": plan["window"], "via": via(peer),
+                                 **figures})
+    repeats = {}
+    for size in ((4 * KIB, 1 * MIB) if args.smoke else (4 * KIB, 256 * MIB)):
+        log(f"repeated get vs torch.mp file_system {size_label(size)}")
+        repeats[size] = repeated(runner, size, 50 if args.smoke else 5000, 5 if args.smoke else 500)
+    return handoffs, repeats
+
+
+# ---- the table ----
+
+def machine_info(args):
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+    model = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
+                  if line.startswith("model name")), "unknown")
+    mem = next((line.split()[1] for line in read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "0")
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    versions = {}
+    for module in ("torch", "numpy", "grpc"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            versions[module] = "missing"
+    return {"cpu": model, "cores": os.cpu_count(), "mem_gib": round(int(mem) / 1048576, 1),
+            "kernel": platform.release(), "python": platform.python_version(), **versions,
+            "commit": commit + ("+dirty" if dirty else ""), "load_before": os.getloadavg(),
+            "smoke": args.smoke}
+
+
+def fmt(value, digits=1):
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def build_targets(cpp, handoffs, repeats, args):
+    targets = []
+
+    def add(what, measured, required, met, detail):
+        targets.append({"target": what, "measured": measured, "required": required,
+                        "met": bool(met) if met is not None else None, "detail": detail})
+
+    small = 4 * KIB
+    large = 1 * MIB if args.smoke else 256 * MIB
+    for size in (small, large):
+        r = repeats.get(size)
+        if r:
+            ratio = r["tensord-cache"]["mean_us"] / r["torch-file_system"]["mean_us"]
+            add(f"repeated get+read+release vs torch.mp file_system handoff, {size_label(size)}",
+                f"{ratio:.3f}x", "<= 0.5x", ratio <= 0.5,
+                f"tensord {r['tensord-cache']['mean_us']:.1f} us, torch {r['torch-file_system']['mean_us']:.1f} us (means)")
+
+    def p50(name):
+        b = cpp.get(name)
+        return None if b is None else b["p50_us"]
+    first, rtt, handoff_floor = p50("tensord/acquire_unmapped/4KiB"), p50("floor/grpc_bidi_rtt"), \
+        p50("floor/memfd_handoff")
+    if None not in (first, rtt, handoff_floor):
+        ratio = first / (rtt + handoff_floor)
+        add("first acquire (lease, desc, fd, mmap) vs gRPC stream RTT + memfd handoff, 4 KiB",
+            f"{ratio:.2f}x", "<= 1.5x", ratio <= 1.5,
+            f"acquire_unmapped p50 {first:.1f} us; {rtt:.1f} + {handoff_floor:.1f} us (p50s)")
+        new_client = p50("tensord/acquire_first/4KiB")
+        if new_client is not None:
+            add("(info) first acquire in a new client, same floors", f"{new_client / (rtt + handoff_floor):.2f}x",
+                "-", None, f"acquire_first p50 {new_client:.1f} us: includes opening the session stream")
+
+    def rate(peer, producers, consumers, size):
+        for h in handoffs:
+            if (h["peer"], h["producers"], h["consumers"], h["size"]) == (peer, producers, consumers, size):
+                return h["rate"]
+        return None
+    for producers, consumers in args.pairs:
+        torch_rate = rate("torch.mp file_system", producers, consumers, small)
+        single = rate("tensord single (arena ns)", producers, consumers, small)
+        batched = rate("tensord batched (arena ns)", producers, consumers, small)
+        if torch_rate and single:
+            add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: single vs torch.mp file_system",
+                f"{single / torch_rate:.2f}x", ">= 1x", single >= torch_rate,
+                f"{single:,.0f}/s vs {torch_rate:,.0f}/s")
+        if torch_rate and batched:
+            add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: batched vs torch.mp file_system",
+                f"{batched / torch_rate:.2f}x", ">= 3x", batched >= 3 * torch_rate,
+                f"{batched:,.0f}/s vs {torch_rate:,.0f}/s")
+
+    for kind in ("acquire_unmapped", "acquire_first", "acquire_repeated"):
+        suffix = "/cache:0" if kind == "acquire_repeated" else ""
+        a, b = p50(f"tensord/{kind}/4KiB{suffix}"), p50(f"tensord/{kind}/1GiB{suffix}")
+        if None not in (a, b):
+            add(f"acquire latency independent of size: {kind}{suffix} 1 GiB vs 4 KiB", f"{b / a:.2f}x",
+                "<= 1.5x", b <= 1.5 * a, f"{b:.1f} us vs {a:.1f} us (p50s)")
+
+    mem = cpp.get("tensord/memory_per_lease")
+    if mem:
+        add("daemon memory per live lease", f"{mem['bytes_per_lease']:.0f} B", "<= 512 B",
+            mem["bytes_per_lease"] <= 512, f"{mem['leases']:.0f} leases, RSS {mem['rss_before_MiB']:.1f} -> "
+            f"{mem['rss_held_MiB']:.1f} MiB")
+    for leases in (1, 10000):
+        k = cpp.get(f"tensord/kill9_release/{leases}")
+        if k:
+            add(f"kill -9 of a holder of {leases} lease(s) -> released (p99)", f"{k['p99_us'] / 1000:.2f} ms",
+                "<= 10 ms", k["p99_us"] <= 10000,
+                f"p50 {k['p50_us'] / 1000:.2f} ms; the kernel reaped it after {k['reaped_p50_us'] / 1000:.2f} ms (p50)")
+    return targets
+
+
+def print_table(data):
+    m = data["machine"]
+    out = [f"tensord comparative benchmark: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux "
+           f"{m['kernel']}, python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, grpcio {m['grpc']}; "
+           f"commit {m['commit']}; load before {m['load_before'][0]:.2f}" + ("  [SMOKE: figures mean nothing]"
+                                                                              if m["smoke"] else "")]
+    cpp = data["cpp"]
+    if cpp:
+        out.append("\nFloors (C++, two processes over a Unix socket)          p50 us    p99 us   mean us")
+        for name, what in (("floor/unix_stream_rtt", "Unix stream socket round trip, 64 B"),
+                           ("floor/grpc_bidi_rtt", "gRPC bidi-stream round trip, 64 B"),
+                           ("floor/memfd_handoff", "memfd: create, write 4 KiB, pass, map, read, ack"),
+                           ("floor/fd_pass_existing", "existing memfd: pass, map, read, ack")):
+            b = cpp.get(name)
+            if b:
+                out.append(f"  {what:<53}{fmt(b['p50_us']):>8}{fmt(b['p99_us']):>10}{fmt(b['real_time']):>10}")
+        out.append("\ntensord latency (C++ client; read = first byte)    size     p50 us    p99 us   mean us  buffer")
+        for name, b in cpp.items():
+            if not name.startswith("tensord/") or name.startswith(("tensord/kill9", "tensord/memory")):
+                continue
+            parts = name.split("/")
+            what = parts[1] + ("" if len(parts) < 4 else " " + parts[3])
+            size = parts[2] if len(parts) > 2 else ""
+            buffer = ""
+            if "buffer_bytes" in b:
+                nbytes = {"4KiB": 4 * KIB, "1MiB": MIB}.get(size.split("-")[0])
+                buffer = "arena" if nbytes and b["buffer_bytes"] > nbytes else "own memfd"
+            extra = ""
+            if "publish_p50_us" in b:
+                extra = f"  allocate p50 {fmt(b['allocate_p50_us'])}, publish p50 {fmt(b['publish_p50_us'])}"
+            out.append(f"  {what:<48}{size:<10}{fmt(b['p50_us']):>8}{fmt(b['p99_us']):>10}{fmt(b['real_time']):>10}"
+                       f"  {buffer}{extra}")
+        out.append("\nDaemon")
+        mem = cpp.get("tensord/memory_per_lease")
+        if mem:
+            out.append(f"  memory per live lease: {mem['bytes_per_lease']:.0f} B ({mem['leases']:.0f} leases; RSS "
+                       f"{mem['rss_before_MiB']:.1f} -> {mem['rss_held_MiB']:.1f} MiB; all released "
+                       f"{mem['release_all_ms']:.0f} ms after kill -9)")
+        for leases in (1, 10000):
+            k = cpp.get(f"tensord/kill9_release/{leases}")
+            if k:
+                out.append(f"  kill -9 of a holder of {leases:>5} lease(s) -> released: p50 {k['p50_us'] / 1000:.2f} ms, "
+                           f"p99 {k['p99_us'] / 1000:.2f} ms (kernel reaped it: p50 {k['reaped_p50_us'] / 1000:.2f} ms)")
+    if data["repeated"]:
+        out.append("\nThe same unchanged tensor again and again (Python; read = sum of the first 64 bytes)"
+                   "\n                                                     size   mean us    p50 us    p99 us")
+        for size, r in data["repeated"].items():
+            for key, what in (("tensord-cache", "tensord get+read+release, lease cache on"),
+                              ("tensord-nocache", "tensord get+read+release, lease cache off"),
+                              ("torch-file_system", "torch.mp file_system Queue handoff, pipelined")):
+                s = r[key]
+                out.append(f"  {what:<45}{size_label(int(size)):>11}{fmt(s['mean_us']):>10}{fmt(s['p50_us']):>10}"
+                           f"{fmt(s['p99_us']):>10}")
+    if data["handoffs"]:
+        out.append("\nHandoffs of fresh tensors, producer processes -> consumer processes (Python; the consumer reads"
+                   "\none byte per 4 KiB page of each tensor; at most `window` tensors in flight per consumer)"
+                   "\n  peer                          N->M      size   batch  window    tensors/s      GB/s")
+        for h in data["handoffs"]:
+            out.append(f"  {h['peer']:<30}{h['producers']}->{h['consumers']:<5}{size_label(h['size']):>8}"
+                       f"{h['batch']:>8}{h['window']:>8}{h['rate']:>13,.0f}{h['gbps']:>10.2f}")
+        out.append("  how each peer hands a tensor over:")
+        for label, how in dict((h["peer"], h["via"]) for h in data["handoffs"]).items():
+            out.append(f"    {label:<30}{how}")
+    out.append("\nTargets (ratios within this run)")
+    for t in data["targets"]:
+        verdict = "info" if t["met"] is None else ("met" if t["met"] else "NOT met")
+        out.append(f"  [{verdict:^7}] {t['target']}: {t['measured']} (required {t['required']}); {t['detail']}")
+    print("\n".join(out))
+
+
+def main():
+    args = parse_args()
+    runner = Runner(args)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+
+    def log(message):
+        print(f"[compare] {message}", file=sys.stderr, flush=True)
+
+    sys.path.insert(0, os.path.join(args.build_dir, "python"))
+    data = {"machine": machine_info(args), "cpp": {}, "handoffs": [], "repeated": {}, "targets": []}
+    try:
+        if not args.skip_cpp:
+            log(f"running {args.bench}" + (" --quick" if args.smoke else ""))
+            data["cpp"] = run_cpp(runner)
+        runner.start_daemon()
+        data["handoffs"], repeats = run_python(runner, log)
+        data["repeated"] = {str(k): v for k, v in repeats.items()}
+        data["targets"] = build_targets(data["cpp"], data["handoffs"], repeats, args)
+    finally:
+        runner.close()
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(data, f, indent=1)
+    if args.json:
+        json.dump(data, sys.stdout, indent=1)
+        print()
+    else:
+        print_table(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

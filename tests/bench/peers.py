@@ -1,0 +1,449 @@
+"""The worker processes of compare.py: producers and consumers of every peer.
+
+Every experiment runs in forked processes (the driver itself never connects to anything,
+so nothing of gRPC or of a tensord session is alive across a fork). A worker sets up (its
+connection, its server), waits on a barrier with the others, records its start time, does
+its work, and puts one result tuple on the `results` queue:
+("ok", role, index, start, end, count, checksum, samples_ns) or ("error", role, index,
+traceback). Times are time.monotonic() (CLOCK_MONOTONIC: one clock for every process).
+
+The touch, the same for every peer: a handoff consumer reads one byte in every 4 KiB page
+(numpy strided sum over a uint8 view), so every page of the tensor is mapped and faulted
+in but nothing is copied in bulk; a repeated-read consumer sums the first 64 bytes.
+
+Flow control, the same for every handoff peer: at most `window` items in flight per
+consumer (torch's Queue(maxsize) is a BoundedSemaphore; the tensord peers use a semaphore
+of the same size; gRPC calls are synchronous, one in flight per producer).
+"""
+
+import os
+import threading
+import time
+import traceback
+
+import numpy
+
+PAGE = 4096
+
+
+def touch_pages(array):
+    """One byte per 4 KiB page of a uint8 array, summed."""
+    return int(array[::PAGE].sum())
+
+
+def touch_head(array):
+    """The sum of the first 64 bytes."""
+    return int(array[:64].sum())
+
+
+def run_worker(results, barrier, role, index, body):
+    """Runs body(start) -> (count, checksum, samples_ns) after the barrier and reports."""
+    try:
+        prepared = body()  # setup before the barrier; returns the timed part
+        barrier.wait()
+        start = time.monotonic()
+        count, checksum, samples = prepared(start)
+        end = time.monotonic()
+        results.put(("ok", role, index, start, end, count, checksum, samples))
+    except BaseException:  # noqa: B036 - reported to the driver, which fails the run
+        results.put(("error", role, index, traceback.format_exc()))
+        try:
+            barrier.abort()
+        except Exception:
+            pass
+
+
+# ---- routing: which consumer gets which item ----
+
+def consumer_of(producer, item, consumers):
+    return (producer + item) % consumers
+
+
+def items_for(consumer, producers, consumers, per_producer):
+    """[(producer, item)] that `consumer` receives, in each producer's order."""
+    return [(p, i) for p in range(producers) for i in range(per_producer)
+            if consumer_of(p, i, consumers) == consumer]
+
+
+WARM_SIZE = 64
+
+# ---- warm-up: before the clock starts, each consumer receives one small tensor from each
+# producer the way the peer hands tensors over, so connections, sessions, streams and
+# torch's shm manager are set up outside the timed part ----
+
+def tensord_warm_producer(client, cfg, index):
+    for c in range(cfg["consumers"]):
+        t = client.empty((WARM_SIZE,), "uint8", ns=cfg["ns"])
+        t.numpy().fill(0)
+        client.publish(t, f"{cfg['prefix']}/w/c{c}/p{index}")
+        t.release()
+
+
+def tensord_warm_consumer(client, cfg, index):
+    for _ in range(cfg["producers"]):
+        client.take(f"{cfg['prefix']}/w/c{index}/", timeout=60.0).release()
+
+
+# ---- tensord, single: empty(ns) + fill + publish; the consumer takes from its prefix ----
+
+def tensord_single_producer(cfg, index, slots):
+    import tensord
+
+    def setup():
+        client = tensord.connect(cfg["socket"])
+        tensord_warm_producer(client, cfg, index)
+        n = cfg["size"]
+
+        def timed(start):
+            for i in range(cfg["per_producer"]):
+                c = consumer_of(index, i, cfg["consumers"])
+                slots[c].acquire()
+                t = client.empty((n,), "uint8", ns=cfg["ns"])
+                a = t.numpy()
+                a.fill(i & 0xFF)
+                client.publish(t, f"{cfg['prefix']}/c{c}/p{index}/{i}")
+                del a
+                t.release()
+            return cfg["per_producer"], 0, None
+        return timed
+    return setup
+
+
+def tensord_single_consumer(cfg, index, slots):
+    import tensord
+
+    def setup():
+        client = tensord.connect(cfg["socket"])
+        tensord_warm_consumer(client, cfg, index)
+        count = len(items_for(index, cfg["producers"], cfg["consumers"], cfg["per_producer"]))
+        prefix = f"{cfg['prefix']}/c{index}/"
+
+        def timed(start):
+            checksum = 0
+            for _ in range(count):
+                t = client.take(prefix, timeout=60.0)
+                a = t.numpy()
+                checksum += touch_pages(a)
+                del a
+                t.release()
+                slots[index].release()
+            return count, checksum, None
+        return timed
+    return setup
+
+
+# ---- tensord, batched: put_many of a batch; the consumer get_many's the names, or
+# take_many's from its prefix where the client has it ----
+#
+# Without take_many the names are a ring: producer p's batch j goes to consumer
+# (p + j) % M under PREFIX/p<p>/c<c>/s<slot>/<k>, slot = (j // M) % RING; re-publishing a
+# slot retires the tensor it held (the consumer's lease keeps it readable). The consumer
+# get_many's a slot's names with min_generation one past the newest generation it saw
+# there (generations only go up), and checks that every tensor is newer than the last.
+# A semaphore per (producer, consumer) with RING permits keeps a slot from being re-used
+# before its consumer has the batch. With take_many, names are never re-used and one
+# semaphore per consumer with RING * producers permits bounds what is in flight.
+
+RING = 2
+
+
+def _batch_routes(producers, consumers, batches):
+    """{consumer: [(producer, batch j, use n)]} in the order the consumer reads them."""
+    routes = {c: [] for c in range(consumers)}
+    uses = {}
+    for j in range(batches):
+        for p in range(producers):
+            c = (p + j) % consumers
+            n = uses.get((p, c), 0)
+            uses[(p, c)] = n + 1
+            routes[c].append((p, j, n))
+    return routes
+
+
+def _batch_names(cfg, p, c, n, take):
+    if take:
+        return [f"{cfg['prefix']}/c{c}/"] * cfg["batch"]
+    return [f"{cfg['prefix']}/p{p}/c{c}/s{n % RING}/{k}" for k in range(cfg["batch"])]
+
+
+def tensord_batched_producer(cfg, index, slots):
+    import tensord
+
+    def setup():
+        client = tensord.connect(cfg["socket"])
+        tensord_warm_producer(client, cfg, index)
+        take = hasattr(client, "take_many")
+        n = cfg["size"]
+        batch = cfg["batch"]
+        batches = cfg["per_producer"] // batch
+        routes = _batch_routes(cfg["producers"], cfg["consumers"], batches)
+        mine = {}  # (consumer, batch j) -> use n
+        for c, route in routes.items():
+            for p, j, use in route:
+                if p == index:
+                    mine[j] = (c, use)
+
+        def timed(start):
+            seq = 0
+            for j in range(batches):
+                c, use = mine[j]
+                slots[("c", c) if take else (index, c)].acquire()
+                if take:
+                    names = [f"{cfg['prefix']}/c{c}/p{index}/{seq + k}" for k in range(batch)]
+                else:
+                    names = _batch_names(cfg, index, c, use, False)
+                arrays = [numpy.full(n, (seq + k) & 0xFF, numpy.uint8) for k in range(batch)]
+                client.put_many(list(zip(names, arrays)), ns=cfg["ns"])
+                seq += batch
+            return batches * batch, 0, None
+        return timed
+    return setup
+
+
+def tensord_batched_consumer(cfg, index, slots):
+    import tensord
+
+    def setup():
+        client = tensord.connect(cfg["socket"])
+        tensord_warm_consumer(client, cfg, index)
+        take = hasattr(client, "take_many")
+        batches = cfg["per_producer"] // cfg["batch"]
+        route = _batch_routes(cfg["producers"], cfg["consumers"], batches)[index]
+
+        seen = {}  # name -> the generation last read there
+
+        def timed(start):
+            checksum = 0
+            count = 0
+            for p, j, use in route:
+                names = _batch_names(cfg, p, index, use, take)
+                if take:
+                    tensors = client.take_many(names, timeout=60.0)
+                else:
+                    newest = max((seen.get(n, 0) for n in names), default=0)
+                    tensors = client.get_many(names, timeout=60.0,
+                                              min_generation=newest + 1 if newest else None)
+                    for n, t in zip(names, tensors):
+                        if t.generation <= seen.get(n, 0):
+                            raise RuntimeError(f"{n}: generation {t.generation} again (flow control broken)")
+                        seen[n] = t.generation
+                for t in tensors:
+                    a = t.numpy()
+                    checksum += touch_pages(a)
+                    del a
+                    t.release()
+                count += len(tensors)
+                slots[("c", index) if take else (p, index)].release()
+            return count, checksum, None
+        return timed
+    return setup
+
+
+# ---- torch.multiprocessing: one Queue(maxsize=window) per consumer ----
+# `queues` is (the queues, an Event set once every consumer has all its tensors): with the
+# file_descriptor strategy a consumer fetches each fd from the producer's process, so
+# producers stay alive until then (torch.mp's own rule).
+
+def torch_producer(cfg, index, shared):
+    queues, consumed = shared
+
+    def setup():
+        import torch
+        import torch.multiprocessing as tmp
+
+        tmp.set_sharing_strategy(cfg["strategy"])
+        n = cfg["size"]
+        for q in queues:
+            q.put(torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(WARM_SIZE)))
+
+        def timed(start):
+            for i in range(cfg["per_producer"]):
+                # Allocated in shared memory at once (no copy at put), filled in place.
+                t = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
+                t.fill_(i & 0xFF)
+                queues[consumer_of(index, i, cfg["consumers"])].put(t)
+                del t
+            for q in queues:  # the feeder threads flush before the process may exit
+                q.close()
+                q.join_thread()
+            if not consumed.wait(120):
+                raise RuntimeError("the consumers did not get every tensor within 120 s")
+            return cfg["per_producer"], 0, None
+        return timed
+    return setup
+
+
+def torch_consumer(cfg, index, shared):
+    queues, consumed, finished = shared
+
+    def setup():
+        import torch.multiprocessing as tmp
+
+        tmp.set_sharing_strategy(cfg["strategy"])
+        count = len(items_for(index, cfg["producers"], cfg["consumers"], cfg["per_producer"]))
+        for _ in range(cfg["producers"]):
+            queues[index].get(timeout=60.0)
+
+        def timed(start):
+            checksum = 0
+            for _ in range(count):
+                t = queues[index].get(timeout=60.0)
+                a = t.numpy()
+                checksum += touch_pages(a)
+                del a, t
+            with finished.get_lock():
+                finished.value += 1
+                if finished.value == cfg["consumers"]:
+                    consumed.set()
+            return count, checksum, None
+        return timed
+    return setup
+
+
+# ---- gRPC bytes copy: each consumer serves a unary Put(bytes) on its own Unix socket ----
+
+GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+def grpc_socket(cfg, consumer):
+    return os.path.join(cfg["dir"], f"grpc-{cfg['run']}-{consumer}.sock")
+
+
+def grpc_producer(cfg, index, ready):
+    def setup():
+        import grpc
+
+        ready.wait(60)  # every consumer listens
+        channels = [grpc.insecure_channel("unix:" + grpc_socket(cfg, c), options=GRPC_OPTIONS)
+                    for c in range(cfg["consumers"])]
+        puts = [ch.unary_unary("/tensord.bench.Sink/Put") for ch in channels]
+        for put in puts:
+            put(b"", timeout=60)  # connected before the clock starts
+        n = cfg["size"]
+
+        def timed(start):
+            for i in range(cfg["per_producer"]):
+                payload = bytes((i & 0xFF,)) * n
+                puts[consumer_of(index, i, cfg["consumers"])](payload, timeout=60)
+            for ch in channels:
+                ch.close()
+            return cfg["per_producer"], 0, None
+        return timed
+    return setup
+
+
+def grpc_consumer(cfg, index, ready, listening):
+    def setup():
+        from concurrent import futures
+
+        import grpc
+
+        count = len(items_for(index, cfg["producers"], cfg["consumers"], cfg["per_producer"]))
+        lock = threading.Lock()
+        state = {"count": 0, "checksum": 0}
+        done = threading.Event()
+
+        def put(request, context):
+            if not request:  # the producers' warm-up call
+                return b""
+            value = touch_pages(numpy.frombuffer(request, numpy.uint8))
+            with lock:
+                state["count"] += 1
+                state["checksum"] += value
+                if state["count"] == count:
+                    done.set()
+            return b""
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "tensord.bench.Sink", {"Put": grpc.unary_unary_rpc_method_handler(put)}),))
+        server.add_insecure_port("unix:" + grpc_socket(cfg, index))
+        server.start()
+        with listening.get_lock():
+            listening.value += 1
+            if listening.value == cfg["consumers"]:
+                ready.set()
+
+        def timed(start):
+            if count and not done.wait(120):
+                raise RuntimeError(f"gRPC consumer {index}: {state['count']} of {count} arrived")
+            end = time.monotonic()
+            server.stop(5).wait()  # lets the last responses go out
+            return count, state["checksum"], [int((end - start) * 1e9)]
+        return timed
+    return setup
+
+
+# ---- the same tensor again and again: tensord get vs torch.mp file_system ----
+
+def tensord_repeat_consumer(cfg, index, _):
+    import tensord
+
+    def setup():
+        client = tensord.connect(cfg["socket"], lease_cache=cfg["cache"])
+        name = cfg["name"]
+        for _ in range(cfg["warmup"]):
+            t = client.get(name)
+            touch_head(t.numpy())
+            t.release()
+
+        def timed(start):
+            checksum = 0
+            samples = []
+            clock = time.perf_counter_ns
+            for _ in range(cfg["count"]):
+                t0 = clock()
+                t = client.get(name)
+                a = t.numpy()
+                checksum += touch_head(a)
+                del a
+                t.release()
+                samples.append(clock() - t0)
+            return cfg["count"], checksum, samples
+        return timed
+    return setup
+
+
+def torch_repeat_producer(cfg, index, queues):
+    def setup():
+        import torch
+        import torch.multiprocessing as tmp
+
+        tmp.set_sharing_strategy(cfg["strategy"])
+        t = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(cfg["size"]))
+        t.fill_(1)
+
+        def timed(start):
+            for _ in range(cfg["warmup"] + cfg["count"]):
+                queues[0].put(t)
+            queues[0].close()
+            queues[0].join_thread()
+            return cfg["count"], 0, None
+        return timed
+    return setup
+
+
+def torch_repeat_consumer(cfg, index, queues):
+    def setup():
+        import torch.multiprocessing as tmp
+
+        tmp.set_sharing_strategy(cfg["strategy"])
+
+        def timed(start):
+            checksum = 0
+            samples = []
+            clock = time.perf_counter_ns
+            for _ in range(cfg["warmup"]):
+                t = queues[0].get(timeout=60.0)
+                touch_head(t.numpy())
+                del t
+            for _ in range(cfg["count"]):
+                t0 = clock()
+                t = queues[0].get(timeout=60.0)
+                a = t.numpy()
+                checksum += touch_head(a)
+                del a, t
+                samples.append(clock() - t0)
+            return cfg["count"], checksum, samples
+        return timed
+    return setup
