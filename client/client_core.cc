@@ -180,6 +180,9 @@ ClientCore::~ClientCore() {
     std::lock_guard<std::mutex> lock(mu_);
     session = std::move(session_);
   }
+  // A watcher or a call in flight may keep the Session a little longer; the arena mappings
+  // it keeps go now.
+  if (session != nullptr) session->ReleaseKeptMappings();
   // The Session's destructor stops its sender and closes the fd channel (the broker then
   // releases every lease of the session); views still held keep their mappings.
 }
@@ -190,6 +193,8 @@ absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
   if (exiting_) return absl::UnavailableError("the process is exiting");
   if (session_ != nullptr && !session_->dead()) return session_;
   stale = std::move(session_);
+  // A watcher may keep the dead session alive; its arena mappings are of no use any more.
+  if (stale != nullptr) stale->ReleaseKeptMappings();
   TENSORD_ASSIGN_OR_RETURN(session_, Session::Open(options_, socket_path_));
   return session_;
 }

@@ -2,6 +2,7 @@
 
 #include "client/release_queue.h"
 #include "common/check.h"
+#include "common/logging.h"
 
 namespace tensord::internal {
 namespace {
@@ -27,6 +28,8 @@ LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
       session_id_(params.session_id),
       kind_(params.kind),
       mapping_(std::move(params.mapping)),
+      arena_slot_offset_(params.arena_slot_offset),
+      arena_slot_length_(params.arena_slot_length),
       queue_(std::move(queue)) {
   TENSORD_CHECK(queue_ != nullptr);
   if (mapping_ != nullptr) {
@@ -38,6 +41,15 @@ LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
 }
 
 LeaseView::~LeaseView() = default;
+
+void LeaseView::DiscardPrivateArenaPages() const {
+  if (mapping_ == nullptr || arena_slot_length_ == 0) return;
+  absl::Status discarded = mapping_->DiscardPrivatePages(arena_slot_offset_, arena_slot_length_);
+  // Not fatal to the release; the slot's next tensor may then show our writes here.
+  if (!discarded.ok()) {
+    spdlog::warn("tensord: tensor {}: {}", info_.tensor_id, discarded.ToString());
+  }
+}
 
 void LeaseView::Unref() noexcept {
   const uint64_t before = state_.fetch_sub(1, std::memory_order_acq_rel);

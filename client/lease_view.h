@@ -50,6 +50,9 @@ class LeaseView {
     std::shared_ptr<Mapping> mapping;  // null for a zero-byte tensor
     uint64_t offset_in_mapping = 0;    // buffer offset of the extent + byte_offset
     std::string cache_name;  // the name it was acquired by (lease-cache candidate), or empty
+    // A copy-on-write view of a tensor in an arena: its slot in the buffer (whole pages).
+    uint64_t arena_slot_offset = 0;
+    uint64_t arena_slot_length = 0;  // 0: not in an arena, or not copy-on-write
   };
   // Starts with one reference, owned by the caller.
   LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue);
@@ -84,6 +87,12 @@ class LeaseView {
   // Element 0; a static non-null byte for a zero-byte tensor.
   uint8_t* data() const { return data_; }
   bool has_mapping() const { return mapping_ != nullptr; }
+  // Before the lease goes: a copy-on-write view of an arena tensor throws away this
+  // process's private copies of its slot's pages. The arena mapping outlives the view, and
+  // once the lease is gone the broker may put another tensor in the slot; without this, an
+  // in-place write to this tensor would show through in that one. Only for the last view
+  // of the tensor in its session (the release sender), never for a duplicate.
+  void DiscardPrivateArenaPages() const;
 
   // Marked by a `retired` push: the lease is never cached once its last reference goes.
   void MarkRetired() noexcept { retired_.store(true, std::memory_order_release); }
@@ -108,6 +117,8 @@ class LeaseView {
   const ViewKind kind_;
   std::shared_ptr<Mapping> mapping_;
   uint8_t* data_ = nullptr;
+  const uint64_t arena_slot_offset_;
+  const uint64_t arena_slot_length_;
   friend class ReleaseQueue;
   // Keeps the queue alive for the last Unref(), whenever that comes.
   std::shared_ptr<ReleaseQueue> queue_;

@@ -1,6 +1,14 @@
 #include "client/mapping_cache.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <iterator>
 #include <string>
+#include <utility>
 
 #include "common/memory/memfd.h"
 #include "common/status.h"
@@ -14,40 +22,117 @@ std::string Describe(const MappingKey& key) { return "buffer " + std::to_string(
 
 }  // namespace
 
-std::shared_ptr<Mapping> MappingCache::Lookup(const MappingKey& key) {
+absl::Status Mapping::DiscardPrivatePages(uint64_t offset, uint64_t length) const {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (mode() != common::MapMode::kPrivate || length == 0 || offset % page != 0 ||
+      offset >= size()) {
+    return absl::OkStatus();
+  }
+  const uint64_t end = std::min(size(), (offset + length + page - 1) / page * page);
+  if (::madvise(data() + offset, end - offset, MADV_DONTNEED) != 0) {
+    return common::ErrnoToStatus("discard private pages of a mapping", errno);
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Mapping> MappingCache::Lookup(const MappingKey& key, Retention retention) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
-  std::shared_ptr<Mapping> live = it->second.lock();
-  if (!live) entries_.erase(it);
+  Entry& entry = it->second;
+  std::shared_ptr<Mapping> live = entry.kept != nullptr ? entry.kept : entry.weak.lock();
+  if (!live) {
+    entries_.erase(it);
+    return nullptr;
+  }
+  entry.idle = false;  // in use again: a linger counts from the next sweep that finds it unused
+  if (retention > entry.retention) {
+    entry.retention = retention;
+    entry.kept = live;
+  }
   return live;
 }
 
 absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::GetOrMap(const MappingKey& key,
                                                                 const FetchFn& fetch,
-                                                                const AfterMapFn& after_map) {
+                                                                const AfterMapFn& after_map,
+                                                                Retention retention) {
   {
     absl::MutexLock lock(&mu_);
-    if (std::shared_ptr<Mapping> hit = Lookup(key)) return hit;
+    if (std::shared_ptr<Mapping> hit = Lookup(key, retention)) return hit;
   }
   fetches_.fetch_add(1, std::memory_order_relaxed);
+  fetch_calls_.fetch_add(1, std::memory_order_relaxed);
   TENSORD_ASSIGN_OR_RETURN(BufferFd buffer, fetch());
   // The fd closes when `buffer` goes out of scope, right after mapping.
-  return MapAndInsert(key, buffer.fd.get(), buffer.size, after_map);
+  return MapAndInsert(key, buffer.fd.get(), buffer.size, after_map, retention);
 }
 
 absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::GetOrMapFd(const MappingKey& key, int fd,
                                                                   uint64_t size,
-                                                                  const AfterMapFn& after_map) {
+                                                                  const AfterMapFn& after_map,
+                                                                  Retention retention) {
   {
     absl::MutexLock lock(&mu_);
-    if (std::shared_ptr<Mapping> hit = Lookup(key)) return hit;
+    if (std::shared_ptr<Mapping> hit = Lookup(key, retention)) return hit;
   }
-  return MapAndInsert(key, fd, size, after_map);
+  return MapAndInsert(key, fd, size, after_map, retention);
 }
 
-absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::MapAndInsert(const MappingKey& key, int fd,
-                                                                    uint64_t size,
-                                                                    const AfterMapFn& after_map) {
+absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> MappingCache::GetOrMapMany(
+    std::span<const BufferToMap> buffers, const FetchManyFn& fetch, const AfterMapFn& after_map) {
+  std::vector<std::shared_ptr<Mapping>> out(buffers.size());
+  // Each key not mapped yet, once, in the order first seen, with every index asking for it.
+  std::vector<const BufferToMap*> to_fetch;
+  std::map<MappingKey, std::vector<size_t>> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (std::shared_ptr<Mapping> hit = Lookup(buffers[i].key, buffers[i].retention)) {
+        out[i] = std::move(hit);
+        continue;
+      }
+      std::vector<size_t>& indexes = waiting[buffers[i].key];
+      if (indexes.empty()) to_fetch.push_back(&buffers[i]);
+      indexes.push_back(i);
+    }
+  }
+  if (to_fetch.empty()) return out;
+  std::vector<uint64_t> ids;
+  ids.reserve(to_fetch.size());
+  for (const BufferToMap* buffer : to_fetch) ids.push_back(buffer->key.buffer_id);
+  fetches_.fetch_add(ids.size(), std::memory_order_relaxed);
+  fetch_calls_.fetch_add(1, std::memory_order_relaxed);
+  TENSORD_ASSIGN_OR_RETURN(std::vector<BufferFd> fds, fetch(ids));
+  if (fds.size() != ids.size()) {
+    return absl::InternalError("fetch: asked for " + std::to_string(ids.size()) +
+                               " buffers, got " + std::to_string(fds.size()));
+  }
+  // Every fd is mapped and closed at once. One that fails does not stop the others: a
+  // producer's seal may already be on them, so their mappings must not be thrown away.
+  absl::Status first_error;
+  for (size_t k = 0; k < to_fetch.size(); ++k) {
+    const BufferToMap& buffer = *to_fetch[k];
+    absl::StatusOr<std::shared_ptr<Mapping>> mapped =
+        Map(buffer.key, fds[k].fd.get(), fds[k].size, after_map);
+    fds[k].fd.reset();
+    if (!mapped.ok()) {
+      if (first_error.ok()) first_error = mapped.status();
+      continue;
+    }
+    std::shared_ptr<Mapping> winner;
+    {
+      absl::MutexLock lock(&mu_);
+      winner = Insert(buffer.key, *std::move(mapped), buffer.retention);
+    }
+    for (size_t i : waiting[buffer.key]) out[i] = winner;
+  }
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::Map(const MappingKey& key, int fd,
+                                                           uint64_t size,
+                                                           const AfterMapFn& after_map) {
   const std::string what = Describe(key);
   if (size == 0) return absl::DataLossError(what + ": the broker sent a zero-size buffer");
   // Touching a mapping beyond the end of the file raises SIGBUS, and so would a buffer that
@@ -64,18 +149,86 @@ absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::MapAndInsert(const Mappin
   TENSORD_ASSIGN_OR_RETURN(common::MappedRegion region,
                            common::MappedRegion::Map(fd, size, key.mode, what));
   if (after_map) TENSORD_RETURN_IF_ERROR(after_map(fd));
-  auto mapping = std::make_shared<Mapping>(std::move(region));
+  return std::make_shared<Mapping>(std::move(region));
+}
 
-  absl::MutexLock lock(&mu_);
-  if (std::shared_ptr<Mapping> winner = Lookup(key)) return winner;  // ours is unmapped here
-  entries_[key] = mapping;
+std::shared_ptr<Mapping> MappingCache::Insert(const MappingKey& key,
+                                              std::shared_ptr<Mapping> mapping,
+                                              Retention retention) {
+  // A loser's mapping is unmapped by the caller once it drops it, outside the lock.
+  if (std::shared_ptr<Mapping> winner = Lookup(key, retention)) return winner;
+  Entry& entry = entries_[key];
+  entry.weak = mapping;
+  entry.retention = retention;
+  entry.kept = retention == Retention::kNone ? nullptr : mapping;
+  entry.idle = false;
   return mapping;
+}
+
+absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::MapAndInsert(const MappingKey& key, int fd,
+                                                                    uint64_t size,
+                                                                    const AfterMapFn& after_map,
+                                                                    Retention retention) {
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Map(key, fd, size, after_map));
+  absl::MutexLock lock(&mu_);
+  return Insert(key, std::move(mapping), retention);
+}
+
+MappingCache::Clock::time_point MappingCache::Sweep(Clock::time_point now) {
+  Clock::time_point next = Clock::time_point::max();
+  std::vector<std::shared_ptr<Mapping>> dropped;  // unmapped after the lock is let go
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      Entry& entry = it->second;
+      if (entry.kept == nullptr) {
+        it = entry.weak.expired() ? entries_.erase(it) : std::next(it);
+        continue;
+      }
+      // A count of one under mu_ is stable: a new user can only come through Lookup().
+      if (entry.retention != Retention::kLinger || entry.kept.use_count() > 1) {
+        entry.idle = false;
+        ++it;
+        continue;
+      }
+      if (!entry.idle) {
+        entry.idle = true;
+        entry.idle_since = now;
+      }
+      if (now - entry.idle_since >= linger_) {
+        dropped.push_back(std::move(entry.kept));
+        it = entries_.erase(it);
+        continue;
+      }
+      next = std::min(next, entry.idle_since + linger_);
+      ++it;
+    }
+  }
+  return next;
+}
+
+void MappingCache::ReleaseKept() {
+  std::vector<std::shared_ptr<Mapping>> dropped;
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, entry] : entries_) {
+    if (entry.kept != nullptr) dropped.push_back(std::move(entry.kept));
+    entry.retention = Retention::kNone;
+    entry.idle = false;
+  }
+  // `dropped` is declared before the lock, so it unmaps after the lock is released.
 }
 
 size_t MappingCache::LiveCountForTest() {
   absl::MutexLock lock(&mu_);
   size_t n = 0;
-  for (auto& [key, weak] : entries_) n += weak.expired() ? 0 : 1;
+  for (auto& [key, entry] : entries_) n += (entry.kept != nullptr || !entry.weak.expired()) ? 1 : 0;
+  return n;
+}
+
+size_t MappingCache::KeptCountForTest() {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (auto& [key, entry] : entries_) n += entry.kept != nullptr ? 1 : 0;
   return n;
 }
 

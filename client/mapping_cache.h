@@ -2,24 +2,42 @@
 // every LeaseView into that buffer, so a second acquire of a buffer (another tensor in the
 // same arena, or the same tensor again) fetches no fd and maps nothing new.
 //
-// A Mapping is owned by shared_ptr: each LeaseView holds one, and the last one to go
-// unmaps (in its destructor, on whatever thread drops it: the release sender normally, a
-// deleter only once the sender is stopped). The cache itself holds weak_ptrs, so it never
-// keeps memory mapped, and dropping a Mapping takes no lock (the DLPack deleter path must
-// not block). Expired entries are swept on lookup.
+// A Mapping is owned by shared_ptr: each LeaseView holds one. How long the cache itself
+// keeps a mapping depends on the buffer (Retention):
+//  - kNone (a dedicated buffer): the cache holds only a weak_ptr, so the last LeaseView to
+//    go unmaps (in its destructor, on whatever thread drops it: the release sender
+//    normally, a deleter only once the sender is stopped); dropping a Mapping takes no lock
+//    (the DLPack deleter path must not block).
+//  - kSession (a producer's writable mapping of an arena): the cache holds a strong
+//    reference for as long as it lives. Once the producer sealed the arena with
+//    F_SEAL_FUTURE_WRITE it could never map it writable again, and later allocations land
+//    in the same arena.
+//  - kLinger (a reader's mapping of an arena): the cache holds a strong reference, and
+//    Sweep() drops it once nobody else has used it for `linger`, so a stream of fresh small
+//    tensors in one arena maps it once.
+// A Session owns one cache, so every key also carries that session's broker instance: a
+// reconnect to a restarted daemon gets a new Session and a new cache, and ReleaseKept()
+// (or the destructor) drops what the old one kept; views keep their own references.
 //
 // GetOrMap() on a miss calls `fetch` (which returns the buffer's fd, e.g. FETCH_FD on the
-// fd channel), checks the fd's size and seals, maps it and closes the fd at once. Two
-// concurrent misses may both fetch; the first to insert wins and the other's mapping is
-// dropped. Thread-safe.
+// fd channel), checks the fd's size and seals, maps it and closes the fd at once.
+// GetOrMapMany() does the same for a batch, with one call of its fetch function for all the
+// buffers not mapped yet (one FETCH_FD message per 253 buffers). Two concurrent misses may
+// both fetch; the first to insert wins and the other's mapping is dropped. Expired weak
+// entries are swept on lookup and by Sweep(). Thread-safe; nothing is unmapped while the
+// cache's mutex is held.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -35,6 +53,11 @@ class Mapping {
   uint8_t* data() const { return region_.data(); }
   uint64_t size() const { return region_.size(); }
   common::MapMode mode() const { return region_.mode(); }
+  // Copy-on-write mappings only: throws away this process's private copies of the pages of
+  // [offset, offset + length), so they read the buffer's contents again (MADV_DONTNEED).
+  // `offset` must be page-aligned (else nothing happens); the last page is discarded whole,
+  // so the range must own it (an arena slot is whole pages). Never blocks on a lock.
+  absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const;
 
  private:
   common::MappedRegion region_;
@@ -49,6 +72,15 @@ struct MappingKey {
   }
 };
 
+// How long the cache keeps a mapping of its own (see the header comment).
+enum class Retention : uint8_t { kNone, kSession, kLinger };
+
+// One buffer GetOrMapMany() should map.
+struct BufferToMap {
+  MappingKey key;
+  Retention retention = Retention::kNone;
+};
+
 // The fd of a buffer and the size the broker says it has.
 struct BufferFd {
   common::UniqueFd fd;
@@ -57,29 +89,78 @@ struct BufferFd {
 
 class MappingCache {
  public:
+  using Clock = std::chrono::steady_clock;
   using FetchFn = std::function<absl::StatusOr<BufferFd>()>;
+  // The fds of `buffer_ids`, one each, in that order.
+  using FetchManyFn =
+      std::function<absl::StatusOr<std::vector<BufferFd>>(std::span<const uint64_t> buffer_ids)>;
   // `after_map` (may be empty) runs on the fd after mapping, before it is closed: the
   // producer seals F_SEAL_FUTURE_WRITE there.
   using AfterMapFn = std::function<absl::Status(int fd)>;
 
+  // `linger`: how long Sweep() keeps an unused kLinger mapping.
+  explicit MappingCache(std::chrono::milliseconds linger = std::chrono::milliseconds(0))
+      : linger_(linger) {}
+  ~MappingCache() = default;
+  MappingCache(const MappingCache&) = delete;
+  MappingCache& operator=(const MappingCache&) = delete;
+
   absl::StatusOr<std::shared_ptr<Mapping>> GetOrMap(const MappingKey& key, const FetchFn& fetch,
-                                                    const AfterMapFn& after_map = {});
+                                                    const AfterMapFn& after_map = {},
+                                                    Retention retention = Retention::kNone);
   // Maps `fd` (which the caller keeps) under `key` unless a live mapping is there already.
   absl::StatusOr<std::shared_ptr<Mapping>> GetOrMapFd(const MappingKey& key, int fd, uint64_t size,
-                                                      const AfterMapFn& after_map = {});
+                                                      const AfterMapFn& after_map = {},
+                                                      Retention retention = Retention::kNone);
+  // One mapping per entry of `buffers`, in order (a key may repeat). The keys not mapped
+  // yet are fetched with one call of `fetch`, each buffer id once. On any error nothing
+  // this call mapped is kept, and the error names the buffer.
+  absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> GetOrMapMany(
+      std::span<const BufferToMap> buffers, const FetchManyFn& fetch,
+      const AfterMapFn& after_map = {});
+
+  // Drops each kLinger mapping that nobody but the cache has used for the linger (counted
+  // from the first sweep that found it unused) and forgets expired entries. Returns when a
+  // sweep next has something to drop (Clock::time_point::max(): nothing).
+  Clock::time_point Sweep(Clock::time_point now);
+  // Drops every reference the cache keeps of its own (kSession and kLinger alike).
+  void ReleaseKept();
 
   // Live mappings now (expired entries are not counted).
   size_t LiveCountForTest();
+  // Mappings the cache keeps a reference to of its own.
+  size_t KeptCountForTest();
+  // Buffers fetched, and calls of a fetch function (a GetOrMapMany() with misses is one).
   uint64_t fetches() const { return fetches_.load(); }
+  uint64_t fetch_calls() const { return fetch_calls_.load(); }
 
  private:
-  std::shared_ptr<Mapping> Lookup(const MappingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Entry {
+    std::weak_ptr<Mapping> weak;
+    std::shared_ptr<Mapping> kept;  // null for kNone
+    Retention retention = Retention::kNone;
+    bool idle = false;  // kLinger: the last sweep found no user but the cache
+    Clock::time_point idle_since{};
+  };
+  // The live mapping under `key`, or null. A hit asking for a longer retention than the
+  // entry has upgrades it (a buffer's arena flag never changes, so this is for safety).
+  std::shared_ptr<Mapping> Lookup(const MappingKey& key, Retention retention)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks `fd`, maps it and runs `after_map`; does not insert.
+  absl::StatusOr<std::shared_ptr<Mapping>> Map(const MappingKey& key, int fd, uint64_t size,
+                                               const AfterMapFn& after_map);
+  // Inserts `mapping` unless another one won meanwhile; returns the one to use.
+  std::shared_ptr<Mapping> Insert(const MappingKey& key, std::shared_ptr<Mapping> mapping,
+                                  Retention retention) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<Mapping>> MapAndInsert(const MappingKey& key, int fd,
-                                                        uint64_t size, const AfterMapFn& after_map);
+                                                        uint64_t size, const AfterMapFn& after_map,
+                                                        Retention retention);
 
+  const std::chrono::milliseconds linger_;
   absl::Mutex mu_;
-  std::map<MappingKey, std::weak_ptr<Mapping>> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<MappingKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> fetches_{0};
+  std::atomic<uint64_t> fetch_calls_{0};
 };
 
 }  // namespace tensord::internal

@@ -44,6 +44,7 @@ std::string Unavailable(const std::string& socket_path, std::string_view cause) 
 Session::Session(const ClientOptions& options, std::string socket_path)
     : options_(options),
       socket_path_(std::move(socket_path)),
+      mappings_(options.lease_cache_linger),
       table_(options.lease_cache, options.lease_cache_linger) {}
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
@@ -340,25 +341,40 @@ void Session::ForgetName(std::string_view name) {
   for (LeaseView* view : table_.DropName(name)) ReleaseQueue::Push(view);
 }
 
+Retention Session::RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind) {
+  if (!tensor.buffer().arena()) return Retention::kNone;
+  // The producer has sealed the arena F_SEAL_FUTURE_WRITE: it could not map it writable
+  // again, and its later tensors land in the same arena.
+  return kind == ViewKind::kProducer ? Retention::kSession : Retention::kLinger;
+}
+
+MappingKey Session::KeyFor(uint64_t buffer_id, ViewKind kind) const {
+  return MappingKey{instance_nonce_, buffer_id, MapModeOf(kind)};
+}
+
+MappingCache::AfterMapFn Session::AfterMapFor(ViewKind kind, uint64_t buffer_id) {
+  if (kind != ViewKind::kProducer) return {};
+  // Readers are protected by this seal; our own mapping made just before stays writable.
+  return [what = "buffer " + std::to_string(buffer_id)](int fd) {
+    return common::SealFutureWrite(fd, what);
+  };
+}
+
 absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::TensorInfo& tensor,
                                                             ViewKind kind, int export_fd) {
   const uint64_t buffer_id = tensor.buffer().buffer_id();
-  MappingKey key{instance_nonce_, buffer_id, MapModeOf(kind)};
-  const std::string what = "buffer " + std::to_string(buffer_id);
-  MappingCache::AfterMapFn after_map;
-  if (kind == ViewKind::kProducer) {
-    // Readers are protected by this seal; our own mapping made just before stays writable.
-    after_map = [what](int fd) { return common::SealFutureWrite(fd, what); };
-  }
+  const MappingKey key = KeyFor(buffer_id, kind);
+  const Retention retention = RetentionFor(tensor, kind);
+  MappingCache::AfterMapFn after_map = AfterMapFor(kind, buffer_id);
   if (export_fd >= 0) {
-    return mappings_.GetOrMapFd(key, export_fd, tensor.buffer().size(), after_map);
+    return mappings_.GetOrMapFd(key, export_fd, tensor.buffer().size(), after_map, retention);
   }
   MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<BufferFd> {
     const uint64_t ids[1] = {buffer_id};
     TENSORD_ASSIGN_OR_RETURN(std::vector<FetchedFd> fetched, fd_->Fetch(ids));
     return BufferFd{std::move(fetched[0].fd), fetched[0].size};
   };
-  return mappings_.GetOrMap(key, fetch, after_map);
+  return mappings_.GetOrMap(key, fetch, after_map, retention);
 }
 
 absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
@@ -404,6 +420,10 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   params.mapping = std::move(mapping);
   params.offset_in_mapping = offset;
   params.cache_name = std::string(cache_name);
+  if (kind == ViewKind::kPrivate && tensor.buffer().arena() && params.mapping != nullptr) {
+    params.arena_slot_offset = valid->buffer_offset;
+    params.arena_slot_length = valid->layout.extent;
+  }
   auto* view = new LeaseView(std::move(params), queue_);
   LeaseTable::InsertResult inserted = table_.Insert(view);
   for (LeaseView* old : inserted.to_release) ReleaseQueue::Push(old);
@@ -580,7 +600,11 @@ void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> 
 }
 
 void Session::ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
-  for (LeaseView* view : views) lease_ids.push_back(view->lease_id());
+  for (LeaseView* view : views) {
+    // Before the release: once it is sent, the broker may reuse an arena slot.
+    view->DiscardPrivateArenaPages();
+    lease_ids.push_back(view->lease_id());
+  }
   SendReleases(std::move(lease_ids));
   // The munmap of a last mapping happens here, on the sender thread, after the release.
   for (LeaseView* view : views) delete view;
@@ -618,6 +642,9 @@ ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
   std::vector<LeaseView*> expired = table_.TakeExpired(now, &next);
   if (!expired.empty() || !unsent_release_ids_.empty()) ReleaseAndDestroy(std::move(expired), {});
   if (!unsent_release_ids_.empty()) next = std::min(next, now + std::chrono::milliseconds(100));
+  // After the views above went: a reader's arena mapping they were the last users of
+  // starts its linger now. Every batch of destroyed views is followed by a Tick.
+  next = std::min(next, mappings_.Sweep(now));
   return next;
 }
 

@@ -57,6 +57,8 @@ class Session final : public ReleaseSink {
                                     const TensorSpec& spec);
   absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
                                      const PublishOptions& options);
+  // Drops the arena mappings the session keeps (the session is dead or being closed).
+  void ReleaseKeptMappings() { mappings_.ReleaseKept(); }
   // Drops this client's cached lease of `name` (after a Delete or Take by us).
   void ForgetName(std::string_view name);
   absl::Status Flush();
@@ -145,6 +147,11 @@ class Session final : public ReleaseSink {
                                         std::string_view what, int export_fd = -1);
   absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
                                                      ViewKind kind, int export_fd);
+  // How long the mapping cache keeps a buffer's mapping: arenas are kept (the producer's
+  // for the session's life, a reader's for the linger), dedicated buffers are not.
+  static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
+  MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
+  static MappingCache::AfterMapFn AfterMapFor(ViewKind kind, uint64_t buffer_id);
   // Releases the leases of views at refcount zero (cache decisions already made) and
   // destroys them.
   void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);

@@ -40,6 +40,8 @@ TensorInfo ToPublicInfo(const tensord::v1::TensorInfo& proto, const common::Tens
   info.nbytes = layout.nbytes;
   info.buffer_id = proto.buffer().buffer_id();
   info.buffer_size = proto.buffer().size();
+  info.buffer_offset = proto.buffer().offset();
+  info.arena = proto.buffer().arena();
   return info;
 }
 

@@ -92,6 +92,8 @@ py::dict InfoToDict(const TensorInfo& info) {
   d["nbytes"] = info.nbytes;
   d["buffer_id"] = info.buffer_id;
   d["buffer_size"] = info.buffer_size;
+  d["buffer_offset"] = info.buffer_offset;
+  d["arena"] = info.arena;
   return d;
 }
 

@@ -107,6 +107,8 @@ struct TensorInfo {
   uint64_t nbytes = 0;  // element bytes: product of shape times item size
   uint64_t buffer_id = 0;
   uint64_t buffer_size = 0;
+  uint64_t buffer_offset = 0;  // where the tensor's extent starts in its buffer
+  bool arena = false;          // the buffer is an arena shared with other small tensors
 };
 
 struct LeaseHolder {

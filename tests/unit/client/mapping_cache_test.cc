@@ -5,6 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
 
 #include "common/memory/memfd.h"
 #include "common/status.h"
@@ -145,6 +150,206 @@ TEST(MappingCacheTest, TheAfterMapHookRunsOnTheFdBeforeItCloses) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(seen_seals & common::kRequiredReaderSeals, common::kRequiredReaderSeals);
   (*result)->data()[1] = 7;  // the mapping made before the seal stays writable
+}
+
+// Several sealed memfds, by buffer id, behind a FetchManyFn that records each call.
+class FakeBrokerMany {
+ public:
+  void Add(uint64_t id, uint64_t size) { buffers_.emplace(id, std::make_unique<FakeBroker>(size)); }
+  MappingCache::FetchManyFn Fetch() {
+    return [this](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<BufferFd>> {
+      calls.emplace_back(ids.begin(), ids.end());
+      std::vector<BufferFd> out;
+      for (uint64_t id : ids) {
+        auto it = buffers_.find(id);
+        if (it == buffers_.end()) return absl::NotFoundError("buffer " + std::to_string(id) + " is not held");
+        absl::StatusOr<BufferFd> fd = it->second->Fetch()();
+        if (!fd.ok()) return fd.status();
+        out.push_back(*std::move(fd));
+      }
+      return out;
+    };
+  }
+  std::vector<std::vector<uint64_t>> calls;
+
+ private:
+  std::map<uint64_t, std::unique_ptr<FakeBroker>> buffers_;
+};
+
+TEST(MappingCacheTest, GetOrMapManyFetchesOnlyTheMissingBuffersInOneCall) {
+  FakeBrokerMany broker;
+  for (uint64_t id : {1, 2, 3}) broker.Add(id, 4096);
+  MappingCache cache;
+  auto held = cache.GetOrMap({"n", 2, MapMode::kPrivate}, [&]() -> absl::StatusOr<BufferFd> {
+    auto fds = broker.Fetch()(std::vector<uint64_t>{2});
+    if (!fds.ok()) return fds.status();
+    return std::move((*fds)[0]);
+  });
+  ASSERT_TRUE(held.ok()) << held.status();
+  broker.calls.clear();
+  const uint64_t fetches_before = cache.fetches();
+  const uint64_t calls_before = cache.fetch_calls();
+
+  std::vector<BufferToMap> wanted = {{{"n", 3, MapMode::kPrivate}},
+                                     {{"n", 2, MapMode::kPrivate}},
+                                     {{"n", 1, MapMode::kPrivate}},
+                                     {{"n", 3, MapMode::kPrivate}}};
+  auto mapped = cache.GetOrMapMany(wanted, broker.Fetch());
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_EQ(mapped->size(), 4u);
+  // One fetch, for the buffers not mapped yet, each once, in the order first asked for.
+  ASSERT_EQ(broker.calls.size(), 1u);
+  EXPECT_EQ(broker.calls[0], (std::vector<uint64_t>{3, 1}));
+  EXPECT_EQ(cache.fetches(), fetches_before + 2);
+  EXPECT_EQ(cache.fetch_calls(), calls_before + 1);
+  EXPECT_EQ((*mapped)[1].get(), held->get());
+  EXPECT_EQ((*mapped)[0].get(), (*mapped)[3].get());
+  EXPECT_NE((*mapped)[0].get(), (*mapped)[2].get());
+  EXPECT_EQ((*mapped)[2]->data()[0], 42);
+
+  // All mapped now: a second batch fetches nothing.
+  auto again = cache.GetOrMapMany(wanted, broker.Fetch());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(broker.calls.size(), 1u);
+  EXPECT_EQ((*again)[2].get(), (*mapped)[2].get());
+}
+
+TEST(MappingCacheTest, GetOrMapManyReportsAFailedFetchAndCachesNothing) {
+  FakeBrokerMany broker;
+  broker.Add(1, 4096);
+  MappingCache cache;
+  std::vector<BufferToMap> wanted = {{{"n", 1, MapMode::kPrivate}}, {{"n", 7, MapMode::kPrivate}}};
+  auto mapped = cache.GetOrMapMany(wanted, broker.Fetch());
+  EXPECT_THAT(mapped, StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer 7")));
+  EXPECT_EQ(cache.LiveCountForTest(), 0u);
+
+  // A fetch that answers with the wrong number of fds is refused.
+  auto short_fetch = [](std::span<const uint64_t>) -> absl::StatusOr<std::vector<BufferFd>> {
+    return std::vector<BufferFd>{};
+  };
+  EXPECT_THAT(cache.GetOrMapMany(wanted, short_fetch),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("asked for 2 buffers, got 0")));
+}
+
+TEST(MappingCacheTest, GetOrMapManyKeepsTheGoodMappingsWhenOneBufferIsBad) {
+  FakeBrokerMany broker;
+  broker.Add(1, 4096);
+  broker.Add(2, 4096);
+  MappingCache cache;
+  // Buffer 2's fd is smaller than the broker claims.
+  auto lying = [&](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<BufferFd>> {
+    TENSORD_ASSIGN_OR_RETURN(std::vector<BufferFd> fds, broker.Fetch()(ids));
+    fds[1].size = 1 << 20;
+    return fds;
+  };
+  std::vector<BufferToMap> wanted = {{{"n", 1, MapMode::kSharedWritable}, Retention::kSession},
+                                     {{"n", 2, MapMode::kSharedWritable}, Retention::kSession}};
+  int sealed = 0;
+  auto mapped = cache.GetOrMapMany(wanted, lying, [&](int) {
+    ++sealed;
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(mapped, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("buffer 2")));
+  // Buffer 1 was mapped (and sealed): a producer could never map it writable again, so it
+  // stays.
+  EXPECT_EQ(sealed, 1);
+  EXPECT_EQ(cache.KeptCountForTest(), 1u);
+  auto one = cache.GetOrMapMany(std::span(wanted).first(1), broker.Fetch());
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(broker.calls.size() == 1u) << "buffer 1 was fetched again";
+}
+
+TEST(MappingCacheTest, ASessionMappingOutlivesItsLastUserUntilReleaseKept) {
+  FakeBroker broker(8192);
+  MappingCache cache(std::chrono::milliseconds(0));
+  MappingKey key{"n", 5, MapMode::kSharedWritable};
+  auto first = cache.GetOrMap(key, broker.Fetch(), {}, Retention::kSession);
+  ASSERT_TRUE(first.ok());
+  const uint8_t* addr = (*first)->data();
+  first = absl::CancelledError("dropped");
+  EXPECT_TRUE(testing::IsMapped(addr));
+  // Sweeps leave it alone however late.
+  cache.Sweep(MappingCache::Clock::now() + std::chrono::hours(24));
+  EXPECT_TRUE(testing::IsMapped(addr));
+  auto second = cache.GetOrMap(key, broker.Fetch(), {}, Retention::kSession);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second)->data(), addr);
+  EXPECT_EQ(broker.fetches, 1);
+  second = absl::CancelledError("dropped");
+  cache.ReleaseKept();
+  EXPECT_FALSE(testing::IsMapped(addr));
+  EXPECT_EQ(cache.LiveCountForTest(), 0u);
+}
+
+TEST(MappingCacheTest, ALingerMappingGoesOnceUnusedForTheLinger) {
+  using Clock = MappingCache::Clock;
+  using std::chrono::milliseconds;
+  FakeBroker broker(8192);
+  MappingCache cache(milliseconds(50));
+  MappingKey key{"n", 6, MapMode::kPrivate};
+  auto mapping = cache.GetOrMap(key, broker.Fetch(), {}, Retention::kLinger);
+  ASSERT_TRUE(mapping.ok());
+  const uint8_t* addr = (*mapping)->data();
+  const Clock::time_point t0 = Clock::now();
+  // In use: never dropped, nothing to wake up for.
+  EXPECT_EQ(cache.Sweep(t0 + std::chrono::hours(1)), Clock::time_point::max());
+  EXPECT_TRUE(testing::IsMapped(addr));
+
+  mapping = absl::CancelledError("dropped");
+  EXPECT_EQ(cache.Sweep(t0), t0 + milliseconds(50));  // unused from here on
+  EXPECT_EQ(cache.Sweep(t0 + milliseconds(49)), t0 + milliseconds(50));
+  EXPECT_TRUE(testing::IsMapped(addr));
+  // Used again within the linger: its linger starts over at the next sweep.
+  ASSERT_TRUE(cache.GetOrMap(key, broker.Fetch(), {}, Retention::kLinger).ok());
+  EXPECT_EQ(broker.fetches, 1);
+  EXPECT_EQ(cache.Sweep(t0 + milliseconds(60)), t0 + milliseconds(110));
+  EXPECT_TRUE(testing::IsMapped(addr));
+  EXPECT_EQ(cache.Sweep(t0 + milliseconds(110)), Clock::time_point::max());
+  EXPECT_FALSE(testing::IsMapped(addr));
+  EXPECT_EQ(cache.KeptCountForTest(), 0u);
+  ASSERT_TRUE(cache.GetOrMap(key, broker.Fetch(), {}, Retention::kLinger).ok());
+  EXPECT_EQ(broker.fetches, 2);
+}
+
+TEST(MappingCacheTest, SweepsLeaveDedicatedBuffersToTheirViews) {
+  FakeBroker broker(4096);
+  MappingCache cache(std::chrono::milliseconds(0));
+  auto mapping = cache.GetOrMap({"n", 8, MapMode::kPrivate}, broker.Fetch());
+  ASSERT_TRUE(mapping.ok());
+  const uint8_t* addr = (*mapping)->data();
+  cache.Sweep(MappingCache::Clock::now());
+  EXPECT_TRUE(testing::IsMapped(addr));  // its user still holds it
+  EXPECT_EQ(cache.KeptCountForTest(), 0u);
+  mapping = absl::CancelledError("dropped");
+  EXPECT_FALSE(testing::IsMapped(addr));  // the last user unmapped it, no sweep needed
+}
+
+TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
+  auto fd = common::CreateSealedMemfd("discard", 4 * 4096);
+  ASSERT_TRUE(fd.ok());
+  auto writer = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kSharedWritable, "w");
+  ASSERT_TRUE(writer.ok());
+  auto reader = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kPrivate, "r");
+  ASSERT_TRUE(reader.ok());
+  Mapping mapping(*std::move(reader));
+  // The reader writes its own copies of pages 1 and 2; then the buffer changes underneath.
+  mapping.data()[4096] = 1;
+  mapping.data()[2 * 4096] = 2;
+  writer->data()[4096] = 10;
+  writer->data()[2 * 4096] = 20;
+  EXPECT_EQ(mapping.data()[4096], 1);
+  // Page 1 (a 100-byte slot at its start is discarded whole); page 2 keeps its copy.
+  ASSERT_TRUE(mapping.DiscardPrivatePages(4096, 100).ok());
+  EXPECT_EQ(mapping.data()[4096], 10);
+  EXPECT_EQ(mapping.data()[2 * 4096], 2);
+  // An unaligned slot is left alone: it could share its first page with a neighbour.
+  ASSERT_TRUE(mapping.DiscardPrivatePages(2 * 4096 + 8, 100).ok());
+  EXPECT_EQ(mapping.data()[2 * 4096], 2);
+
+  // A shared mapping has no private copies to discard.
+  Mapping shared(*std::move(writer));
+  ASSERT_TRUE(shared.DiscardPrivatePages(4096, 4096).ok());
+  EXPECT_EQ(shared.data()[4096], 10);
 }
 
 }  // namespace
