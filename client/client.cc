@@ -97,6 +97,29 @@ Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
   return Guard("take", [&] { return core_->Take(name_or_prefix, wait); });
 }
 
+Result<std::vector<TensorRef>> Client::AllocateMany(std::string_view ns,
+                                                    const std::vector<TensorSpec>& specs) {
+  return Guard("allocate", [&] {
+    std::vector<AllocateItem> items;
+    items.reserve(specs.size());
+    for (const TensorSpec& spec : specs) items.push_back(AllocateItem{std::string(ns), spec});
+    return core_->AllocateMany(items);
+  });
+}
+
+Result<std::vector<TensorRef>> Client::AllocateMany(const std::vector<AllocateItem>& items) {
+  return Guard("allocate", [&] { return core_->AllocateMany(items); });
+}
+
+Result<std::vector<TensorInfo>> Client::PublishMany(const std::vector<PublishItem>& items) {
+  return Guard("publish", [&] { return core_->PublishMany(items); });
+}
+
+Result<std::vector<TensorRef>> Client::AcquireMany(const std::vector<std::string>& names,
+                                                   const AcquireOptions& options) {
+  return Guard("acquire", [&] { return core_->AcquireMany(names, options); });
+}
+
 Status Client::Delete(std::string_view name, uint64_t if_generation) {
   return Guard("delete", [&] { return core_->Delete(name, if_generation); });
 }

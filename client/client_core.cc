@@ -251,6 +251,14 @@ Result<TensorRef> ToRef(absl::StatusOr<LeaseView*> view) {
   return ClientCore::MakeRef(*view);
 }
 
+Result<std::vector<TensorRef>> ToRefs(absl::StatusOr<std::vector<LeaseView*>> views) {
+  if (!views.ok()) return FromAbsl(views.status());
+  std::vector<TensorRef> refs;
+  refs.reserve(views->size());
+  for (LeaseView* view : *views) refs.push_back(ClientCore::MakeRef(view));
+  return refs;
+}
+
 }  // namespace
 
 Result<TensorRef> ClientCore::Allocate(std::string_view ns, const TensorSpec& spec) {
@@ -282,6 +290,36 @@ Result<TensorRef> ClientCore::Acquire(const Session::Target& target, const Acqui
 Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, Wait wait) {
   TENSORD_SESSION_OR_RETURN(session);
   return ToRef(session->Take(name_or_prefix, wait));
+}
+
+Result<std::vector<TensorRef>> ClientCore::AllocateMany(const std::vector<AllocateItem>& items) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRefs(session->AllocateMany(items));
+}
+
+Result<std::vector<TensorInfo>> ClientCore::PublishMany(const std::vector<PublishItem>& items) {
+  std::vector<Session::PublishTarget> targets;
+  targets.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    LeaseView* view = items[i].tensor != nullptr ? ViewOf(*items[i].tensor) : nullptr;
+    if (view == nullptr) {
+      return Status(StatusCode::kInvalidArgument,
+                    "publish element " + std::to_string(i) + " of " +
+                        std::to_string(items.size()) + " as '" + items[i].name +
+                        "': an empty TensorRef");
+    }
+    targets.push_back(Session::PublishTarget{view, items[i].name, items[i].options});
+  }
+  TENSORD_SESSION_OR_RETURN(session);
+  absl::StatusOr<std::vector<TensorInfo>> infos = session->PublishMany(targets);
+  if (!infos.ok()) return FromAbsl(infos.status());
+  return *std::move(infos);
+}
+
+Result<std::vector<TensorRef>> ClientCore::AcquireMany(const std::vector<std::string>& names,
+                                                       const AcquireOptions& options) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRefs(session->AcquireMany(names, options));
 }
 
 Status ClientCore::Delete(std::string_view name, uint64_t if_generation) {

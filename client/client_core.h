@@ -50,6 +50,10 @@ class ClientCore {
                              const PublishOptions& options);
   Result<TensorRef> Acquire(const Session::Target& target, const AcquireOptions& options);
   Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait);
+  Result<std::vector<TensorRef>> AllocateMany(const std::vector<AllocateItem>& items);
+  Result<std::vector<TensorInfo>> PublishMany(const std::vector<PublishItem>& items);
+  Result<std::vector<TensorRef>> AcquireMany(const std::vector<std::string>& names,
+                                             const AcquireOptions& options);
   Status Delete(std::string_view name, uint64_t if_generation);
   Result<std::vector<TensorInfo>> List(std::string_view prefix);
   Result<TensorStat> Stat(const Session::Target& target);

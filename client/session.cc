@@ -20,17 +20,8 @@
 namespace tensord::internal {
 namespace {
 
-constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
-// How much longer than the broker's own acquire wait we wait for its answer.
-constexpr std::chrono::milliseconds kWaitSlack{10000};
 constexpr size_t kMaxLeasesPerRelease = 65536;
 constexpr size_t kMaxUnsentReleases = size_t{1} << 20;
-
-std::optional<std::chrono::milliseconds> ReplyBound(Wait wait) {
-  if (wait.forever()) return std::nullopt;
-  if (wait.millis() <= 0) return kDefaultCallTimeout;
-  return std::chrono::milliseconds(wait.millis()) + kWaitSlack;
-}
 
 std::string DefaultClientName() { return program_invocation_short_name; }
 
@@ -46,6 +37,12 @@ Session::Session(const ClientOptions& options, std::string socket_path)
       socket_path_(std::move(socket_path)),
       mappings_(options.lease_cache_linger),
       table_(options.lease_cache, options.lease_cache_linger) {}
+
+std::optional<std::chrono::milliseconds> Session::ReplyBound(Wait wait) {
+  if (wait.forever()) return std::nullopt;
+  if (wait.millis() <= 0) return kDefaultCallTimeout;
+  return std::chrono::milliseconds(wait.millis()) + kWaitSlack;
+}
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
                                                        const std::string& socket_path) {
@@ -445,21 +442,8 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
   if (name != nullptr) {
     if (LeaseView* hit = table_.FindByName(*name, kind, options.min_generation)) return hit;
   }
-  tensord::v1::SessionRequest request;
-  tensord::v1::AcquireRequest* acquire = request.mutable_acquire();
-  if (name != nullptr) {
-    acquire->set_name(*name);
-  } else {
-    acquire->set_tensor_id(std::get<uint64_t>(target));
-  }
-  if (options.wait.forever()) {
-    acquire->set_forever(true);
-  } else if (options.wait.millis() > 0) {
-    acquire->set_timeout_ms(static_cast<uint64_t>(options.wait.millis()));
-  }
-  acquire->set_min_generation(options.min_generation);
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), ReplyBound(options.wait)));
+                           StreamCall(AcquireRequest(target, options), ReplyBound(options.wait)));
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
@@ -489,9 +473,27 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait w
                     what);
 }
 
-absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSpec& spec) {
-  TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const std::string what = "allocate in '" + std::string(ns) + "'";
+tensord::v1::SessionRequest Session::AcquireRequest(const Target& target,
+                                                   const AcquireOptions& options) {
+  tensord::v1::SessionRequest request;
+  tensord::v1::AcquireRequest* acquire = request.mutable_acquire();
+  if (const std::string* name = std::get_if<std::string>(&target)) {
+    acquire->set_name(*name);
+  } else {
+    acquire->set_tensor_id(std::get<uint64_t>(target));
+  }
+  if (options.wait.forever()) {
+    acquire->set_forever(true);
+  } else if (options.wait.millis() > 0) {
+    acquire->set_timeout_ms(static_cast<uint64_t>(options.wait.millis()));
+  }
+  acquire->set_min_generation(options.min_generation);
+  return request;
+}
+
+absl::StatusOr<tensord::v1::SessionRequest> Session::AllocateRequest(std::string_view ns,
+                                                                     const TensorSpec& spec,
+                                                                     std::string_view what) const {
   absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
   if (!desc.ok()) return Annotate(desc.status(), what);
   tensord::v1::SessionRequest request;
@@ -500,6 +502,13 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   *allocate->mutable_desc() = *std::move(desc);
   allocate->set_isolated(spec.isolated);
   allocate->mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
+  return request;
+}
+
+absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSpec& spec) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "allocate in '" + std::string(ns) + "'";
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what));
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
                            StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_allocate()) {
@@ -534,17 +543,16 @@ absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::stri
   return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, memfd);
 }
 
-absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_view name,
-                                            const PublishOptions& options) {
-  TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const std::string what = "publish tensor " + std::to_string(view.tensor_id()) + " as '" +
-                           std::string(name) + "'";
+absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
+    const LeaseView& view, std::string_view name, const PublishOptions& options,
+    std::string_view what) const {
   if (view.session_id() != session_id()) {
-    return absl::FailedPreconditionError(what + ": it was allocated in another session");
+    return absl::FailedPreconditionError(std::string(what) +
+                                         ": it was allocated in another session");
   }
   if (view.kind() != ViewKind::kProducer) {
     return absl::FailedPreconditionError(
-        what + ": only a tensor this client allocated or exported can be published");
+        std::string(what) + ": only a tensor this client allocated or exported can be published");
   }
   tensord::v1::SessionRequest request;
   tensord::v1::PublishRequest* publish = request.mutable_publish();
@@ -558,6 +566,16 @@ absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_v
       break;
   }
   publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
+  return request;
+}
+
+absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_view name,
+                                            const PublishOptions& options) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "publish tensor " + std::to_string(view.tensor_id()) + " as '" +
+                           std::string(name) + "'";
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
+                           PublishRequest(view, name, options, what));
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
                            StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_publish()) {

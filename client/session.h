@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -57,6 +58,22 @@ class Session final : public ReleaseSink {
                                     const TensorSpec& spec);
   absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
                                      const PublishOptions& options);
+
+  // Batches, pipelined on the Session stream: every request is written back to back, then
+  // every reply is read (session_batch.cc). Buffers not mapped yet are fetched together
+  // (one FETCH_FD per 253). Allocate and acquire are all or nothing: when any element
+  // fails, every lease the batch was granted is released (queued, as a deleter does) and
+  // the error names the first failing element (index and name) and the reason. A publish
+  // cannot be taken back: the error says how many other elements were published.
+  struct PublishTarget {
+    const LeaseView* view = nullptr;
+    std::string name;
+    PublishOptions options;
+  };
+  absl::StatusOr<std::vector<LeaseView*>> AllocateMany(const std::vector<AllocateItem>& items);
+  absl::StatusOr<std::vector<TensorInfo>> PublishMany(const std::vector<PublishTarget>& items);
+  absl::StatusOr<std::vector<LeaseView*>> AcquireMany(const std::vector<std::string>& names,
+                                                      const AcquireOptions& options);
   // Drops the arena mappings the session keeps (the session is dead or being closed).
   void ReleaseKeptMappings() { mappings_.ReleaseKept(); }
   // Drops this client's cached lease of `name` (after a Delete or Take by us).
@@ -128,6 +145,12 @@ class Session final : public ReleaseSink {
   MappingCache& mappings_for_test() { return mappings_; }
 
  private:
+  static constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
+  // How much longer than the broker's own acquire wait we wait for its answer.
+  static constexpr std::chrono::milliseconds kWaitSlack{10000};
+  // How long to wait for the answer to a call that waits `wait` at the broker.
+  static std::optional<std::chrono::milliseconds> ReplyBound(Wait wait);
+
   Session(const ClientOptions& options, std::string socket_path);
 
   absl::StatusOr<std::shared_ptr<SessionStream>> Stream();
@@ -138,6 +161,36 @@ class Session final : public ReleaseSink {
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> StreamCallMany(
       std::vector<tensord::v1::SessionRequest> requests,
       std::optional<std::chrono::milliseconds> wait);
+  // Request builders shared by the single and the batch calls; `what` names the element.
+  absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(std::string_view ns,
+                                                              const TensorSpec& spec,
+                                                              std::string_view what) const;
+  absl::StatusOr<tensord::v1::SessionRequest> PublishRequest(const LeaseView& view,
+                                                             std::string_view name,
+                                                             const PublishOptions& options,
+                                                             std::string_view what) const;
+  static tensord::v1::SessionRequest AcquireRequest(const Target& target,
+                                                    const AcquireOptions& options);
+  // Maps the buffers of `tensors` that are not mapped yet with one fetch (FETCH_FD per 253
+  // buffers). Best effort: on failure nothing is returned and AdoptLease() maps (and
+  // reports) each one itself. The result only keeps the mappings alive until adoption.
+  std::vector<std::shared_ptr<Mapping>> PrefetchBuffers(
+      const std::vector<const tensord::v1::TensorInfo*>& tensors, ViewKind kind);
+  // Gives back what a failed batch holds: a reference on each view, each bare lease id.
+  void AbandonBatch(const std::vector<LeaseView*>& views, const std::vector<uint64_t>& lease_ids);
+  // A lease a batch element was granted.
+  struct Grant {
+    size_t index = 0;  // the element
+    uint64_t lease_id = 0;
+    const tensord::v1::TensorInfo* tensor = nullptr;
+  };
+  // Adopts every grant into views[grant.index] (buffers fetched together first). On the
+  // first failure, gives back everything of the batch (the views adopted so far and the
+  // grants not adopted yet) and returns the error, which `what` names.
+  absl::Status AdoptBatch(const std::vector<Grant>& grants, ViewKind kind,
+                          const std::vector<std::string>* cache_names,
+                          const std::function<std::string(size_t)>& what,
+                          std::vector<LeaseView*>& views);
   void OnPush(const tensord::v1::SessionResponse& push);
   void OnOrphan(const tensord::v1::SessionResponse& reply);
   // Builds (or finds) the view for a lease the broker just granted. On any failure the

@@ -339,6 +339,64 @@ class PyClient {
     return InfoToDict(Unwrap(std::move(info)));
   }
 
+  // put() for a batch: every source read first (with the GIL), then one pipelined batch of
+  // allocations, the copies, and one pipelined batch of publishes. The producer's own
+  // references go when this returns.
+  py::list PutMany(const std::vector<std::pair<std::string, Source*>>& items, bool if_absent,
+                   std::optional<uint64_t> if_generation, std::optional<double> ttl,
+                   std::optional<std::string> ns) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+    std::vector<AllocateItem> allocations;
+    allocations.reserve(items.size());
+    for (const auto& [name, source] : items) {
+      if (source == nullptr) throw py::type_error("put_many: no array given for '" + name + "'");
+      source->nbytes();  // refuses an overflowing shape before anything is allocated
+      AllocateItem item;
+      item.ns = ns.value_or(NamespaceOf(name));
+      item.spec.dtype = source->dtype();
+      item.spec.shape = source->shape();
+      allocations.push_back(std::move(item));
+    }
+    std::shared_ptr<Client> client = Core();
+    Result<std::vector<TensorInfo>> infos = [&]() -> Result<std::vector<TensorInfo>> {
+      GilRelease release;
+      Result<std::vector<TensorRef>> refs = client->AllocateMany(allocations);
+      if (!refs.ok()) return refs.status();
+      std::vector<PublishItem> publish;
+      publish.reserve(items.size());
+      for (size_t i = 0; i < items.size(); ++i) {
+        items[i].second->CopyTo((*refs)[i].mutable_data());
+        publish.push_back(PublishItem{&(*refs)[i], items[i].first, options});
+      }
+      return client->PublishMany(publish);
+    }();
+    py::list out;
+    for (const TensorInfo& info : Unwrap(std::move(infos))) out.append(InfoToDict(info));
+    return out;
+  }
+
+  // get() for a batch of names: one pipelined batch per broker wait slice, all or nothing.
+  py::list GetMany(const std::vector<std::string>& names, std::optional<double> timeout,
+                   std::optional<uint64_t> min_generation, bool readonly) {
+    AcquireOptions options;
+    options.min_generation = min_generation.value_or(0);
+    options.readonly = readonly;
+    std::shared_ptr<Client> client = Core();
+    const std::string what = "the batch of " + std::to_string(names.size()) + " name" +
+                             (names.size() == 1 ? "" : "s");
+    std::vector<TensorRef> refs =
+        WaitLoop<std::vector<TensorRef>>(what, timeout, [&](Wait wait) {
+          AcquireOptions o = options;
+          o.wait = wait;
+          return client->AcquireMany(names, o);
+        });
+    py::list out;
+    for (TensorRef& ref : refs) {
+      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
+    }
+    return out;
+  }
+
   std::unique_ptr<PyTensor> Get(const std::string& name, std::optional<double> timeout,
                                 std::optional<uint64_t> min_generation, bool readonly) {
     AcquireOptions options;
@@ -557,7 +615,12 @@ PYBIND11_MODULE(_tensord, m) {
       .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
            py::arg("ns") = py::none())
+      .def("put_many", &PyClient::PutMany, py::arg("items"), py::arg("if_absent") = false,
+           py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
+           py::arg("ns") = py::none())
       .def("get", &PyClient::Get, py::arg("name"), py::arg("timeout") = 0.0,
+           py::arg("min_generation") = py::none(), py::arg("readonly") = false)
+      .def("get_many", &PyClient::GetMany, py::arg("names"), py::arg("timeout") = 0.0,
            py::arg("min_generation") = py::none(), py::arg("readonly") = false)
       .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false)
       .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0)

@@ -165,6 +165,12 @@ struct PublishOptions {
   std::chrono::milliseconds ttl{0};  // 0: the binding stays until deleted or replaced
 };
 
+// One element of Client::AllocateMany.
+struct AllocateItem {
+  std::string ns;
+  TensorSpec spec;
+};
+
 struct ClientOptions {
   // Empty: $TENSORD_SOCKET, else the per-user socket if one is there, else
   // /run/tensord/tensord.sock.
@@ -217,6 +223,14 @@ class TENSORD_EXPORT TensorRef {
   internal::LeaseView* view_ = nullptr;
 };
 
+// One element of Client::PublishMany: the tensor (which must outlive the call), its name,
+// and the conditions for this element.
+struct PublishItem {
+  const TensorRef* tensor = nullptr;
+  std::string name;
+  PublishOptions options;
+};
+
 class Watcher;
 
 class TENSORD_EXPORT Client {
@@ -242,6 +256,22 @@ class TENSORD_EXPORT Client {
   Result<TensorRef> Acquire(TensorId id, const AcquireOptions& options = {});
   // Acquires and unbinds atomically. A name ending in '/' takes the oldest tensor under it.
   Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait = {});
+
+  // Batches. Every request of a batch goes out back to back on the session stream before
+  // any reply is read, so a batch costs about one round trip however long it is, and the
+  // buffers it maps are fetched together. Results come in the order of the elements.
+  // AllocateMany and AcquireMany are all or nothing: when any element fails, the leases the
+  // batch was granted are released (queued, as a DLPack deleter does) and the error carries
+  // that element's code, its index and name, and the reason.
+  Result<std::vector<TensorRef>> AllocateMany(std::string_view ns,
+                                              const std::vector<TensorSpec>& specs);
+  Result<std::vector<TensorRef>> AllocateMany(const std::vector<AllocateItem>& items);
+  // A publish cannot be taken back (the binding it replaced is retired): when an element
+  // fails, the others the broker accepted stay published, and the error says how many.
+  Result<std::vector<TensorInfo>> PublishMany(const std::vector<PublishItem>& items);
+  // By name; every element waits as `options.wait` says, all at the same time.
+  Result<std::vector<TensorRef>> AcquireMany(const std::vector<std::string>& names,
+                                             const AcquireOptions& options = {});
 
   Status Delete(std::string_view name, uint64_t if_generation = 0);
   Result<std::vector<TensorInfo>> List(std::string_view prefix = "");

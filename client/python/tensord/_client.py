@@ -1,7 +1,6 @@
 """tensord.Client: the Python face of one broker session (see tensord's docstring)."""
 
 import sys
-import time
 
 from . import _tensord
 from ._tensord import Tensor
@@ -132,11 +131,18 @@ class Client:
         source = source_of(obj)
         return self._core.put(name, source, if_absent, if_generation, ttl, ns)
 
-    def put_many(self, items, **options):
-        """put() for each (name, obj) of a dict or an iterable of pairs; returns the
-        descriptions in order."""
+    def put_many(self, items, *, if_absent=False, if_generation=None, ttl=None, ns=None):
+        """put() for a batch: items is a dict {name: array} or an iterable of (name, array)
+        pairs, each array read as put() reads it. All the tensors are allocated in one
+        pipelined batch (every request sent before any answer is read), each array is copied
+        into its own, and all are published in a second pipelined batch: about two round
+        trips however many items. The options apply to every item. Returns the descriptions
+        in order. If any allocation fails, nothing is published and the error names the item
+        (index and name); a publish that fails (if_absent on a bound name, ...) raises naming
+        its item, and the items the broker accepted stay published."""
         pairs = items.items() if isinstance(items, dict) else items
-        return [self.put(name, obj, **options) for name, obj in pairs]
+        sources = [(name, source_of(obj)) for name, obj in pairs]
+        return self._core.put_many(sources, if_absent, if_generation, ttl, ns)
 
     # Consuming.
 
@@ -150,15 +156,18 @@ class Client:
         return self._core.get(name, timeout, min_generation, readonly)
 
     def get_many(self, names, timeout=0.0, min_generation=None, readonly=False):
-        """get() for each name; a positive timeout bounds the whole batch."""
-        deadline = None if timeout is None or timeout <= 0 else time.monotonic() + timeout
-        out = []
-        for name in names:
-            left = timeout
-            if deadline is not None:
-                left = max(deadline - time.monotonic(), 1e-3)
-            out.append(self.get(name, left, min_generation, readonly))
-        return out
+        """get() for a batch of names, pipelined: every request is sent before any answer is
+        read, and buffers not mapped yet are fetched together. Returns the tensors in order.
+        All or nothing: if any name fails (NotFound, Timeout, ...), the leases the batch was
+        granted are released and the error names the element (index and name). timeout,
+        min_generation and readonly are as for get() and apply to every name; the names wait
+        at the same time, so a positive timeout bounds the whole batch."""
+        names = list(names)
+        for n in names:
+            if not isinstance(n, str):
+                raise TypeError(f"get_many takes names, not {type(n).__name__}; "
+                                "use get(tensor_id) for an id")
+        return self._core.get_many(names, timeout, min_generation, readonly)
 
     def take(self, name_or_prefix, timeout=0.0):
         """Acquires and unbinds atomically. A prefix ending in '/' takes the oldest tensor

@@ -1,0 +1,252 @@
+// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, pipelined on
+// the Session stream, and the batched fetch of the buffers they map.
+#include <algorithm>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "client/session.h"
+#include "client/tensor_convert.h"
+#include "common/fd_channel.h"
+#include "common/memory/memfd.h"
+#include "common/status.h"
+
+namespace tensord::internal {
+namespace {
+
+// The elements of a batch that failed, in index order.
+class Failures {
+ public:
+  void Add(size_t index, absl::Status status) { failed_.emplace_back(index, std::move(status)); }
+  bool empty() const { return failed_.empty(); }
+  // The first failure's code and reason, named by `what`, and how many others failed.
+  absl::Status Error(const std::function<std::string(size_t)>& what,
+                     std::string_view note = "") const {
+    const auto& [index, status] = failed_.front();
+    std::string message = what(index) + ": " + std::string(status.message());
+    if (failed_.size() > 1) {
+      message += " (" + std::to_string(failed_.size() - 1) + " other element" +
+                 (failed_.size() > 2 ? "s" : "") + " failed too)";
+    }
+    message += note;
+    return absl::Status(status.code(), message);
+  }
+
+ private:
+  std::vector<std::pair<size_t, absl::Status>> failed_;
+};
+
+std::string ElementOf(std::string_view verb, size_t index, size_t count) {
+  return std::string(verb) + " element " + std::to_string(index) + " of " + std::to_string(count);
+}
+
+}  // namespace
+
+void Session::AbandonBatch(const std::vector<LeaseView*>& views,
+                           const std::vector<uint64_t>& lease_ids) {
+  queue_->PushLeaseIds(lease_ids);
+  for (LeaseView* view : views) {
+    if (view != nullptr) view->Unref();
+  }
+}
+
+std::vector<std::shared_ptr<Mapping>> Session::PrefetchBuffers(
+    const std::vector<const tensord::v1::TensorInfo*>& tensors, ViewKind kind) {
+  std::vector<BufferToMap> buffers;
+  buffers.reserve(tensors.size());
+  for (const tensord::v1::TensorInfo* tensor : tensors) {
+    // Zero-byte tensors have no buffer; other devices are refused by AdoptLease.
+    if (tensor->buffer().buffer_id() == 0 ||
+        tensor->desc().device().type() != tensord::v1::DEVICE_TYPE_CPU) {
+      continue;
+    }
+    buffers.push_back(BufferToMap{KeyFor(tensor->buffer().buffer_id(), kind),
+                                  RetentionFor(*tensor, kind)});
+  }
+  if (buffers.empty()) return {};
+  MappingCache::FetchManyFn fetch =
+      [this](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<BufferFd>> {
+    std::vector<BufferFd> fds;
+    fds.reserve(ids.size());
+    for (size_t at = 0; at < ids.size(); at += common::kMaxFdsPerMessage) {
+      const size_t n = std::min(common::kMaxFdsPerMessage, ids.size() - at);
+      TENSORD_ASSIGN_OR_RETURN(std::vector<FetchedFd> fetched, fd_->Fetch(ids.subspan(at, n)));
+      for (FetchedFd& f : fetched) fds.push_back(BufferFd{std::move(f.fd), f.size});
+    }
+    return fds;
+  };
+  MappingCache::AfterMapFn after_map;
+  if (kind == ViewKind::kProducer) {
+    after_map = [](int fd) { return common::SealFutureWrite(fd, "seal against writes"); };
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> mapped =
+      mappings_.GetOrMapMany(buffers, fetch, after_map);
+  // On failure each element maps its own buffer in AdoptLease, which names what failed.
+  if (!mapped.ok()) return {};
+  return *std::move(mapped);
+}
+
+absl::Status Session::AdoptBatch(const std::vector<Grant>& grants, ViewKind kind,
+                                 const std::vector<std::string>* cache_names,
+                                 const std::function<std::string(size_t)>& what,
+                                 std::vector<LeaseView*>& views) {
+  std::vector<const tensord::v1::TensorInfo*> tensors;
+  tensors.reserve(grants.size());
+  for (const Grant& grant : grants) tensors.push_back(grant.tensor);
+  // Held until every view holds its own reference.
+  const std::vector<std::shared_ptr<Mapping>> prefetched = PrefetchBuffers(tensors, kind);
+  for (size_t k = 0; k < grants.size(); ++k) {
+    const Grant& grant = grants[k];
+    const std::string_view cache_name =
+        cache_names != nullptr ? std::string_view((*cache_names)[grant.index]) : std::string_view();
+    absl::StatusOr<LeaseView*> view =
+        AdoptLease(grant.lease_id, *grant.tensor, kind, cache_name, what(grant.index));
+    if (!view.ok()) {
+      // AdoptLease gave back this grant's lease; the rest of the batch goes too.
+      std::vector<uint64_t> left;
+      for (size_t j = k + 1; j < grants.size(); ++j) left.push_back(grants[j].lease_id);
+      AbandonBatch(views, left);
+      std::fill(views.begin(), views.end(), nullptr);
+      return view.status();
+    }
+    views[grant.index] = *view;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
+    const std::vector<AllocateItem>& items) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const size_t n = items.size();
+  auto what = [&](size_t i) {
+    return ElementOf("allocate", i, n) + " in '" + items[i].ns + "'";
+  };
+  std::vector<tensord::v1::SessionRequest> requests;
+  requests.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    // A spec refused here sends nothing at all.
+    TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
+                             AllocateRequest(items[i].ns, items[i].spec, what(i)));
+    requests.push_back(std::move(request));
+  }
+  std::vector<LeaseView*> views(n, nullptr);
+  if (n == 0) return views;
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
+      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+  Failures failed;
+  std::vector<Grant> grants;
+  for (size_t i = 0; i < n; ++i) {
+    if (!replies[i].ok()) {
+      failed.Add(i, replies[i].status());
+    } else if (!replies[i]->has_allocate()) {
+      failed.Add(i, absl::InternalError("the broker answered with something else"));
+    } else {
+      grants.push_back(Grant{i, replies[i]->allocate().lease_id(), &replies[i]->allocate().tensor()});
+    }
+  }
+  if (!failed.empty()) {
+    std::vector<uint64_t> leases;
+    for (const Grant& grant : grants) leases.push_back(grant.lease_id);
+    AbandonBatch({}, leases);
+    return failed.Error(what);
+  }
+  TENSORD_RETURN_IF_ERROR(AdoptBatch(grants, ViewKind::kProducer, nullptr, what, views));
+  return views;
+}
+
+absl::StatusOr<std::vector<TensorInfo>> Session::PublishMany(
+    const std::vector<PublishTarget>& items) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const size_t n = items.size();
+  auto what = [&](size_t i) {
+    return ElementOf("publish", i, n) + " (tensor " + std::to_string(items[i].view->tensor_id()) +
+           " as '" + items[i].name + "')";
+  };
+  std::vector<tensord::v1::SessionRequest> requests;
+  requests.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    // One element refused here sends nothing at all.
+    TENSORD_ASSIGN_OR_RETURN(
+        tensord::v1::SessionRequest request,
+        PublishRequest(*items[i].view, items[i].name, items[i].options, what(i)));
+    requests.push_back(std::move(request));
+  }
+  std::vector<TensorInfo> infos(n);
+  if (n == 0) return infos;
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
+      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+  Failures failed;
+  size_t published = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!replies[i].ok()) {
+      failed.Add(i, replies[i].status());
+      continue;
+    }
+    if (!replies[i]->has_publish()) {
+      failed.Add(i, absl::InternalError("the broker answered with something else"));
+      continue;
+    }
+    ++published;  // bound at the broker, whatever the check below says
+    absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(replies[i]->publish().tensor(), "the published tensor");
+    if (!valid.ok()) {
+      failed.Add(i, valid.status());
+      continue;
+    }
+    infos[i] = std::move(valid->info);
+  }
+  if (!failed.empty()) {
+    // A binding cannot be taken back without losing the one it replaced: say what stuck.
+    std::string note;
+    if (published > 0) {
+      note = "; " + std::to_string(published) + " element" + (published > 1 ? "s" : "") +
+             " of the batch " + (published > 1 ? "were" : "was") + " published";
+    }
+    return failed.Error(what, note);
+  }
+  return infos;
+}
+
+absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<std::string>& names,
+                                                             const AcquireOptions& options) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const ViewKind kind = options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
+  const size_t n = names.size();
+  auto what = [&](size_t i) { return ElementOf("acquire", i, n) + " '" + names[i] + "'"; };
+  std::vector<LeaseView*> views(n, nullptr);
+  // Lease-cache hits need no request; the misses go out together.
+  std::vector<size_t> asked;
+  std::vector<tensord::v1::SessionRequest> requests;
+  for (size_t i = 0; i < n; ++i) {
+    if (LeaseView* hit = table_.FindByName(names[i], kind, options.min_generation)) {
+      views[i] = hit;
+      continue;
+    }
+    asked.push_back(i);
+    requests.push_back(AcquireRequest(names[i], options));
+  }
+  if (requests.empty()) return views;
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
+      StreamCallMany(std::move(requests), ReplyBound(options.wait));
+  Failures failed;
+  std::vector<Grant> grants;
+  for (size_t k = 0; k < asked.size(); ++k) {
+    const size_t i = asked[k];
+    if (!replies[k].ok()) {
+      failed.Add(i, replies[k].status());
+    } else if (!replies[k]->has_acquire()) {
+      failed.Add(i, absl::InternalError("the broker answered with something else"));
+    } else {
+      grants.push_back(Grant{i, replies[k]->acquire().lease_id(), &replies[k]->acquire().tensor()});
+    }
+  }
+  if (!failed.empty()) {
+    std::vector<uint64_t> leases;
+    for (const Grant& grant : grants) leases.push_back(grant.lease_id);
+    AbandonBatch(views, leases);
+    return failed.Error(what);
+  }
+  TENSORD_RETURN_IF_ERROR(AdoptBatch(grants, kind, &names, what, views));
+  return views;
+}
+
+}  // namespace tensord::internal
