@@ -52,6 +52,7 @@ namespace v1 = tensord::v1;
 
 constexpr uint64_t kQuota = 1 << 20;
 constexpr uint64_t kPage = 4096;
+constexpr uint64_t kArenaBytes = 64 << 10;
 constexpr int kMaxOps = 48;
 constexpr uid_t kReaderUid = 4242;   // may read namespace "shared"
 constexpr uid_t kWriterUid = 4243;   // may write namespace "shared"
@@ -147,6 +148,9 @@ class Harness {
   Harness() {
     BrokerOptions options;
     options.max_host_bytes = kQuota;
+    // Small arenas, so allocations fill them, make more and hit the quota.
+    options.arena_bytes = kArenaBytes;
+    options.arena_max_tensor_bytes = kArenaBytes / 4;
     options.daemon_uid = getuid();
     options.acls["shared"].read_uids = {kReaderUid};
     options.acls["shared"].write_uids = {kWriterUid};
@@ -366,6 +370,27 @@ class Harness {
         buffer_sizes[stat->tensor().buffer().buffer_id()] = stat->tensor().buffer().size();
       }
     }
+    // An open session's arenas are its pool: they live even when empty.
+    for (const auto& [id, arena] : arenas_) buffer_sizes[id] = kArenaBytes;
+    // No two live tensors share a byte of an arena.
+    std::map<uint64_t, std::map<uint64_t, uint64_t>> slots;  // arena -> offset -> extent
+    for (uint64_t tensor : live) {
+      v1::StatRequest stat_request;
+      stat_request.set_tensor_id(tensor);
+      absl::StatusOr<v1::StatResponse> stat = broker_->Stat(auditor_, stat_request);
+      FUZZ_CHECK(stat.ok()) << stat.status();
+      const v1::BufferRef& ref = stat->tensor().buffer();
+      if (!ref.arena()) continue;
+      auto [it, inserted] = slots[ref.buffer_id()].emplace(ref.offset(), ref.extent());
+      FUZZ_CHECK(inserted) << "two tensors at offset " << ref.offset() << " of arena " << ref.buffer_id();
+      if (auto next = std::next(it); next != slots[ref.buffer_id()].end()) {
+        FUZZ_CHECK(ref.offset() + ref.extent() <= next->first) << "overlapping slots in arena " << ref.buffer_id();
+      }
+      if (it != slots[ref.buffer_id()].begin()) {
+        auto prev = std::prev(it);
+        FUZZ_CHECK(prev->first + prev->second <= ref.offset()) << "overlapping slots in arena " << ref.buffer_id();
+      }
+    }
     // Nothing else lives: a tensor neither bound nor leased is gone, its bytes returned.
     FUZZ_CHECK(status.tensors() == live.size())
         << status.tensors() << " tensors, " << live.size() << " bound or leased";
@@ -415,6 +440,7 @@ class Harness {
     sessions_.erase(id);
     std::lock_guard<std::mutex> lock(mu_);
     std::erase_if(leases_, [&](const auto& entry) { return entry.second.session == id; });
+    std::erase_if(arenas_, [&](const auto& entry) { return entry.second.owner == id; });
   }
 
   void Allocate(uint64_t session, const v1::AllocateRequest& request) {
@@ -432,6 +458,15 @@ class Harness {
     FUZZ_CHECK(tensor.buffer().size() % kPage == 0);
     FUZZ_CHECK(tensor.desc().shape_size() == request.desc().shape_size());
     CheckTensorInfo(tensor);
+    if (tensor.buffer().arena()) {
+      FUZZ_CHECK(tensor.buffer().size() == kArenaBytes && tensor.buffer().offset() % kPage == 0 &&
+                 !request.isolated() && !request.ns().empty());
+      std::lock_guard<std::mutex> lock(mu_);
+      auto [it, inserted] = arenas_.try_emplace(tensor.buffer().buffer_id(), Arena{session, request.ns()});
+      FUZZ_CHECK(it->second.owner == session && it->second.ns == request.ns())
+          << "arena " << it->first << " serves session " << it->second.owner << " '" << it->second.ns
+          << "', not session " << session << " '" << request.ns() << "'";
+    }
     v1::AcquireResponse granted;
     granted.set_lease_id(result->lease_id());
     *granted.mutable_tensor() = tensor;
@@ -811,6 +846,11 @@ class Harness {
   // Completions run on the broker's threads too.
   std::mutex mu_;
   std::map<uint64_t, Lease> leases_;  // lease id -> holder and tensor
+  struct Arena {
+    uint64_t owner;
+    std::string ns;
+  };
+  std::map<uint64_t, Arena> arenas_;  // arena buffers of open sessions: they live even when empty
   uint64_t waits_started_ = 0;
   uint64_t waits_completed_ = 0;
 };
