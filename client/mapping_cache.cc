@@ -48,6 +48,7 @@ std::shared_ptr<Mapping> MappingCache::Lookup(const MappingKey& key, Retention r
   if (retention > entry.retention) {
     entry.retention = retention;
     entry.kept = live;
+    if (retention == Retention::kLinger) lingering_.insert(key);
   }
   return live;
 }
@@ -162,6 +163,7 @@ std::shared_ptr<Mapping> MappingCache::Insert(const MappingKey& key,
   entry.retention = retention;
   entry.kept = retention == Retention::kNone ? nullptr : mapping;
   entry.idle = false;
+  if (retention == Retention::kLinger) lingering_.insert(key);
   return mapping;
 }
 
@@ -177,34 +179,42 @@ absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::MapAndInsert(const Mappin
 MappingCache::Clock::time_point MappingCache::Sweep(Clock::time_point now) {
   Clock::time_point next = Clock::time_point::max();
   std::vector<std::shared_ptr<Mapping>> dropped;  // unmapped after the lock is let go
-  {
-    absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);
+  for (auto key = lingering_.begin(); key != lingering_.end();) {
+    auto it = entries_.find(*key);
+    if (it == entries_.end() || it->second.kept == nullptr ||
+        it->second.retention != Retention::kLinger) {
+      key = lingering_.erase(key);
+      continue;
+    }
+    Entry& entry = it->second;
+    // A count of one under mu_ is stable: a new user can only come through Lookup().
+    if (entry.kept.use_count() > 1) {
+      entry.idle = false;
+      ++key;
+      continue;
+    }
+    if (!entry.idle) {
+      entry.idle = true;
+      entry.idle_since = now;
+    }
+    if (now - entry.idle_since >= linger_) {
+      dropped.push_back(std::move(entry.kept));
+      entries_.erase(it);
+      key = lingering_.erase(key);
+      continue;
+    }
+    next = std::min(next, entry.idle_since + linger_);
+    ++key;
+  }
+  if (now >= next_cleanup_) {
+    next_cleanup_ = now + std::chrono::seconds(1);
     for (auto it = entries_.begin(); it != entries_.end();) {
-      Entry& entry = it->second;
-      if (entry.kept == nullptr) {
-        it = entry.weak.expired() ? entries_.erase(it) : std::next(it);
-        continue;
-      }
-      // A count of one under mu_ is stable: a new user can only come through Lookup().
-      if (entry.retention != Retention::kLinger || entry.kept.use_count() > 1) {
-        entry.idle = false;
-        ++it;
-        continue;
-      }
-      if (!entry.idle) {
-        entry.idle = true;
-        entry.idle_since = now;
-      }
-      if (now - entry.idle_since >= linger_) {
-        dropped.push_back(std::move(entry.kept));
-        it = entries_.erase(it);
-        continue;
-      }
-      next = std::min(next, entry.idle_since + linger_);
-      ++it;
+      const bool expired = it->second.kept == nullptr && it->second.weak.expired();
+      it = expired ? entries_.erase(it) : std::next(it);
     }
   }
-  return next;
+  return next;  // `lock` goes before `dropped`: nothing is unmapped under mu_
 }
 
 void MappingCache::ReleaseKept() {
@@ -215,6 +225,7 @@ void MappingCache::ReleaseKept() {
     entry.retention = Retention::kNone;
     entry.idle = false;
   }
+  lingering_.clear();
   // `dropped` is declared before the lock, so it unmaps after the lock is released.
 }
 
@@ -230,6 +241,11 @@ size_t MappingCache::KeptCountForTest() {
   size_t n = 0;
   for (auto& [key, entry] : entries_) n += entry.kept != nullptr ? 1 : 0;
   return n;
+}
+
+size_t MappingCache::EntryCountForTest() {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
 }
 
 }  // namespace tensord::internal

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <span>
 #include <string>
@@ -120,8 +121,9 @@ class MappingCache {
       const AfterMapFn& after_map = {});
 
   // Drops each kLinger mapping that nobody but the cache has used for the linger (counted
-  // from the first sweep that found it unused) and forgets expired entries. Returns when a
-  // sweep next has something to drop (Clock::time_point::max(): nothing).
+  // from the first sweep that found it unused), and at most once a second forgets expired
+  // entries. Costs O(kLinger mappings) otherwise. Returns when a sweep next has something
+  // to drop (Clock::time_point::max(): nothing).
   Clock::time_point Sweep(Clock::time_point now);
   // Drops every reference the cache keeps of its own (kSession and kLinger alike).
   void ReleaseKept();
@@ -130,6 +132,8 @@ class MappingCache {
   size_t LiveCountForTest();
   // Mappings the cache keeps a reference to of its own.
   size_t KeptCountForTest();
+  // Entries, expired ones included.
+  size_t EntryCountForTest();
   // Buffers fetched, and calls of a fetch function (a GetOrMapMany() with misses is one).
   uint64_t fetches() const { return fetches_.load(); }
   uint64_t fetch_calls() const { return fetch_calls_.load(); }
@@ -159,6 +163,9 @@ class MappingCache {
   const std::chrono::milliseconds linger_;
   absl::Mutex mu_;
   std::map<MappingKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // The keys of the entries a sweep may drop (kLinger with a kept reference).
+  std::set<MappingKey> lingering_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point next_cleanup_ ABSL_GUARDED_BY(mu_){};
   std::atomic<uint64_t> fetches_{0};
   std::atomic<uint64_t> fetch_calls_{0};
 };

@@ -422,7 +422,9 @@ TEST(Arena, AReadersInPlaceWritesNeverShowInTheSlotsNextTensor) {
     auto old = reader->Acquire("ns/old", {});
     ASSERT_TRUE(old.ok());
     ASSERT_TRUE(old->info().arena);
-    if (keep.ok()) ASSERT_EQ(old->info().buffer_id, keep->info().buffer_id);
+    if (keep.ok()) {
+      ASSERT_EQ(old->info().buffer_id, keep->info().buffer_id);
+    }
     const uint64_t arena = old->info().buffer_id;
     const uint64_t slot = old->info().buffer_offset;
     static_cast<float*>(old->mutable_data())[0] = -1.0f;  // private to this process

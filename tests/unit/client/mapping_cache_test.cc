@@ -322,6 +322,16 @@ TEST(MappingCacheTest, SweepsLeaveDedicatedBuffersToTheirViews) {
   EXPECT_EQ(cache.KeptCountForTest(), 0u);
   mapping = absl::CancelledError("dropped");
   EXPECT_FALSE(testing::IsMapped(addr));  // the last user unmapped it, no sweep needed
+  // Its expired entry is forgotten by a sweep (at most once a second), never looked up.
+  EXPECT_EQ(cache.EntryCountForTest(), 1u);
+  const auto now = MappingCache::Clock::now() + std::chrono::hours(1);  // past the sweep above
+  cache.Sweep(now);
+  EXPECT_EQ(cache.EntryCountForTest(), 0u);
+  ASSERT_TRUE(cache.GetOrMap({"n", 9, MapMode::kPrivate}, broker.Fetch()).ok());
+  cache.Sweep(now + std::chrono::milliseconds(500));
+  EXPECT_EQ(cache.EntryCountForTest(), 1u);
+  cache.Sweep(now + std::chrono::seconds(1));
+  EXPECT_EQ(cache.EntryCountForTest(), 0u);
 }
 
 TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
