@@ -154,14 +154,19 @@ class Process {
         std::string line = buffer_.substr(0, newline);
         buffer_.erase(0, newline + 1);
         if (line.rfind(prefix, 0) == 0) return line;
+        said_ += line + "\n";
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) Die("timed out waiting for '" + prefix + "' from child " + std::to_string(pid_));
+      if (left.count() <= 0) {
+        Die("timed out waiting for '" + prefix + "' from child " + std::to_string(pid_) + "; it said: " + said_);
+      }
       pollfd waiting{out_.get(), POLLIN, 0};
       if (::poll(&waiting, 1, static_cast<int>(std::min<int64_t>(left.count(), 100))) <= 0) continue;
       char chunk[4096];
       ssize_t n = ::read(out_.get(), chunk, sizeof(chunk));
-      if (n == 0) Die("child " + std::to_string(pid_) + " exited before saying '" + prefix + "'");
+      if (n == 0) {
+        Die("child " + std::to_string(pid_) + " exited before saying '" + prefix + "'; it said: " + said_ + buffer_);
+      }
       if (n > 0) buffer_.append(chunk, static_cast<size_t>(n));
     }
   }
@@ -203,6 +208,7 @@ class Process {
   pid_t pid_ = -1;
   Fd out_;
   std::string buffer_;
+  std::string said_;  // lines read so far that did not match, for error messages
 };
 
 // Iteration counts: the full run, or a smoke run (--quick) that only checks that every

@@ -132,6 +132,24 @@ class Env {
     if (published_.insert(name).second) Publish(producer(), name, size);
     return name;
   }
+  // A float32 tensor of ones in its own buffer, for tensord_test_peer (which sums it as
+  // float32); published once.
+  std::string PublishedFloats() {
+    const std::string name = "bench/held";
+    if (published_.insert(name).second) {
+      TensorSpec spec;
+      spec.dtype = dtypes::kFloat32;
+      spec.shape = {1024};
+      spec.isolated = true;
+      auto tensor = producer().Allocate("bench", spec);
+      if (!tensor.ok()) Die("allocate " + name + ": " + tensor.status().ToString());
+      float* data = static_cast<float*>(tensor->mutable_data());
+      for (int i = 0; i < 1024; ++i) data[i] = 1.0f;
+      auto published = producer().Publish(*tensor, name);
+      if (!published.ok()) Die("publish " + name + ": " + published.status().ToString());
+    }
+    return name;
+  }
   static TensorRef Allocate(Client& client, const Size& size) {
     TensorSpec spec;
     spec.dtype = dtypes::kUInt8;
@@ -286,7 +304,7 @@ void ReleaseFlush(benchmark::State& state) {
 }
 
 void KillToRelease(benchmark::State& state, int64_t leases) {
-  const std::string name = env->Published(Sizes()[1]);
+  const std::string name = env->PublishedFloats();
   auto observer = env->Connect(false);
   const Options& options = env->options();
   Samples samples(state.max_iterations);
