@@ -355,8 +355,8 @@ def machine_info(args):
     mem = next((line.split()[1] for line in read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "0")
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = [line[3:] for line in subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                                                 capture_output=True, text=True).stdout.splitlines()]
     versions = {}
     for module in ("torch", "numpy", "grpc"):
         try:
@@ -365,7 +365,7 @@ def machine_info(args):
             versions[module] = "missing"
     return {"cpu": model, "cores": os.cpu_count(), "mem_gib": round(int(mem) / 1048576, 1),
             "kernel": platform.release(), "python": platform.python_version(), **versions,
-            "commit": commit + ("+dirty" if dirty else ""), "load_before": os.getloadavg(),
+            "commit": commit, "uncommitted": dirty, "load_before": os.getloadavg(),
             "smoke": args.smoke}
 
 
@@ -452,8 +452,10 @@ def print_table(data):
     m = data["machine"]
     out = [f"tensord comparative benchmark: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux "
            f"{m['kernel']}, python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, grpcio {m['grpc']}; "
-           f"commit {m['commit']}; load before {m['load_before'][0]:.2f}" + ("  [SMOKE: figures mean nothing]"
-                                                                              if m["smoke"] else "")]
+           f"commit {m['commit']}" + (f" with uncommitted changes to {', '.join(m['uncommitted'][:8])}"
+                                      if m["uncommitted"] else "") +
+           f"; load average before {m['load_before'][0]:.2f}" + ("  [SMOKE: figures mean nothing]"
+                                                                 if m["smoke"] else "")]
     cpp = data["cpp"]
     if cpp:
         out.append("\nFloors (C++, two processes over a Unix socket)          p50 us    p99 us   mean us")
