@@ -476,11 +476,20 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     tensor.producer_uid = (*session)->creds.uid;
     if (in_arena && PlaceInArenaLocked(**session, tensor)) {
       placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
+    } else if (in_arena && arena_queue_.contains({session_id, tensor.ns})) {
+      // An arena for this namespace is being made: wait for it rather than make another.
+      std::string ns = tensor.ns;
+      arena_queue_[{session_id, ns}].push_back(QueuedAllocate{std::move(tensor), std::move(done)});
+      return;
     } else if (in_arena) {
+      arena_queue_.try_emplace({session_id, tensor.ns});
       size = options_.arena_bytes;
       absl::Status reserved = ReserveHostBytesLocked(
           size, absl::StrCat("allocating a new arena for namespace ", Quote(tensor.ns)));
-      if (!reserved.ok()) return fail(reserved);
+      if (!reserved.ok()) {
+        arena_queue_.erase({session_id, tensor.ns});
+        return fail(reserved);
+      }
     } else if (size > 0) {
       absl::Status reserved = ReserveHostBytesLocked(
           size, absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()), " tensor of ",
@@ -493,11 +502,16 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     return FinishAllocate(session_id, 0, false, std::move(tensor),
                           std::unique_ptr<common::BackendBuffer>(), std::move(done));
   }
-  executor_.Post([this, session_id, size, in_arena, tensor = std::move(tensor),
+  PostAllocation(session_id, size, in_arena, std::move(tensor), std::move(done));
+}
+
+void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
+                            Completion<v1::AllocateResponse> done) {
+  executor_.Post([this, session_id, size, arena, tensor = std::move(tensor),
                   done = std::move(done)]() mutable {
     absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = host_backend_->Allocate(
-        size, absl::StrCat(in_arena ? "tensord-arena-" : "tensord-session-", session_id));
-    FinishAllocate(session_id, size, in_arena, std::move(tensor), std::move(memory), std::move(done));
+        size, absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
+    FinishAllocate(session_id, size, arena, std::move(tensor), std::move(memory), std::move(done));
   });
 }
 
@@ -537,41 +551,78 @@ void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
 void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
                             absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                             Completion<v1::AllocateResponse> done) {
-  absl::StatusOr<v1::AllocateResponse> result;
+  std::vector<std::pair<Completion<v1::AllocateResponse>, absl::StatusOr<v1::AllocateResponse>>> results;
+  std::optional<QueuedAllocate> next_arena;  // overflow that needs yet another arena
   Effects effects;
   {
     absl::MutexLock lock(&mu_);
+    // The first tensor and whatever queued behind the arena it waited for, in order.
+    std::vector<QueuedAllocate> batch;
+    std::string ns = tensor.ns;
+    batch.push_back(QueuedAllocate{std::move(tensor), std::move(done)});
+    if (arena) {
+      auto queued = arena_queue_.find({session_id, ns});
+      TENSORD_CHECK(queued != arena_queue_.end());
+      for (QueuedAllocate& entry : queued->second) batch.push_back(std::move(entry));
+      arena_queue_.erase(queued);
+    }
     Session* session = sessions_.Find(session_id);
-    // Other calls of the session may have taken the last lease under the cap meanwhile.
-    absl::Status cap = session == nullptr ? absl::CancelledError("the session closed during Allocate")
-                                          : CheckLeaseCapLocked(*session);
-    if (!memory.ok() || !cap.ok()) {
+    absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
+                                             : memory.status();
+    if (!failed.ok()) {
       host_bytes_in_use_ -= size;
-      if (memory.ok() && *memory != nullptr) effects.garbage.push_back(std::move(*memory));
-      result = memory.ok() ? cap : memory.status();
-    } else if (arena) {
+      for (QueuedAllocate& entry : batch) results.emplace_back(std::move(entry.done), failed);
+    } else if (!arena) {
+      // Other calls of the session may have taken the last lease under the cap meanwhile.
+      absl::Status cap = CheckLeaseCapLocked(*session);
+      if (!cap.ok()) {
+        host_bytes_in_use_ -= size;
+        effects.garbage.push_back(std::move(*memory));
+        results.emplace_back(std::move(batch[0].done), cap);
+      } else {
+        results.emplace_back(std::move(batch[0].done),
+                             RegisterLocked(*session, std::move(batch[0].tensor), std::move(*memory), size));
+      }
+    } else {
       Buffer buffer;
       buffer.id = registry_.NextBufferId();
       buffer.size = size;
       buffer.memory = std::move(*memory);
       buffer.arena = std::make_unique<ArenaSlots>(size);
       buffer.arena_owner = session_id;
-      buffer.arena_ns = tensor.ns;
-      uint64_t slot = ArenaSlots::SlotBytes(tensor.layout.extent);
-      std::optional<uint64_t> offset = buffer.arena->Allocate(slot);
-      TENSORD_CHECK(offset.has_value());  // a fresh arena holds any tensor it accepts
-      tensor.buffer_id = buffer.id;
-      tensor.offset = *offset;
-      tensor.slot_bytes = slot;
-      session->arenas[tensor.ns].push_back(buffer.id);
+      buffer.arena_ns = ns;
+      session->arenas[ns].push_back(buffer.id);
       registry_.AddBuffer(std::move(buffer));
-      result = RegisterLocked(*session, std::move(tensor), nullptr, 0);
-    } else {
-      result = RegisterLocked(*session, std::move(tensor), std::move(*memory), size);
+      std::vector<QueuedAllocate> overflow;
+      for (QueuedAllocate& entry : batch) {
+        if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
+          results.emplace_back(std::move(entry.done), cap);
+        } else if (PlaceInArenaLocked(*session, entry.tensor)) {
+          results.emplace_back(std::move(entry.done), RegisterLocked(*session, std::move(entry.tensor), nullptr, 0));
+        } else {
+          overflow.push_back(std::move(entry));
+        }
+      }
+      // The new arena is full: the first that did not fit makes the next, the rest wait for it.
+      if (!overflow.empty()) {
+        absl::Status reserved = ReserveHostBytesLocked(
+            options_.arena_bytes, absl::StrCat("allocating a new arena for namespace ", Quote(ns)));
+        if (!reserved.ok()) {
+          for (QueuedAllocate& entry : overflow) results.emplace_back(std::move(entry.done), reserved);
+        } else {
+          next_arena = std::move(overflow[0]);
+          std::vector<QueuedAllocate>& waiting = arena_queue_[{session_id, ns}];
+          for (size_t k = 1; k < overflow.size(); ++k) waiting.push_back(std::move(overflow[k]));
+        }
+      }
     }
   }
   Deliver(effects);
-  std::move(done)(std::move(result));
+  for (auto& [completion, result] : results) std::move(completion)(std::move(result));
+  if (next_arena) {
+    PostAllocation(session_id, options_.arena_bytes, true, std::move(next_arena->tensor),
+                   std::move(next_arena->done));
+  }
 }
 
 v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,

@@ -199,7 +199,12 @@ class Broker {
   bool PlaceInArenaLocked(Session& session, Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session closed: its arenas go once empty (those empty now go at once).
   void ReleaseArenasLocked(Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `arena`: the memory is a new arena for the session's namespace, the tensor goes in it.
+  // Makes memory for `tensor` on the executor (a dedicated buffer, or a new arena) and
+  // finishes with FinishAllocate; the bytes are reserved already.
+  void PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
+                      Completion<tensord::v1::AllocateResponse> done);
+  // `arena`: the memory is a new arena for the session's namespace, the tensor goes in it
+  // with the allocations queued behind it.
   void FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
                       absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                       Completion<tensord::v1::AllocateResponse> done);
@@ -225,6 +230,14 @@ class Broker {
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id: FIFO order
   uint64_t last_wait_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // Allocations waiting for an arena being made for (session, namespace): pipelined small
+  // allocations share the new arena instead of each making one. A key exists exactly while
+  // that arena is being made.
+  struct QueuedAllocate {
+    Tensor tensor;
+    Completion<tensord::v1::AllocateResponse> done;
+  };
+  std::map<std::pair<uint64_t, std::string>, std::vector<QueuedAllocate>> arena_queue_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
   uint64_t last_watcher_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;

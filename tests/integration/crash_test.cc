@@ -110,17 +110,17 @@ TEST(Crash, KilledConsumersAndProducersLeakNothing) {
     for (int i = 0; i < 4; ++i) {
       peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"hold", daemon.socket(), "ns/shared"})));
     }
-    for (int i = 0; i < 2; ++i) {
-      // Killed between Allocate and Publish: 1 MiB each, never published.
-      peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"allocate", daemon.socket(), "ns", "262144"})));
-    }
+    // Killed between Allocate and Publish, never published: a 2 MiB tensor in a dedicated
+    // buffer, and a 4 KiB one in the arena (16 MiB) that its session made.
+    peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"allocate", daemon.socket(), "ns", "524288"})));
+    peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"allocate", daemon.socket(), "ns", "1024"})));
     for (size_t i = 0; i < peers.size(); ++i) {
       ASSERT_NE(peers[i]->WaitForLine(i < 4 ? "held" : "allocated"), "") << "peer " << i;
     }
     auto busy = client->GetStatus();
     ASSERT_TRUE(busy.ok());
     EXPECT_EQ(busy->leases, 6u);  // 4 consumers + 2 producers' own leases
-    EXPECT_EQ(busy->host_bytes_in_use, baseline.host_bytes + 2 * (262144 * 4));
+    EXPECT_EQ(busy->host_bytes_in_use, baseline.host_bytes + (2 << 20) + (16 << 20));
     for (auto& peer : peers) {
       int status = peer->Kill(SIGKILL);
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
@@ -129,10 +129,15 @@ TEST(Crash, KilledConsumersAndProducersLeakNothing) {
     EXPECT_EQ(after, baseline) << "round " << round;
   }
   ASSERT_TRUE(client->Delete("ns/shared").ok());
+  // The tensor's slot is free; its arena stays as this client's pool while it is connected.
   Footprint empty = baseline;
-  empty.tensors = empty.buffers = empty.host_bytes = 0;
-  empty.fds = baseline.fds - 1;  // the deleted tensor's memfd
+  empty.tensors = 0;
   EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), empty), empty);
+  client.reset();
+  auto observer = Connect(daemon);
+  empty.buffers = empty.host_bytes = 0;
+  empty.fds = baseline.fds - 1;  // the arena's memfd
+  EXPECT_EQ(AwaitFootprint(*observer, daemon.pid(), empty), empty);
 }
 
 TEST(Crash, KilledDaemonGivesUnavailableKeepsMappingsAndClientsReconnect) {

@@ -191,6 +191,36 @@ TEST_F(BrokerArenaTest, AFullArenaMakesAnotherAndBothCountInTheQuota) {
   EXPECT_EQ(HostBytesInUse(), 2 * kArenaBytes);
 }
 
+// Allocations sent back to back (put_many) before the first arena exists wait for it.
+TEST_F(BrokerArenaTest, PipelinedAllocationsShareTheArenaBeingMadeAndOverflowIntoOneMore) {
+  uint64_t session = Open();
+  std::vector<std::promise<absl::StatusOr<v1::AllocateResponse>>> promises(9);
+  for (size_t i = 0; i < promises.size(); ++i) {
+    v1::AllocateRequest request;
+    request.set_ns("ns");
+    v1::TensorDesc* desc = request.mutable_desc();
+    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_UINT);
+    desc->mutable_dtype()->set_bits(8);
+    desc->mutable_dtype()->set_lanes(1);
+    desc->add_shape(i < 5 ? 256 << 10 : 4096);  // five of 256 KiB overflow a 1 MiB arena
+    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+    broker_->Allocate(session, request, [&promises, i](absl::StatusOr<v1::AllocateResponse> r) {
+      promises[i].set_value(std::move(r));
+    });
+  }
+  std::set<uint64_t> arenas;
+  std::set<std::pair<uint64_t, uint64_t>> slots;
+  for (auto& promise : promises) {
+    absl::StatusOr<v1::AllocateResponse> r = promise.get_future().get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->tensor().buffer().arena());
+    arenas.insert(r->tensor().buffer().buffer_id());
+    EXPECT_TRUE(slots.emplace(r->tensor().buffer().buffer_id(), r->tensor().buffer().offset()).second);
+  }
+  EXPECT_EQ(arenas.size(), 2u);
+  EXPECT_EQ(HostBytesInUse(), 2 * kArenaBytes);
+}
+
 TEST_F(BrokerArenaTest, AnArenaNeedsQuotaForItsWholeSize) {
   Start([](BrokerOptions& options) {
     options.arena_bytes = 1 << 20;
