@@ -46,12 +46,22 @@ inline std::vector<pid_t>& LiveChildren() {
   return children;
 }
 
-// Prints what failed, kills the children and exits: a benchmark that cannot do its work
-// must not report figures.
+// The TempDirs that exist now.
+inline std::vector<std::string>& LiveTempDirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+
+// Prints what failed, kills the children, removes the temporary directories and exits: a
+// benchmark that cannot do its work must not report figures.
 [[noreturn]] inline void Die(const std::string& what) {
   std::fprintf(stderr, "tensord_bench: %s\n", what.c_str());
   std::fflush(stderr);
   for (pid_t child : LiveChildren()) ::kill(child, SIGKILL);
+  for (const std::string& dir : LiveTempDirs()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
   std::_Exit(1);
 }
 
@@ -102,12 +112,15 @@ class TempDir {
     std::string pattern = (std::filesystem::temp_directory_path() / "tensord-bench-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) Die("mkdtemp: " + std::string(strerror(errno)));
     path_ = pattern;
+    LiveTempDirs().push_back(path_);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   ~TempDir() {
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
+    auto& dirs = LiveTempDirs();
+    dirs.erase(std::remove(dirs.begin(), dirs.end(), path_), dirs.end());
   }
   const std::string& path() const { return path_; }
 
