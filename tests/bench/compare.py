@@ -198,7 +198,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
     cfg = {"socket": runner.socket, "run": runner.run_id, "dir": runner.dir, "size": size,
            "producers": producers, "consumers": consumers, "per_producer": per_producer,
            "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
-           "strategy": peer.get("strategy")}
+           "strategy": peer.get("strategy"), "via": peer.get("via")}
     if per_producer % batch:
         raise ValueError(f"{per_producer} tensors per producer is not a whole number of batches of {batch}")
     kind = peer["kind"]
@@ -210,7 +210,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
     elif kind == "tensord-batched":
         ring = peers.RING
         slots = {(p, c): ctx.Semaphore(ring) for p in range(producers) for c in range(consumers)}
-        slots.update({("c", c): ctx.Semaphore(ring * producers) for c in range(consumers)})
+        slots.update({("c", c): ctx.Semaphore(ring * producers * batch) for c in range(consumers)})
         make_p, make_c, shared = peers.tensord_batched_producer, peers.tensord_batched_consumer, slots
     elif kind == "torch":
         queues = [ctx.Queue(maxsize=window) for _ in range(consumers)]
@@ -289,8 +289,11 @@ def repeated(runner, size, count, warmup):
 HANDOFF_PEERS = [
     {"label": "tensord single (arena ns)", "kind": "tensord-single", "ns": "h"},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
-    {"label": "tensord batched (arena ns)", "kind": "tensord-batched", "ns": "b"},
-    {"label": "tensord batched (own memfd)", "kind": "tensord-batched", "ns": None, "small_only": True},
+    {"label": "tensord batched take (arena ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
+    {"label": "tensord batched take (own memfd)", "kind": "tensord-batched", "ns": None, "via": "take_many",
+     "small_only": True},
+    {"label": "tensord batched get (arena ns)", "kind": "tensord-batched", "ns": "g", "via": "get_many",
+     "small_only": True},
     {"label": "torch.mp file_system", "kind": "torch", "strategy": "file_system"},
     {"label": "torch.mp file_descriptor", "kind": "torch", "strategy": "file_descriptor"},
     {"label": "gRPC bytes copy", "kind": "grpc"},
@@ -303,9 +306,7 @@ def via(peer):
     if kind == "tensord-single":
         return "empty(ns) + fill in place + publish -> take(prefix)"
     if kind == "tensord-batched":
-        import tensord
-
-        consumer = ("take_many(prefix x batch)" if hasattr(tensord.Client, "take_many")
+        consumer = ("take_many(prefix, batch)" if peer["via"] == "take_many"
                     else "get_many(names of a ring, min_generation)")
         return f"fill numpy arrays + put_many (copies them) -> {consumer}"
     if kind == "torch":
@@ -320,12 +321,18 @@ def run_python(runner, log):
                      "window": 8 if args.smoke else 128},
              large: {"per_producer": 4 if args.smoke else 48, "batch": 2 if args.smoke else 4,
                      "window": 4 if args.smoke else 8}}
+    import tensord
+
+    has_take_many = hasattr(tensord.Client, "take_many")
     handoffs = []
     for producers, consumers in args.pairs:
         for size in (small, large):
             plan = plans[size]
             for peer in HANDOFF_PEERS:
                 if peer.get("small_only") and size != small:
+                    continue
+                if peer.get("via") == "take_many" and not has_take_many:
+                    log(f"skipped {peer['label']}: this build's client has no take_many")
                     continue
                 log(f"handoff {peer['label']} {producers}->{consumers} {size_label(size)}")
                 figures = handoff(runner, peer, producers, consumers, size, plan["per_producer"],
@@ -417,15 +424,16 @@ def build_targets(cpp, handoffs, repeats, args):
     for producers, consumers in args.pairs:
         torch_rate = rate("torch.mp file_system", producers, consumers, small)
         single = rate("tensord single (arena ns)", producers, consumers, small)
-        batched = rate("tensord batched (arena ns)", producers, consumers, small)
         if torch_rate and single:
             add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: single vs torch.mp file_system",
                 f"{single / torch_rate:.2f}x", ">= 1x", single >= torch_rate,
                 f"{single:,.0f}/s vs {torch_rate:,.0f}/s")
-        if torch_rate and batched:
-            add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: batched vs torch.mp file_system",
-                f"{batched / torch_rate:.2f}x", ">= 3x", batched >= 3 * torch_rate,
-                f"{batched:,.0f}/s vs {torch_rate:,.0f}/s")
+        for how in ("take", "get"):
+            batched = rate(f"tensord batched {how} (arena ns)", producers, consumers, small)
+            if torch_rate and batched:
+                add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: batched ({how}_many) vs torch.mp file_system",
+                    f"{batched / torch_rate:.2f}x", ">= 3x", batched >= 3 * torch_rate,
+                    f"{batched:,.0f}/s vs {torch_rate:,.0f}/s")
 
     for kind in ("acquire_unmapped", "acquire_first", "acquire_repeated"):
         suffix = "/cache:0" if kind == "acquire_repeated" else ""
@@ -506,13 +514,13 @@ def print_table(data):
     if data["handoffs"]:
         out.append("\nHandoffs of fresh tensors, producer processes -> consumer processes (Python; the consumer reads"
                    "\none byte per 4 KiB page of each tensor; at most `window` tensors in flight per consumer)"
-                   "\n  peer                          N->M      size   batch  window    tensors/s      GB/s")
+                   "\n  peer                             N->M      size   batch  window    tensors/s      GB/s")
         for h in data["handoffs"]:
-            out.append(f"  {h['peer']:<30}{h['producers']}->{h['consumers']:<5}{size_label(h['size']):>8}"
+            out.append(f"  {h['peer']:<33}{h['producers']}->{h['consumers']:<5}{size_label(h['size']):>8}"
                        f"{h['batch']:>8}{h['window']:>8}{h['rate']:>13,.0f}{h['gbps']:>10.2f}")
         out.append("  how each peer hands a tensor over:")
         for label, how in dict((h["peer"], h["via"]) for h in data["handoffs"]).items():
-            out.append(f"    {label:<30}{how}")
+            out.append(f"    {label:<33}{how}")
     out.append("\nTargets (ratios within this run)")
     for t in data["targets"]:
         verdict = "info" if t["met"] is None else ("met" if t["met"] else "NOT met")

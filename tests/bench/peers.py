@@ -132,17 +132,20 @@ def tensord_single_consumer(cfg, index, slots):
     return setup
 
 
-# ---- tensord, batched: put_many of a batch; the consumer get_many's the names, or
-# take_many's from its prefix where the client has it ----
+# ---- tensord, batched: the producer put_many's a batch; the consumer take_many's from its
+# prefix (cfg["via"] == "take_many") or get_many's the names (cfg["via"] == "get_many") ----
 #
-# Without take_many the names are a ring: producer p's batch j goes to consumer
-# (p + j) % M under PREFIX/p<p>/c<c>/s<slot>/<k>, slot = (j // M) % RING; re-publishing a
-# slot retires the tensor it held (the consumer's lease keeps it readable). The consumer
-# get_many's a slot's names with min_generation one past the newest generation it saw
-# there (generations only go up), and checks that every tensor is newer than the last.
-# A semaphore per (producer, consumer) with RING permits keeps a slot from being re-used
-# before its consumer has the batch. With take_many, names are never re-used and one
-# semaphore per consumer with RING * producers permits bounds what is in flight.
+# take_many: names are never re-used; a semaphore per consumer counts tensors in flight
+# (RING * producers * batch): the producer acquires a batch's worth before put_many, the
+# consumer releases one per tensor it took. take_many returns between 1 and max_count
+# tensors (what is there), so the consumer asks for what it still expects, up to a batch.
+#
+# get_many: the names are a ring: producer p's batch j goes to consumer (p + j) % M under
+# PREFIX/p<p>/c<c>/s<slot>/<k>, slot = (j // M) % RING; re-publishing a slot retires the
+# tensor it held (the consumer's lease keeps it readable). The consumer get_many's a slot's
+# names with min_generation one past the newest generation it saw there (generations only
+# go up) and checks that every tensor is newer than the last. A semaphore per (producer,
+# consumer) with RING permits keeps a slot from being re-used before its consumer has it.
 
 RING = 2
 
@@ -160,9 +163,7 @@ def _batch_routes(producers, consumers, batches):
     return routes
 
 
-def _batch_names(cfg, p, c, n, take):
-    if take:
-        return [f"{cfg['prefix']}/c{c}/"] * cfg["batch"]
+def _ring_names(cfg, p, c, n):
     return [f"{cfg['prefix']}/p{p}/c{c}/s{n % RING}/{k}" for k in range(cfg["batch"])]
 
 
@@ -172,13 +173,12 @@ def tensord_batched_producer(cfg, index, slots):
     def setup():
         client = tensord.connect(cfg["socket"])
         tensord_warm_producer(client, cfg, index)
-        take = hasattr(client, "take_many")
+        take = cfg["via"] == "take_many"
         n = cfg["size"]
         batch = cfg["batch"]
         batches = cfg["per_producer"] // batch
-        routes = _batch_routes(cfg["producers"], cfg["consumers"], batches)
-        mine = {}  # (consumer, batch j) -> use n
-        for c, route in routes.items():
+        mine = {}  # batch j -> (consumer, use n)
+        for c, route in _batch_routes(cfg["producers"], cfg["consumers"], batches).items():
             for p, j, use in route:
                 if p == index:
                     mine[j] = (c, use)
@@ -187,11 +187,13 @@ def tensord_batched_producer(cfg, index, slots):
             seq = 0
             for j in range(batches):
                 c, use = mine[j]
-                slots[("c", c) if take else (index, c)].acquire()
                 if take:
+                    for _ in range(batch):
+                        slots[("c", c)].acquire()
                     names = [f"{cfg['prefix']}/c{c}/p{index}/{seq + k}" for k in range(batch)]
                 else:
-                    names = _batch_names(cfg, index, c, use, False)
+                    slots[(index, c)].acquire()
+                    names = _ring_names(cfg, index, c, use)
                 arrays = [numpy.full(n, (seq + k) & 0xFF, numpy.uint8) for k in range(batch)]
                 client.put_many(list(zip(names, arrays)), ns=cfg["ns"])
                 seq += batch
@@ -200,42 +202,55 @@ def tensord_batched_producer(cfg, index, slots):
     return setup
 
 
+def _consume(tensors):
+    checksum = 0
+    for t in tensors:
+        a = t.numpy()
+        checksum += touch_pages(a)
+        del a
+        t.release()
+    return checksum
+
+
 def tensord_batched_consumer(cfg, index, slots):
     import tensord
 
     def setup():
         client = tensord.connect(cfg["socket"])
         tensord_warm_consumer(client, cfg, index)
-        take = hasattr(client, "take_many")
         batches = cfg["per_producer"] // cfg["batch"]
         route = _batch_routes(cfg["producers"], cfg["consumers"], batches)[index]
-
+        expected = len(route) * cfg["batch"]
         seen = {}  # name -> the generation last read there
 
-        def timed(start):
+        def timed_take(start):
+            checksum = 0
+            count = 0
+            prefix = f"{cfg['prefix']}/c{index}/"
+            while count < expected:
+                tensors = client.take_many(prefix, min(cfg["batch"], expected - count), timeout=60.0)
+                checksum += _consume(tensors)
+                count += len(tensors)
+                for _ in tensors:
+                    slots[("c", index)].release()
+            return count, checksum, None
+
+        def timed_get(start):
             checksum = 0
             count = 0
             for p, j, use in route:
-                names = _batch_names(cfg, p, index, use, take)
-                if take:
-                    tensors = client.take_many(names, timeout=60.0)
-                else:
-                    newest = max((seen.get(n, 0) for n in names), default=0)
-                    tensors = client.get_many(names, timeout=60.0,
-                                              min_generation=newest + 1 if newest else None)
-                    for n, t in zip(names, tensors):
-                        if t.generation <= seen.get(n, 0):
-                            raise RuntimeError(f"{n}: generation {t.generation} again (flow control broken)")
-                        seen[n] = t.generation
-                for t in tensors:
-                    a = t.numpy()
-                    checksum += touch_pages(a)
-                    del a
-                    t.release()
+                names = _ring_names(cfg, p, index, use)
+                newest = max(seen.get(n, 0) for n in names)
+                tensors = client.get_many(names, timeout=60.0, min_generation=newest + 1 if newest else None)
+                for n, t in zip(names, tensors):
+                    if t.generation <= seen.get(n, 0):
+                        raise RuntimeError(f"{n}: generation {t.generation} again (flow control broken)")
+                    seen[n] = t.generation
+                checksum += _consume(tensors)
                 count += len(tensors)
-                slots[("c", index) if take else (p, index)].release()
+                slots[(p, index)].release()
             return count, checksum, None
-        return timed
+        return timed_take if cfg["via"] == "take_many" else timed_get
     return setup
 
 
