@@ -1,22 +1,30 @@
 #include "server/arena.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <iterator>
 
 #include "common/check.h"
 
 namespace tensord::server {
 
-ArenaSlots::ArenaSlots(uint64_t size) : size_(size / kArenaAlignment * kArenaAlignment), free_bytes_(size_) {
+uint64_t ArenaAlignment() {
+  static const uint64_t page = std::max<uint64_t>(4096, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+  return page;
+}
+
+ArenaSlots::ArenaSlots(uint64_t size) : size_(size / ArenaAlignment() * ArenaAlignment()), free_bytes_(size_) {
   if (size_ > 0) free_.emplace(0, size_);
 }
 
 uint64_t ArenaSlots::SlotBytes(uint64_t extent) {
-  if (extent == 0) return kArenaAlignment;
-  return (extent + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  if (extent == 0) return ArenaAlignment();
+  return (extent + ArenaAlignment() - 1) / ArenaAlignment() * ArenaAlignment();
 }
 
 std::optional<uint64_t> ArenaSlots::Allocate(uint64_t slot_bytes) {
-  TENSORD_CHECK(slot_bytes > 0 && slot_bytes % kArenaAlignment == 0);
+  TENSORD_CHECK(slot_bytes > 0 && slot_bytes % ArenaAlignment() == 0);
   if (slot_bytes > free_bytes_) return std::nullopt;
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < slot_bytes) continue;

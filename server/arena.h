@@ -2,7 +2,7 @@
 //
 // An arena is a memfd owned by one producer session and one namespace; small tensors are
 // carved out of it so a consumer maps it once and later acquires in it need no fd and no
-// mmap. Slots are whole pages (kArenaAlignment); first fit over a free list that
+// mmap. Slots are whole pages (ArenaAlignment()); first fit over a free list that
 // coalesces neighbours on Free. A slot is freed only when its tensor is dropped (no binding,
 // no lease), so a reused slot is never visible through an old lease. Not thread-safe: the
 // Broker guards it with its mutex.
@@ -14,9 +14,9 @@
 
 namespace tensord::server {
 
-// Slots are whole pages: a reader maps one tensor's pages copy-on-write, and a page it wrote
-// to must never hold a neighbour or the slot's next tensor.
-inline constexpr uint64_t kArenaAlignment = 4096;
+// Slots are whole pages (this machine's, at least 4 KiB): a reader's copy-on-write pages of
+// one tensor must never hold a neighbour or the slot's next tensor.
+uint64_t ArenaAlignment();
 
 class ArenaSlots {
  public:
