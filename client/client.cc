@@ -115,6 +115,11 @@ Result<std::vector<TensorInfo>> Client::PublishMany(const std::vector<PublishIte
   return Guard("publish", [&] { return core_->PublishMany(items); });
 }
 
+Result<std::vector<TensorRef>> Client::TakeMany(std::string_view name_or_prefix, size_t max_count,
+                                                Wait wait) {
+  return Guard("take", [&] { return core_->TakeMany(name_or_prefix, max_count, wait); });
+}
+
 Result<std::vector<TensorRef>> Client::AcquireMany(const std::vector<std::string>& names,
                                                    const AcquireOptions& options) {
   return Guard("acquire", [&] { return core_->AcquireMany(names, options); });

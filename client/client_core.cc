@@ -316,6 +316,12 @@ Result<std::vector<TensorInfo>> ClientCore::PublishMany(const std::vector<Publis
   return *std::move(infos);
 }
 
+Result<std::vector<TensorRef>> ClientCore::TakeMany(std::string_view name_or_prefix,
+                                                    size_t max_count, Wait wait) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRefs(session->TakeMany(name_or_prefix, max_count, wait));
+}
+
 Result<std::vector<TensorRef>> ClientCore::AcquireMany(const std::vector<std::string>& names,
                                                        const AcquireOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);

@@ -52,6 +52,7 @@ class ClientCore {
   Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait);
   Result<std::vector<TensorRef>> AllocateMany(const std::vector<AllocateItem>& items);
   Result<std::vector<TensorInfo>> PublishMany(const std::vector<PublishItem>& items);
+  Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count, Wait wait);
   Result<std::vector<TensorRef>> AcquireMany(const std::vector<std::string>& names,
                                              const AcquireOptions& options);
   Status Delete(std::string_view name, uint64_t if_generation);

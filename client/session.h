@@ -74,6 +74,11 @@ class Session final : public ReleaseSink {
   absl::StatusOr<std::vector<TensorInfo>> PublishMany(const std::vector<PublishTarget>& items);
   absl::StatusOr<std::vector<LeaseView*>> AcquireMany(const std::vector<std::string>& names,
                                                       const AcquireOptions& options);
+  // Up to `max_count` takes of one name or prefix, pipelined: the first waits as `wait`
+  // says, the others take only what is there already. Between 1 and max_count views.
+  absl::StatusOr<std::vector<LeaseView*>> TakeMany(std::string_view name_or_prefix,
+                                                   size_t max_count, Wait wait);
+  static constexpr size_t kMaxTakeBatch = 4096;
   // Drops the arena mappings the session keeps (the session is dead or being closed).
   void ReleaseKeptMappings() { mappings_.ReleaseKept(); }
   // Drops this client's cached lease of `name` (after a Delete or Take by us).

@@ -249,4 +249,51 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   return views;
 }
 
+absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_or_prefix,
+                                                          size_t max_count, Wait wait) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string target(name_or_prefix);
+  if (max_count == 0 || max_count > kMaxTakeBatch) {
+    return absl::InvalidArgumentError("take of up to " + std::to_string(max_count) + " from '" +
+                                      target + "': between 1 and " +
+                                      std::to_string(kMaxTakeBatch) + " per batch");
+  }
+  std::vector<tensord::v1::SessionRequest> requests(max_count);
+  for (size_t i = 0; i < max_count; ++i) {
+    tensord::v1::TakeRequest* take = requests[i].mutable_take();
+    take->set_name_or_prefix(target);
+    // Only the first waits: the batch is what is there once something is.
+    if (i == 0 && wait.forever()) {
+      take->set_forever(true);
+    } else if (i == 0 && wait.millis() > 0) {
+      take->set_timeout_ms(static_cast<uint64_t>(wait.millis()));
+    }
+  }
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
+      StreamCallMany(std::move(requests), ReplyBound(wait));
+  std::vector<Grant> grants;
+  std::optional<absl::Status> first_error;
+  for (auto& reply : replies) {
+    if (!reply.ok()) {
+      // The rest found the queue empty (NOT_FOUND): expected, not an error of the batch.
+      if (!first_error) first_error = reply.status();
+      continue;
+    }
+    if (!reply->has_take()) {
+      if (!first_error) first_error = absl::InternalError("the broker answered with something else");
+      continue;
+    }
+    // Unbound now: a cached lease of the name must not serve it any more.
+    ForgetName(reply->take().tensor().name());
+    grants.push_back(Grant{grants.size(), reply->take().lease_id(), &reply->take().tensor()});
+  }
+  auto what = [&](size_t i) { return ElementOf("take", i, grants.size()) + " from '" + target + "'"; };
+  if (grants.empty()) {
+    return absl::Status(first_error->code(), "take from '" + target + "': " + std::string(first_error->message()));
+  }
+  std::vector<LeaseView*> views(grants.size(), nullptr);
+  TENSORD_RETURN_IF_ERROR(AdoptBatch(grants, ViewKind::kPrivate, nullptr, what, views));
+  return views;
+}
+
 }  // namespace tensord::internal

@@ -431,6 +431,18 @@ class PyClient {
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
   }
 
+  py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout) {
+    std::shared_ptr<Client> client = Core();
+    std::vector<TensorRef> refs = WaitLoop<std::vector<TensorRef>>(
+        "'" + name_or_prefix + "'", timeout,
+        [&](Wait wait) { return client->TakeMany(name_or_prefix, max_count, wait); });
+    py::list out;
+    for (TensorRef& ref : refs) {
+      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
+    }
+    return out;
+  }
+
   void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
     std::shared_ptr<Client> client = Core();
     Status status = [&] {
@@ -624,6 +636,8 @@ PYBIND11_MODULE(_tensord, m) {
            py::arg("min_generation") = py::none(), py::arg("readonly") = false)
       .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false)
       .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0)
+      .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
+           py::arg("timeout") = 0.0)
       .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
       .def("list", &PyClient::List, py::arg("prefix") = "")
       .def("stat", &PyClient::Stat, py::arg("name"))

@@ -309,6 +309,62 @@ Result<TensorRef> AllocateSmall(internal::ClientCore& core, const std::string& n
   return ref;
 }
 
+TEST(Batch, TakeManyTakesTheOldestUpToTheCountAndWaitsOnlyForTheFirst) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  auto consumer = Connect(daemon);
+  const std::vector<std::string> names = Names("q/item", 5);
+  auto refs = producer->AllocateMany("q", std::vector<TensorSpec>(5, Floats(4)));
+  ASSERT_TRUE(refs.ok()) << refs.status().ToString();
+  std::vector<PublishItem> items;
+  for (size_t i = 0; i < names.size(); ++i) {
+    static_cast<float*>((*refs)[i].mutable_data())[0] = static_cast<float>(i);
+    items.push_back(PublishItem{&(*refs)[i], names[i], {}});
+  }
+  ASSERT_TRUE(producer->PublishMany(items).ok());
+
+  auto first = consumer->TakeMany("q/", 3);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*first)[i].info().name, names[i]);  // oldest first
+    EXPECT_EQ(static_cast<const float*>((*first)[i].data())[0], static_cast<float>(i));
+  }
+  // Fewer left than asked for: what is there, without waiting.
+  auto rest = consumer->TakeMany("q/", 10, Wait::For(5s));
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  ASSERT_EQ(rest->size(), 2u);
+  EXPECT_EQ((*rest)[1].info().name, names[4]);
+  EXPECT_TRUE(consumer->List("q/")->empty());
+
+  // Nothing there: fails at once without a wait, else waits for the first to arrive.
+  auto none = consumer->TakeMany("q/", 4);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+  EXPECT_THAT(none.status().message(), HasSubstr("'q/'"));
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    auto t = producer->Allocate("q", Floats(4));
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(producer->Publish(*t, "q/late").ok());
+  });
+  auto waited = consumer->TakeMany("q/", 4, Wait::For(10s));
+  later.join();
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  ASSERT_EQ(waited->size(), 1u);
+  EXPECT_EQ((*waited)[0].info().name, "q/late");
+  auto expired = consumer->TakeMany("q/", 2, Wait::For(50ms));
+  EXPECT_EQ(expired.status().code(), StatusCode::kDeadlineExceeded) << expired.status().ToString();
+  EXPECT_EQ(consumer->TakeMany("q/", 0).status().code(), StatusCode::kInvalidArgument);
+
+  // Each taken tensor holds exactly one lease, the consumer's.
+  refs->clear();
+  ASSERT_TRUE(producer->Flush().ok());
+  ASSERT_TRUE(consumer->Flush().ok());
+  auto status = consumer->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->leases, 6u);
+}
+
 TEST(Arena, AProducerMapsItsArenaOnceAndKeepsItWritable) {
   DaemonProcess daemon;
   auto producer = Core(Options(daemon));

@@ -185,3 +185,29 @@ def test_in_place_writes_to_an_arena_tensor_stay_with_it(client, other, name):
     assert (info["buffer_id"], info["buffer_offset"]) == slot, "the broker did not reuse the slot"
     assert other.get(fresh).numpy().tolist() == [5.0] * 16
     assert held.numpy()[0] == 1.0
+
+
+def test_take_many_is_a_batch_from_a_work_queue(client, other, name):
+    prefix = name("q") + "/"
+    client.put_many({f"{prefix}{i:02d}": np.full(4, i, dtype=np.int32) for i in range(5)})
+    first = other.take_many(prefix, 3)
+    assert [t.numpy()[0] for t in first] == [0, 1, 2]  # oldest first
+    rest = other.take_many(prefix, 10, timeout=5.0)  # what is there; no wait for more
+    assert [t.numpy()[0] for t in rest] == [3, 4]
+    assert client.list(prefix) == []
+    with pytest.raises(tensord.NotFound):
+        other.take_many(prefix, 2)
+    with pytest.raises(tensord.Timeout):
+        other.take_many(prefix, 2, timeout=0.05)
+
+    def later():
+        time.sleep(0.1)
+        client.put(prefix + "late", np.array([7], dtype=np.int32))
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    waited = other.take_many(prefix, 4, timeout=10.0)
+    thread.join()
+    assert [t.numpy().tolist() for t in waited] == [[7]]
+    with pytest.raises(tensord.InvalidArgument):
+        other.take_many(prefix, 0)

@@ -272,6 +272,12 @@ class TENSORD_EXPORT Client {
   // By name; every element waits as `options.wait` says, all at the same time.
   Result<std::vector<TensorRef>> AcquireMany(const std::vector<std::string>& names,
                                              const AcquireOptions& options = {});
+  // A batch of a work queue: up to `max_count` (at most 4096) takes of one name or prefix,
+  // oldest first. Waits as `wait` says for the first; the rest are what is bound already,
+  // so it returns between 1 and max_count tensors (the takes cannot be undone, so this is
+  // not all or nothing).
+  Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count,
+                                          Wait wait = {});
 
   Status Delete(std::string_view name, uint64_t if_generation = 0);
   Result<std::vector<TensorInfo>> List(std::string_view prefix = "");

@@ -174,6 +174,12 @@ class Client:
         published under it: a zero-copy work queue. timeout as for get()."""
         return self._core.take(name_or_prefix, timeout)
 
+    def take_many(self, name_or_prefix, max_count, timeout=0.0):
+        """A batch from a work queue: up to max_count (at most 4096) takes, oldest first, in
+        one round trip. timeout (as for take()) applies to the first; the rest are what is
+        published already, so the list holds between 1 and max_count tensors."""
+        return self._core.take_many(name_or_prefix, max_count, timeout)
+
     def watch(self, prefix="", initial=False):
         """A Watch of binding changes under prefix (initial=True starts with the current
         bindings)."""
