@@ -146,6 +146,9 @@ tensord::v1::Broker::Stub* Session::StubLocked() {
     grpc::ChannelArguments channel_args;
     channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     channel_args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, std::numeric_limits<int>::max());
+    // A Unix socket has no bandwidth-delay product to probe: BDP pings are pure per-message
+    // overhead on the hot path.
+    channel_args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     channel_ = grpc::CreateCustomChannel("unix:" + socket_path_,
                                          grpc::InsecureChannelCredentials(), channel_args);
     stub_ = tensord::v1::Broker::NewStub(channel_);
