@@ -9,6 +9,8 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev libdlpack-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
+  # the gRPC bytes-copy peer of the comparative benchmark (tests/bench/compare.py)
+  python3-grpcio
   libze-dev clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.
