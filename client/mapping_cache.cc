@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -113,19 +114,14 @@ absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> MappingCache::GetOrMapMany
   absl::Status first_error;
   for (size_t k = 0; k < to_fetch.size(); ++k) {
     const BufferToMap& buffer = *to_fetch[k];
-    absl::StatusOr<std::shared_ptr<Mapping>> mapped =
-        Map(buffer.key, fds[k].fd.get(), fds[k].size, after_map);
+    absl::StatusOr<std::shared_ptr<Mapping>> winner =
+        MapAndInsert(buffer.key, fds[k].fd.get(), fds[k].size, after_map, buffer.retention);
     fds[k].fd.reset();
-    if (!mapped.ok()) {
-      if (first_error.ok()) first_error = mapped.status();
+    if (!winner.ok()) {
+      if (first_error.ok()) first_error = winner.status();
       continue;
     }
-    std::shared_ptr<Mapping> winner;
-    {
-      absl::MutexLock lock(&mu_);
-      winner = Insert(buffer.key, *std::move(mapped), buffer.retention);
-    }
-    for (size_t i : waiting[buffer.key]) out[i] = winner;
+    for (size_t i : waiting[buffer.key]) out[i] = *winner;
   }
   if (!first_error.ok()) return first_error;
   return out;
@@ -171,6 +167,15 @@ absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::MapAndInsert(const Mappin
                                                                     uint64_t size,
                                                                     const AfterMapFn& after_map,
                                                                     Retention retention) {
+  // A producer's writable mapping of an arena can be made once only: the first one seals the
+  // arena against new writable mappings, so a second thread's mmap would fail with EPERM.
+  // Concurrent first uses take turns, and the later ones find the first one's mapping.
+  std::optional<absl::MutexLock> one_at_a_time;
+  if (retention == Retention::kSession) {
+    one_at_a_time.emplace(&session_map_mu_);
+    absl::MutexLock lock(&mu_);
+    if (std::shared_ptr<Mapping> hit = Lookup(key, retention)) return hit;
+  }
   TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Map(key, fd, size, after_map));
   absl::MutexLock lock(&mu_);
   return Insert(key, std::move(mapping), retention);

@@ -161,6 +161,7 @@ class MappingCache {
                                                         Retention retention);
 
   const std::chrono::milliseconds linger_;
+  absl::Mutex session_map_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // see MapAndInsert
   absl::Mutex mu_;
   std::map<MappingKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // The keys of the entries a sweep may drop (kLinger with a kept reference).

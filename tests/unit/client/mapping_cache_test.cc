@@ -4,11 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "common/memory/memfd.h"
@@ -70,6 +72,36 @@ TEST(MappingCacheTest, ASecondLookupOfABufferFetchesNoFdAndMapsNothingNew) {
   // The fetched fd was closed as soon as the buffer was mapped.
   ASSERT_EQ(broker.handed_out.size(), 1u);
   EXPECT_FALSE(FdIsOpen(broker.handed_out[0]));
+}
+
+// The first writable mapping of a producer's arena seals it against writable mappings:
+// threads that miss at the same time must share that one, not fail to map their own.
+TEST(MappingCacheTest, ConcurrentFirstWritableMappingsOfAnArenaShareOne) {
+  auto memfd = common::CreateSealedMemfd("mapping-cache-race", 1 << 16);
+  ASSERT_TRUE(memfd.ok()) << memfd.status();
+  MappingCache cache;
+  const MappingKey key{"nonce", 7, MapMode::kSharedWritable};
+  auto fetch = [&]() -> absl::StatusOr<BufferFd> {
+    return BufferFd{common::UniqueFd(::fcntl(memfd->get(), F_DUPFD_CLOEXEC, 0)), 1 << 16};
+  };
+  auto seal = [](int fd) { return common::SealFutureWrite(fd, "arena"); };
+  constexpr int kThreads = 8;
+  std::vector<absl::StatusOr<std::shared_ptr<Mapping>>> results(kThreads, absl::UnknownError("unset"));
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      results[t] = cache.GetOrMap(key, fetch, seal, Retention::kSession);
+    });
+  }
+  go = true;
+  for (std::thread& thread : threads) thread.join();
+  for (const auto& result : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->get(), results[0]->get());
+  }
+  (*results[0])->data()[0] = 1;  // writable
 }
 
 TEST(MappingCacheTest, TheLastReferenceUnmapsAndTheNextLookupFetchesAgain) {
