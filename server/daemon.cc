@@ -138,8 +138,11 @@ absl::Status RunDaemon(const Config& config) {
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 * 1024 * 1024);
   // Clients are on this node, over a Unix socket: no bandwidth-delay product to probe, and
-  // the probe's pings cost CPU on every read of the hot path.
+  // the probe's pings cost CPU on every read of the hot path. Without the probe the window
+  // would stay at 64 KiB: a client that pipelines requests faster than it reads replies
+  // (the broker stops reading a stream whose replies pile up) needs room for its requests.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) return absl::UnavailableError("cannot start the gRPC server");
   if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get()); !listening.ok()) {
