@@ -134,6 +134,24 @@ class Harness {
   std::vector<SessionResponse> orphans_;
 };
 
+// Requests the fake broker saw, read by the test thread: a lock makes the hand-over visible
+// to TSan (the gRPC socket between them is not instrumented).
+class Seen {
+ public:
+  void Add(const SessionRequest& request) {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.push_back(request);
+  }
+  std::vector<SessionRequest> Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<SessionRequest> requests_;
+};
+
 std::vector<SessionRequest> MarkedBatch(uint64_t first, size_t n) {
   std::vector<SessionRequest> batch;
   for (size_t i = 0; i < n; ++i) batch.push_back(Marked(first + i));
@@ -141,15 +159,17 @@ std::vector<SessionRequest> MarkedBatch(uint64_t first, size_t n) {
 }
 
 TEST(SessionStreamTest, CallManySendsTheWholeBatchBeforeAnyReplyAndReturnsRepliesInOrder) {
-  std::vector<SessionRequest> seen;
+  Seen seen_by_broker;
   Harness h([&](ServerStream* stream) {
     // Every request must arrive before the broker answers any: the buffered writes of the
     // batch were flushed by its last one.
-    if (!ReadN(stream, 5, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    std::vector<SessionRequest> batch;
+    if (!ReadN(stream, 5, &batch)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    for (const SessionRequest& request : batch) seen_by_broker.Add(request);
     SessionResponse push;
     push.mutable_retired()->set_tensor_id(99);
     stream->Write(push);
-    for (auto it = seen.rbegin(); it != seen.rend(); ++it) stream->Write(ReplyTo(*it));
+    for (auto it = batch.rbegin(); it != batch.rend(); ++it) stream->Write(ReplyTo(*it));
     SessionRequest ignored;
     while (stream->Read(&ignored)) {
     }
@@ -162,6 +182,7 @@ TEST(SessionStreamTest, CallManySendsTheWholeBatchBeforeAnyReplyAndReturnsReplie
     EXPECT_EQ(results[i]->publish().tensor().tensor_id(), 10 + i) << "reply " << i;
   }
   // Fresh, distinct, non-zero seqs, in the order of the batch.
+  const std::vector<SessionRequest> seen = seen_by_broker.Get();
   ASSERT_EQ(seen.size(), 5u);
   std::set<uint64_t> seqs;
   for (size_t i = 0; i < seen.size(); ++i) {
@@ -178,11 +199,11 @@ TEST(SessionStreamTest, CallManySendsTheWholeBatchBeforeAnyReplyAndReturnsReplie
 }
 
 TEST(SessionStreamTest, CallAndCallManyShareTheSeqSpace) {
-  std::vector<SessionRequest> seen;
+  Seen seen_by_broker;
   Harness h([&](ServerStream* stream) {
     SessionRequest request;
     while (stream->Read(&request)) {
-      seen.push_back(request);
+      seen_by_broker.Add(request);
       stream->Write(ReplyTo(request));
     }
     return grpc::Status::OK;
@@ -196,6 +217,7 @@ TEST(SessionStreamTest, CallAndCallManyShareTheSeqSpace) {
     ASSERT_TRUE(many[i].ok());
     EXPECT_EQ(many[i]->publish().tensor().tensor_id(), 2 + i);
   }
+  const std::vector<SessionRequest> seen = seen_by_broker.Get();
   ASSERT_EQ(seen.size(), 4u);
   EXPECT_LT(seen[0].seq(), seen[1].seq());
   EXPECT_TRUE(h.stream().CallMany({}, Clock::now() + 1s).empty());
