@@ -484,8 +484,7 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     } else if (in_arena) {
       arena_queue_.try_emplace({session_id, tensor.ns});
       size = options_.arena_bytes;
-      absl::Status reserved = ReserveHostBytesLocked(
-          size, absl::StrCat("allocating a new arena for namespace ", Quote(tensor.ns)));
+      absl::Status reserved = ReserveArenaLocked(tensor.ns);
       if (!reserved.ok()) {
         arena_queue_.erase({session_id, tensor.ns});
         return fail(reserved);
@@ -513,6 +512,11 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
         size, absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
     FinishAllocate(session_id, size, arena, std::move(tensor), std::move(memory), std::move(done));
   });
+}
+
+absl::Status Broker::ReserveArenaLocked(std::string_view ns) {
+  return ReserveHostBytesLocked(options_.arena_bytes,
+                                absl::StrCat("allocating a new arena for namespace ", Quote(ns)));
 }
 
 bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
@@ -577,7 +581,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       absl::Status cap = CheckLeaseCapLocked(*session);
       if (!cap.ok()) {
         host_bytes_in_use_ -= size;
-        effects.garbage.push_back(std::move(*memory));
+        if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
         results.emplace_back(std::move(batch[0].done), cap);
       } else {
         results.emplace_back(std::move(batch[0].done),
@@ -605,8 +609,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       }
       // The new arena is full: the first that did not fit makes the next, the rest wait for it.
       if (!overflow.empty()) {
-        absl::Status reserved = ReserveHostBytesLocked(
-            options_.arena_bytes, absl::StrCat("allocating a new arena for namespace ", Quote(ns)));
+        absl::Status reserved = ReserveArenaLocked(ns);
         if (!reserved.ok()) {
           for (QueuedAllocate& entry : overflow) results.emplace_back(std::move(entry.done), reserved);
         } else {

@@ -194,6 +194,8 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
+  // Reserves quota for one more arena (--arena-bytes) in namespace `ns`.
+  absl::Status ReserveArenaLocked(std::string_view ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts `tensor` in a free slot of one of the session's arenas for its namespace; false
   // when none has room.
   bool PlaceInArenaLocked(Session& session, Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

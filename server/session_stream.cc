@@ -26,6 +26,15 @@ bool IsPush(const v1::SessionResponse& message) {
          message.body_case() == v1::SessionResponse::kCacheReset;
 }
 
+// The reply to request `seq` that carries `status` as its error.
+v1::SessionResponse ErrorReply(uint64_t seq, const absl::Status& status) {
+  v1::SessionResponse response;
+  response.set_seq(seq);
+  response.mutable_error()->set_code(static_cast<int>(status.code()));
+  response.mutable_error()->set_message(std::string(status.message()));
+  return response;
+}
+
 class SessionStream;
 
 // What the stream shares with the Broker (as its PushSink) and with wait completions,
@@ -135,27 +144,20 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Dispatch(const v1::SessionRequest& request) {
     uint64_t seq = request.seq();
     std::shared_ptr<StreamOutbox> outbox = outbox_;
-    auto respond_error = [&](const absl::Status& status) {
-      v1::SessionResponse response;
-      response.set_seq(seq);
-      response.mutable_error()->set_code(static_cast<int>(status.code()));
-      response.mutable_error()->set_message(std::string(status.message()));
-      outbox->Respond(std::move(response));
-    };
+    auto respond_error = [&](const absl::Status& status) { outbox->Respond(ErrorReply(seq, status)); };
     switch (request.op_case()) {
       case v1::SessionRequest::kAcquire:
       case v1::SessionRequest::kTake: {
         bool take = request.op_case() == v1::SessionRequest::kTake;
         outbox->ExpectReply();
         auto done = [outbox, seq, take](absl::StatusOr<v1::AcquireResponse> result) {
+          if (!result.ok()) {
+            outbox->RespondOwed(ErrorReply(seq, result.status()));
+            return;
+          }
           v1::SessionResponse response;
           response.set_seq(seq);
-          if (result.ok()) {
-            *(take ? response.mutable_take() : response.mutable_acquire()) = std::move(*result);
-          } else {
-            response.mutable_error()->set_code(static_cast<int>(result.status().code()));
-            response.mutable_error()->set_message(std::string(result.status().message()));
-          }
+          *(take ? response.mutable_take() : response.mutable_acquire()) = std::move(*result);
           outbox->RespondOwed(std::move(response));
         };
         uint64_t wait_id = take ? broker_->Take(session_id_, request.take(), std::move(done))
@@ -198,14 +200,13 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         outbox->ExpectReply();
         broker_->Allocate(session_id_, request.allocate(),
                           [outbox, seq](absl::StatusOr<v1::AllocateResponse> result) {
+                            if (!result.ok()) {
+                              outbox->RespondOwed(ErrorReply(seq, result.status()));
+                              return;
+                            }
                             v1::SessionResponse response;
                             response.set_seq(seq);
-                            if (result.ok()) {
-                              *response.mutable_allocate() = std::move(*result);
-                            } else {
-                              response.mutable_error()->set_code(static_cast<int>(result.status().code()));
-                              response.mutable_error()->set_message(std::string(result.status().message()));
-                            }
+                            *response.mutable_allocate() = std::move(*result);
                             outbox->RespondOwed(std::move(response));
                           });
         break;
