@@ -25,12 +25,10 @@
 #include <sys/wait.h>
 
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +36,7 @@
 #include "tensord/client.h"
 #include "tests/bench/bench_util.h"
 #include "tests/bench/floors.h"
+#include "tests/integration/proc_info.h"
 
 namespace tensord::bench {
 namespace {
@@ -344,17 +343,9 @@ void KillToRelease(benchmark::State& state, int64_t leases) {
 
 // VmRSS of a process in bytes.
 uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      std::istringstream fields(line.substr(6));
-      uint64_t kib = 0;
-      fields >> kib;
-      return kib * 1024;
-    }
-  }
-  Die("no VmRSS for pid " + std::to_string(pid));
+  int64_t kib = testing::RssKiB(pid);
+  if (kib < 0) Die("no VmRSS for pid " + std::to_string(pid));
+  return static_cast<uint64_t>(kib) * 1024;
 }
 
 // The leases held on `names`, from Stat.

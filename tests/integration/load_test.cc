@@ -7,9 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/proc_info.h"
 
 namespace tensord {
 namespace {
@@ -47,17 +46,8 @@ Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_
 
 // VmRSS of a process in bytes (0 if unreadable).
 uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      std::istringstream fields(line.substr(6));
-      uint64_t kib = 0;
-      fields >> kib;
-      return kib * 1024;
-    }
-  }
-  return 0;
+  int64_t kib = testing::RssKiB(pid);
+  return kib < 0 ? 0 : static_cast<uint64_t>(kib) * 1024;
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

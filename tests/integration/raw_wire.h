@@ -25,6 +25,7 @@
 #include "common/unique_fd.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
+#include "tests/integration/proc_info.h"
 #include "tensord/v1/broker.pb.h"
 #include "tensord/v1/fd_channel.pb.h"
 
@@ -51,23 +52,6 @@ inline int CountFds(pid_t pid) {
   }
   closedir(dir);
   return count;
-}
-
-// A field of /proc/<pid>/status or /proc/<pid>/limits, by the start of its line.
-inline std::string ProcLine(pid_t pid, const std::string& file, const std::string& prefix) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
-  }
-  return "";
-}
-
-inline int64_t RssKiB(pid_t pid) {
-  std::istringstream in(ProcLine(pid, "status", "VmRSS:"));
-  int64_t kib = -1;
-  in >> kib;
-  return kib;
 }
 
 // Waits up to 5 s for the daemon's fd count to come back to `expected`.
