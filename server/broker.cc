@@ -50,6 +50,18 @@ std::string Quote(std::string_view text) {
   return "'" + std::string(text) + "'";
 }
 
+// A description as Allocate accepts it (Publish's `desc` too): valid, and on a device this
+// build serves.
+absl::StatusOr<common::TensorLayout> ValidateAllocatableDesc(const v1::TensorDesc& desc) {
+  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(desc));
+  if (desc.device().type() != v1::DEVICE_TYPE_CPU) {
+    return absl::FailedPreconditionError(
+        "only host (CPU) tensors are served by this build: the cuda and level_zero "
+        "backends are not built yet");
+  }
+  return layout;
+}
+
 absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>& tags) {
   if (tags.size() > 64) {
     return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most 64"));
@@ -440,13 +452,8 @@ void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
 void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
                       Completion<v1::AllocateResponse> done) {
   auto fail = [&](absl::Status status) { std::move(done)(std::move(status)); };
-  absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(request.desc());
+  absl::StatusOr<common::TensorLayout> layout = ValidateAllocatableDesc(request.desc());
   if (!layout.ok()) return fail(layout.status());
-  if (request.desc().device().type() != v1::DEVICE_TYPE_CPU) {
-    return fail(absl::FailedPreconditionError(
-        "only host (CPU) tensors are served by this build: the cuda and level_zero "
-        "backends are not built yet"));
-  }
   if (!request.ns().empty()) {
     if (absl::Status status = common::ValidateNamespace(request.ns()); !status.ok()) return fail(status);
   }
@@ -700,6 +707,10 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
 absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v1::PublishRequest& request) {
   const std::string& name = request.name();
   if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
+  std::optional<common::TensorLayout> new_layout;
+  if (request.has_desc()) {
+    TENSORD_ASSIGN_OR_RETURN(new_layout, ValidateAllocatableDesc(request.desc()));
+  }
   Effects effects;
   v1::PublishResponse response;
   {
@@ -713,6 +724,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     if (tensor->state != v1::TENSOR_STATE_CREATING) {
       return absl::FailedPreconditionError(absl::StrCat("tensor ", tensor->id, " is already published"));
     }
+    if (new_layout) TENSORD_RETURN_IF_ERROR(CheckFitsRegionLocked(*tensor, request.desc(), *new_layout));
     std::string_view ns = name.empty() ? std::string_view(tensor->ns) : common::NamespaceOf(name);
     if (!name.empty()) {
       if (!tensor->ns.empty() && tensor->ns != ns) {
@@ -741,6 +753,12 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       TENSORD_RETURN_IF_ERROR(common::CheckReaderSeals(
           buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
     }
+    if (new_layout) {
+      // Every check passed: from here on (reply, Stat, acquires) the new description holds.
+      tensor->desc = request.desc();
+      tensor->desc.clear_strides();
+      tensor->layout = *std::move(new_layout);
+    }
     tensor->state = v1::TENSOR_STATE_SEALED;
     tensor->ns = std::string(ns);
     if (name.empty()) {
@@ -754,6 +772,38 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
   }
   Deliver(effects);
   return response;
+}
+
+absl::Status Broker::CheckFitsRegionLocked(const Tensor& tensor, const v1::TensorDesc& desc,
+                                           const common::TensorLayout& layout) {
+  const v1::Device& had = tensor.desc.device();
+  if (desc.device().type() != had.type() || desc.device().index() != had.index() ||
+      desc.device().uuid() != had.uuid()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "desc.device: tensor ", tensor.id, " was allocated on ", v1::DeviceType_Name(had.type()),
+        " device ", had.index(), ", not ", v1::DeviceType_Name(desc.device().type()), " device ",
+        desc.device().index()));
+  }
+  // The region is what the tensor was given: its arena slot, or the rest of its own buffer.
+  uint64_t region = 0;
+  const char* what = "its buffer";
+  if (tensor.buffer_id != 0) {
+    const Buffer* buffer = registry_.FindBuffer(tensor.buffer_id);
+    TENSORD_CHECK(buffer != nullptr && buffer->size >= tensor.offset);
+    region = tensor.slot_bytes > 0 ? tensor.slot_bytes : buffer->size - tensor.offset;
+    if (tensor.slot_bytes > 0) what = "its arena slot";
+  }
+  if (layout.extent > region) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "desc: extent of ", layout.extent, " bytes does not fit the ", region,
+        "-byte region tensor ", tensor.id, " was allocated (", what, ")"));
+  }
+  // Clients refuse a tensor of no elements that has a buffer.
+  if (layout.extent == 0 && tensor.buffer_id != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "desc.shape has no elements, but tensor ", tensor.id, " has a buffer"));
+  }
+  return absl::OkStatus();
 }
 
 void Broker::ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) {

@@ -104,6 +104,9 @@ class Broker {
                 Completion<tensord::v1::AllocateResponse> done);
   absl::StatusOr<tensord::v1::AllocateResponse> Export(uint64_t session_id,
                                                        const tensord::v1::ExportRequest& request);
+  // With `desc` set (a slot allocated ahead of time, described now): validated as Allocate
+  // validates, and it must fit the region the tensor was allocated; on any error nothing
+  // changes.
   absl::StatusOr<tensord::v1::PublishResponse> Publish(uint64_t session_id,
                                                        const tensord::v1::PublishRequest& request);
   // `done` runs exactly once, maybe before this returns. Returns a wait id for CancelWait
@@ -191,6 +194,11 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publish's `desc` for a CREATING tensor: same device, and an extent that fits the region
+  // the tensor was allocated (its arena slot, or its buffer from its offset on).
+  absl::Status CheckFitsRegionLocked(const Tensor& tensor, const tensord::v1::TensorDesc& desc,
+                                     const common::TensorLayout& layout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
