@@ -30,6 +30,7 @@ LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
       mapping_(std::move(params.mapping)),
       arena_slot_offset_(params.arena_slot_offset),
       arena_slot_length_(params.arena_slot_length),
+      described_here_(params.described_here),
       queue_(std::move(queue)) {
   TENSORD_CHECK(queue_ != nullptr);
   if (mapping_ != nullptr) {

@@ -53,6 +53,9 @@ class LeaseView {
     // A copy-on-write view of a tensor in an arena: its slot in the buffer (whole pages).
     uint64_t arena_slot_offset = 0;
     uint64_t arena_slot_length = 0;  // 0: not in an arena, or not copy-on-write
+    // A producer's pooled slot: the broker still has it as a plain slot, and Publish sends
+    // `info`'s description with it.
+    bool described_here = false;
   };
   // Starts with one reference, owned by the caller.
   LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue);
@@ -83,6 +86,7 @@ class LeaseView {
   uint64_t lease_id() const { return lease_id_; }
   uint64_t session_id() const { return session_id_; }
   ViewKind kind() const { return kind_; }
+  bool described_here() const { return described_here_; }
   bool readonly() const { return kind_ == ViewKind::kReadOnly; }
   // Element 0; a static non-null byte for a zero-byte tensor.
   uint8_t* data() const { return data_; }
@@ -119,6 +123,7 @@ class LeaseView {
   uint8_t* data_ = nullptr;
   const uint64_t arena_slot_offset_;
   const uint64_t arena_slot_length_;
+  const bool described_here_;
   friend class ReleaseQueue;
   // Keeps the queue alive for the last Unref(), whenever that comes.
   std::shared_ptr<ReleaseQueue> queue_;

@@ -380,7 +380,8 @@ absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::T
 absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
                                                const tensord::v1::TensorInfo& tensor,
                                                ViewKind kind, std::string_view cache_name,
-                                               std::string_view what, int export_fd) {
+                                               std::string_view what, int export_fd,
+                                               bool described_here) {
   auto give_back = [&](absl::Status status) -> absl::Status {
     queue_->PushLeaseIds({lease_id});
     return status;
@@ -420,6 +421,7 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   params.mapping = std::move(mapping);
   params.offset_in_mapping = offset;
   params.cache_name = std::string(cache_name);
+  params.described_here = described_here;
   if (kind == ViewKind::kPrivate && tensor.buffer().arena() && params.mapping != nullptr) {
     params.arena_slot_offset = valid->buffer_offset;
     params.arena_slot_length = valid->layout.extent;
@@ -512,13 +514,90 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   TENSORD_RETURN_IF_ERROR(CheckOpen());
   const std::string what = "allocate in '" + std::string(ns) + "'";
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what));
-  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), kDefaultCallTimeout));
-  if (!response.has_allocate()) {
+  // AllocateRequest validated the description; this is its layout.
+  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout,
+                           common::ValidateDesc(request.allocate().desc()));
+  const uint64_t class_bytes = AllocationPool::ClassBytes(ns, spec, layout.extent);
+  if (class_bytes != 0) {
+    if (LeaseView* pooled =
+            AllocateFromPool(ns, class_bytes, request.allocate().desc(), layout, what)) {
+      return pooled;
+    }
+  }
+  absl::StatusOr<tensord::v1::SessionResponse> response = StreamCall(request, kDefaultCallTimeout);
+  if (response.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Slots the pool keeps idle in this namespace may be what is missing (arena room, the
+    // lease cap): without the pool they would not exist. Give them back and ask again.
+    std::vector<uint64_t> idle = pool_.TakeAll(ns);
+    if (!idle.empty() && ReleaseNow(std::move(idle)).ok()) {
+      response = StreamCall(std::move(request), kDefaultCallTimeout);
+    }
+  }
+  if (!response.ok()) return response.status();
+  if (!response->has_allocate()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
-  return AdoptLease(response.allocate().lease_id(), response.allocate().tensor(),
-                    ViewKind::kProducer, "", what);
+  TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
+                           AdoptLease(response->allocate().lease_id(), response->allocate().tensor(),
+                                      ViewKind::kProducer, "", what));
+  if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
+  return view;
+}
+
+LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
+                                     const tensord::v1::TensorDesc& desc,
+                                     const common::TensorLayout& layout, std::string_view what) {
+  AllocationPool::Next next = pool_.Take(ns, class_bytes);
+  std::optional<AllocationPool::Entry> entry = std::move(next.entry);
+  if (!entry && next.refill > 0) entry = RefillPool(ns, class_bytes, next.refill, what);
+  if (!entry) return nullptr;
+  // What the broker would have answered for this spec in this slot. The slot's bytes are
+  // left as they are: a plain Allocate in an arena gives a reused slot's old bytes too.
+  tensord::v1::TensorInfo tensor = std::move(entry->tensor);
+  *tensor.mutable_desc() = desc;
+  tensor.mutable_desc()->mutable_strides()->Assign(layout.strides.begin(), layout.strides.end());
+  tensor.mutable_buffer()->set_extent(layout.extent);
+  tensor.set_nbytes(layout.nbytes);
+  absl::StatusOr<LeaseView*> view = AdoptLease(entry->lease_id, tensor, ViewKind::kProducer, "",
+                                               what, /*export_fd=*/-1, /*described_here=*/true);
+  // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
+  return view.ok() ? *view : nullptr;
+}
+
+std::optional<AllocationPool::Entry> Session::RefillPool(std::string_view ns, uint64_t class_bytes,
+                                                         size_t count, std::string_view what) {
+  TensorSpec slot;
+  slot.dtype = dtypes::kUInt8;
+  slot.shape = {static_cast<int64_t>(class_bytes)};
+  absl::StatusOr<tensord::v1::SessionRequest> request = AllocateRequest(ns, slot, what);
+  if (!request.ok()) return std::nullopt;
+  std::vector<tensord::v1::SessionRequest> requests(count, *request);
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
+      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+  // Failed elements hold nothing; when none was granted, the plain call reports the error.
+  std::vector<AllocationPool::Entry> granted;
+  for (absl::StatusOr<tensord::v1::SessionResponse>& reply : replies) {
+    if (!reply.ok() || !reply->has_allocate()) continue;
+    granted.push_back(AllocationPool::Entry{reply->allocate().lease_id(),
+                                            std::move(*reply->mutable_allocate()->mutable_tensor())});
+  }
+  std::vector<uint64_t> release;
+  std::optional<AllocationPool::Entry> mine =
+      pool_.Refill(ns, class_bytes, std::move(granted), release);
+  queue_->PushLeaseIds(release);
+  return mine;
+}
+
+absl::Status Session::ReleaseNow(std::vector<uint64_t> lease_ids) {
+  tensord::v1::SessionRequest request;
+  request.mutable_release()->mutable_lease_ids()->Assign(lease_ids.begin(), lease_ids.end());
+  // Answered once the broker has let them go, unlike the sender's releases.
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           StreamCall(std::move(request), kDefaultCallTimeout));
+  if (!response.has_release()) {
+    return absl::InternalError("release: the broker answered with something else");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::string_view ns,
@@ -569,6 +648,17 @@ absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
       break;
   }
   publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
+  if (view.described_here()) {
+    // A pooled slot: the broker still has it as uint8[slot]; this is what it holds.
+    TensorSpec spec;
+    spec.dtype = view.info().dtype;
+    spec.shape = view.info().shape;
+    spec.strides = view.info().strides;
+    spec.device = view.info().device;
+    absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
+    if (!desc.ok()) return Annotate(desc.status(), what);
+    *publish->mutable_desc() = *std::move(desc);
+  }
   return request;
 }
 

@@ -3,8 +3,10 @@
 // breaks), the mapping cache, the lease table (with the lease cache), and the release queue
 // and its sender thread.
 //
-// Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. The
-// broker-facing work (validation, dedupe of leases on one tensor, fetching and mapping
+// Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. A
+// small Allocate in a namespace is served from the allocation pool once its slot class has
+// been allocated before (allocation_pool.h): no round trip, and Publish describes the slot.
+// The broker-facing work (validation, dedupe of leases on one tensor, fetching and mapping
 // buffers) happens here; ClientCore turns views into TensorRefs and handles reconnects
 // and fork.
 //
@@ -30,11 +32,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/allocation_pool.h"
 #include "client/fd_connection.h"
 #include "client/lease_table.h"
 #include "client/mapping_cache.h"
 #include "client/release_queue.h"
 #include "client/session_stream.h"
+#include "common/tensor_desc.h"
 #include "grpcpp/channel.h"
 #include "tensord/client.h"
 #include "tensord/v1/broker.grpc.pb.h"
@@ -199,10 +203,24 @@ class Session final : public ReleaseSink {
   void OnPush(const tensord::v1::SessionResponse& push);
   void OnOrphan(const tensord::v1::SessionResponse& reply);
   // Builds (or finds) the view for a lease the broker just granted. On any failure the
-  // lease is released.
+  // lease is released. `described_here`: a pooled slot whose description `tensor` carries
+  // is ours, not the broker's yet.
   absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
                                         ViewKind kind, std::string_view cache_name,
-                                        std::string_view what, int export_fd = -1);
+                                        std::string_view what, int export_fd = -1,
+                                        bool described_here = false);
+  // A view of a pooled slot of `class_bytes` described as `desc`, refilling the pool when it
+  // is empty; nullptr when a plain Allocate must serve the call (the class is not pooled
+  // yet or any more, or the refill or the adoption failed: the plain call then reports).
+  LeaseView* AllocateFromPool(std::string_view ns, uint64_t class_bytes,
+                              const tensord::v1::TensorDesc& desc,
+                              const common::TensorLayout& layout, std::string_view what);
+  // Releases `lease_ids` and waits for the broker's answer (not through the sender).
+  absl::Status ReleaseNow(std::vector<uint64_t> lease_ids);
+  // Allocates `count` slots of `class_bytes` in one pipelined batch; one for the caller,
+  // the rest go into the pool.
+  std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
+                                                  size_t count, std::string_view what);
   absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
                                                      ViewKind kind, int export_fd);
   // How long the mapping cache keeps a buffer's mapping: arenas are kept (the producer's
@@ -234,6 +252,8 @@ class Session final : public ReleaseSink {
 
   MappingCache mappings_;
   LeaseTable table_;
+  // Its leases go with the session; never released from a forked child.
+  AllocationPool pool_;
   std::atomic<bool> dead_{false};
   std::atomic<bool> closing_{false};
 
