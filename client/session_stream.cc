@@ -1,10 +1,18 @@
 #include "client/session_stream.h"
 
+#include <span>
 #include <utility>
 
 #include "client/status_util.h"
 
 namespace tensord::internal {
+namespace {
+
+// What one SessionRequest.batch carries at most (the broker refuses more than 4096).
+constexpr int kMaxBatchRequests = 4096;
+constexpr size_t kMaxBatchRequestBytes = size_t{1} << 20;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(tensord::v1::Broker::Stub* stub,
                                                                    const std::string& session_token,
@@ -67,26 +75,42 @@ void SessionStream::Complete(Waiter* waiter,
   --*waiter->outstanding;
 }
 
+void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> replies) {
+  std::vector<tensord::v1::SessionResponse*> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    for (tensord::v1::SessionResponse* reply : replies) {
+      auto it = pending_.find(reply->seq());
+      if (it == pending_.end()) {
+        orphans.push_back(reply);
+        continue;
+      }
+      Waiter* waiter = it->second;
+      pending_.erase(it);
+      Complete(waiter, std::move(*reply));
+    }
+  }
+  if (on_orphan_) {
+    for (tensord::v1::SessionResponse* orphan : orphans) on_orphan_(*orphan);
+  }
+}
+
 void SessionStream::ReadLoop() {
   tensord::v1::SessionResponse response;
   while (stream_->Read(&response)) {
-    if (response.seq() == 0) {
+    if (response.has_batch()) {
+      // Replies that were ready together; every waiter they answer wakes under one lock.
+      std::vector<tensord::v1::SessionResponse*> replies;
+      replies.reserve(response.batch().responses_size());
+      for (auto& reply : *response.mutable_batch()->mutable_responses()) replies.push_back(&reply);
+      Deliver(replies);
+    } else if (response.seq() == 0) {
       if (on_push_) on_push_(response);
-      continue;
+    } else {
+      tensord::v1::SessionResponse* const one = &response;
+      Deliver(std::span<tensord::v1::SessionResponse* const>(&one, 1));
     }
-    bool matched = false;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(response.seq());
-      if (it != pending_.end()) {
-        Waiter* waiter = it->second;
-        pending_.erase(it);
-        Complete(waiter, std::move(response));
-        response = tensord::v1::SessionResponse();
-        matched = true;
-      }
-    }
-    if (!matched && on_orphan_) on_orphan_(response);
+    response.Clear();
   }
   broken_.store(true, std::memory_order_release);
   grpc::Status status;
@@ -121,21 +145,45 @@ absl::Status SessionStream::Write(const tensord::v1::SessionRequest& request) {
   return absl::OkStatus();
 }
 
-size_t SessionStream::WriteAll(const std::vector<tensord::v1::SessionRequest>& requests,
+size_t SessionStream::WriteAll(std::vector<tensord::v1::SessionRequest>& requests,
                                absl::Status* error) {
+  // One message for the lot (in chunks the broker accepts), so a batch costs the broker
+  // and the transport one read instead of one per request. The requests are moved into
+  // the envelopes; their seqs were noted by the caller.
+  std::vector<tensord::v1::SessionRequest> envelopes;
+  std::vector<size_t> ends;  // requests[0, ends[k]) are in envelopes[0..k]
+  if (requests.size() == 1) {
+    envelopes.push_back(std::move(requests[0]));
+    ends.push_back(1);
+  } else {
+    size_t bytes = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const size_t size = requests[i].ByteSizeLong();
+      if (envelopes.empty() || envelopes.back().batch().requests_size() >= kMaxBatchRequests ||
+          bytes + size > kMaxBatchRequestBytes) {
+        if (!envelopes.empty()) ends.push_back(i);
+        envelopes.emplace_back().mutable_batch();
+        bytes = 0;
+      }
+      bytes += size;
+      *envelopes.back().mutable_batch()->add_requests() = std::move(requests[i]);
+    }
+    ends.push_back(requests.size());
+  }
   absl::MutexLock lock(&write_mu_);
-  for (size_t i = 0; i < requests.size(); ++i) {
+  for (size_t k = 0; k < envelopes.size(); ++k) {
+    const size_t written = k == 0 ? 0 : ends[k - 1];
     if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
       *error = absl::UnavailableError("the session stream is closed");
-      return i;
+      return written;
     }
-    // Buffered until the last one, which flushes them all: a batch costs few writes.
+    // Buffered until the last one, which flushes them all.
     grpc::WriteOptions options;
-    if (i + 1 < requests.size()) options.set_buffer_hint();
-    if (!stream_->Write(requests[i], options)) {
+    if (k + 1 < envelopes.size()) options.set_buffer_hint();
+    if (!stream_->Write(envelopes[k], options)) {
       broken_.store(true, std::memory_order_release);
       *error = absl::UnavailableError("the session stream broke while writing");
-      return i;
+      return written;
     }
   }
   return requests.size();
@@ -160,6 +208,7 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   results.reserve(n);
   if (n == 0) return results;
   std::vector<Waiter> waiters(n);  // never resized: pending_ points into it
+  std::vector<uint64_t> seqs(n);
   size_t outstanding = n;
   {
     absl::MutexLock lock(&mu_);
@@ -168,9 +217,10 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
       return results;
     }
     for (size_t i = 0; i < n; ++i) {
-      requests[i].set_seq(next_seq_++);
+      seqs[i] = next_seq_++;
+      requests[i].set_seq(seqs[i]);
       waiters[i].outstanding = &outstanding;
-      pending_[requests[i].seq()] = &waiters[i];
+      pending_[seqs[i]] = &waiters[i];
     }
   }
   absl::Status write_error;
@@ -180,7 +230,7 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   // when the stream ends, so it is waited for.
   for (size_t i = written; i < n; ++i) {
     if (waiters[i].done) continue;
-    pending_.erase(requests[i].seq());
+    pending_.erase(seqs[i]);
     Complete(&waiters[i], write_error);
   }
   auto done = [&outstanding]() { return outstanding == 0; };
@@ -193,7 +243,7 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   for (size_t i = 0; i < n; ++i) {
     if (!waiters[i].done) {
       // Too late now; a reply that still comes goes to the orphan handler.
-      pending_.erase(requests[i].seq());
+      pending_.erase(seqs[i]);
       Complete(&waiters[i], absl::DeadlineExceededError(
                                 "the broker did not answer on the session stream in time"));
     }

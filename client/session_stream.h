@@ -3,10 +3,10 @@
 //
 // Call() sends a request with a fresh seq and waits for the response with that seq, up to
 // an optional deadline (the broker enforces an acquire's own wait; the caller adds slack).
-// CallMany() pipelines a batch: every request gets a fresh seq and all are written back to
-// back under one hold of the write lock (all but the last with a buffer hint, so gRPC
-// coalesces them into few writes), then it waits for every reply up to one deadline and
-// returns one result per request, in order. A request not answered by the deadline gets
+// CallMany() sends a batch as one message: every request gets a fresh seq and they travel
+// together in a SessionRequest.batch (several, for a batch over 4096 requests or 1 MiB), and
+// the broker sends the replies that are ready together in one SessionResponse.batch. It
+// waits for every reply up to one deadline and returns one result per request, in order. A request not answered by the deadline gets
 // DEADLINE_EXCEEDED (its late reply goes to the orphan handler); if the stream breaks, every
 // outstanding request gets UNAVAILABLE, as in Call().
 // Send() writes a request with seq 0 (a release that wants no reply). Writes are serialized
@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,7 +89,9 @@ class SessionStream {
   absl::Status Write(const tensord::v1::SessionRequest& request);
   // Writes `requests` in order under one hold of the write lock; returns how many were
   // written and, when fewer than all, why the next one was not.
-  size_t WriteAll(const std::vector<tensord::v1::SessionRequest>& requests, absl::Status* error);
+  size_t WriteAll(std::vector<tensord::v1::SessionRequest>& requests, absl::Status* error);
+  // Hands each reply to its waiter, or to on_orphan_ when nobody waits for it.
+  void Deliver(std::span<tensord::v1::SessionResponse* const> replies);
   absl::Status ClosedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Handler on_push_;

@@ -24,7 +24,8 @@ namespace tensord::common {
 
 inline constexpr size_t kMaxFdMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxFdsPerMessage = 253;  // SCM_MAX_FD
-inline constexpr uint32_t kFdProtocolVersion = 1;
+// 2: Session-stream batches (SessionRequest.batch, SessionResponse.batch).
+inline constexpr uint32_t kFdProtocolVersion = 2;
 
 struct ReceivedMessage {
   std::string bytes;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/grpc_status.h"
 #include "server/wire_messages.h"
@@ -18,6 +19,11 @@ namespace {
 
 constexpr size_t kMaxQueuedResponses = 1024;  // stop reading requests beyond this
 constexpr size_t kMaxQueuedPushes = 4096;      // beyond this: drop, then one cache_reset
+constexpr int kMaxBatchRequests = 4096;         // requests in one SessionRequest.batch
+// Replies that are ready together leave in one SessionResponse.batch of at most this many
+// replies and about this many bytes (well under a client's 4 MiB receive limit).
+constexpr int kMaxBatchReplies = 4096;
+constexpr size_t kMaxBatchReplyBytes = size_t{1} << 20;
 
 // What the broker pushes unasked (counted against kMaxQueuedPushes); replies never have
 // these bodies, whatever seq a client chose.
@@ -45,6 +51,10 @@ class StreamOutbox final : public PushSink {
   bool Push(const v1::SessionResponse& message) override;
   void Close() override;
   void Respond(v1::SessionResponse message);
+  // While corked (a batch request is being dispatched) nothing is written, so the batch's
+  // replies that are ready at once leave together when the last Uncork() pumps.
+  void Cork();
+  void Uncork();
   // An acquire or take was dispatched: its reply is owed, and a stream the client
   // half-closed finishes only once every owed reply is written (a client draining its
   // stream before fork() relies on this: a wait granted while it drains is never lost).
@@ -65,6 +75,9 @@ class StreamOutbox final : public PushSink {
  private:
   // Starts the next write or the finish; both run after the lock is dropped.
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the next message to send into in_flight_: the front one, or, when replies (not
+  // pushes) are queued back to back, as many of them as fit one batch.
+  void TakeNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   SessionStream* stream_ ABSL_GUARDED_BY(mu_);
@@ -80,6 +93,7 @@ class StreamOutbox final : public PushSink {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   size_t owed_replies_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_paused_ ABSL_GUARDED_BY(mu_) = false;
+  int corked_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -211,6 +225,28 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                           });
         break;
       }
+      case v1::SessionRequest::kBatch: {
+        const auto& requests = request.batch().requests();
+        if (requests.size() > kMaxBatchRequests) {
+          // Only a broken client sends this; its seqs would all go unanswered.
+          CancelWaits();
+          outbox->Abort(absl::InvalidArgumentError(
+              absl::StrCat("a session batch of ", requests.size(), " requests; at most ",
+                           kMaxBatchRequests)));
+          break;
+        }
+        outbox->Cork();
+        for (const v1::SessionRequest& inner : requests) {
+          if (inner.op_case() == v1::SessionRequest::kBatch) {
+            outbox->Respond(ErrorReply(inner.seq(), absl::InvalidArgumentError(
+                                                        "a session batch inside a batch")));
+            continue;
+          }
+          Dispatch(inner);
+        }
+        outbox->Uncork();
+        break;
+      }
       case v1::SessionRequest::OP_NOT_SET:
         respond_error(absl::InvalidArgumentError("session request without an operation"));
         break;
@@ -252,6 +288,17 @@ void StreamOutbox::Respond(v1::SessionResponse message) {
   absl::MutexLock lock(&mu_);
   if (finished_ || broken_) return;
   queue_.push_back(std::move(message));
+  Pump();
+}
+
+void StreamOutbox::Cork() {
+  absl::MutexLock lock(&mu_);
+  ++corked_;
+}
+
+void StreamOutbox::Uncork() {
+  absl::MutexLock lock(&mu_);
+  if (corked_ > 0) --corked_;
   Pump();
 }
 
@@ -314,13 +361,29 @@ bool StreamOutbox::ShouldPauseReads() {
   return reads_paused_;
 }
 
+void StreamOutbox::TakeNext() {
+  in_flight_ = std::move(queue_.front());
+  queue_.pop_front();
+  if (IsPush(in_flight_) || queue_.empty() || IsPush(queue_.front())) return;
+  v1::SessionResponse batch;
+  auto* replies = batch.mutable_batch()->mutable_responses();
+  size_t bytes = in_flight_.ByteSizeLong();
+  *replies->Add() = std::move(in_flight_);
+  while (!queue_.empty() && !IsPush(queue_.front()) && replies->size() < kMaxBatchReplies) {
+    bytes += queue_.front().ByteSizeLong();
+    if (bytes > kMaxBatchReplyBytes) break;
+    *replies->Add() = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  in_flight_ = std::move(batch);
+}
+
 void StreamOutbox::Pump() {
   SessionStream* stream = stream_;
-  if (stream == nullptr || finished_ || writing_) return;
+  if (stream == nullptr || finished_ || writing_ || corked_ > 0) return;
   bool resume = false;
   while (!queue_.empty() && !broken_) {
-    in_flight_ = std::move(queue_.front());
-    queue_.pop_front();
+    TakeNext();
     if (absl::Status serialized = SerializeResponse(in_flight_, &in_flight_bytes_); !serialized.ok()) {
       spdlog::error("session stream: {}", serialized.ToString());
       if (IsPush(in_flight_) && pushes_queued_ > 0) --pushes_queued_;
