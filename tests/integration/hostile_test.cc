@@ -583,8 +583,9 @@ TEST_F(HostileTest, SessionStreamOpsWithHostileValuesGetErrorReplies) {
   ASSERT_TRUE(stream->Write(silent));
   stream->WritesDone();
   std::map<uint64_t, v1::SessionResponse> replies;
+  SessionReplies reader(stream.get());
   v1::SessionResponse reply;
-  while (stream->Read(&reply)) replies[reply.seq()] = reply;
+  while (reader.Next(&reply)) replies[reply.seq()] = reply;
   grpc::Status finished = stream->Finish();
   EXPECT_TRUE(finished.ok()) << finished.error_message();
   EXPECT_EQ(replies.size(), requests.size());
@@ -597,6 +598,63 @@ TEST_F(HostileTest, SessionStreamOpsWithHostileValuesGetErrorReplies) {
         << "request " << i + 1 << ": " << it->second.ShortDebugString().substr(0, 300);
   }
   ExpectIntact("hostile session stream ops", baseline);
+}
+
+TEST_F(HostileTest, SessionBatchesAnswerEveryRequestAndRefuseNestingAndExcess) {
+  v1::StatusResponse baseline = GetStatus();
+  {
+    grpc::ClientContext context;
+    Authorize(context, token());
+    auto stream = stub_->Session(&context);
+    v1::SessionRequest batch;
+    v1::SessionRequest* missing = batch.mutable_batch()->add_requests();
+    missing->set_seq(1);
+    missing->mutable_acquire()->set_name("ns/not-there");
+    v1::SessionRequest* nested = batch.mutable_batch()->add_requests();
+    nested->set_seq(2);
+    nested->mutable_batch()->add_requests()->mutable_release();
+    v1::SessionRequest* release = batch.mutable_batch()->add_requests();
+    release->set_seq(3);
+    release->mutable_release()->add_lease_ids(kU64Max);
+    batch.mutable_batch()->add_requests()->mutable_release();  // seq 0: no reply wanted
+    ASSERT_TRUE(stream->Write(batch));
+    stream->WritesDone();
+    SessionReplies reader(stream.get());
+    std::map<uint64_t, v1::SessionResponse> replies;
+    v1::SessionResponse reply;
+    while (reader.Next(&reply)) replies[reply.seq()] = reply;
+    EXPECT_TRUE(stream->Finish().ok());
+    ASSERT_EQ(replies.size(), 3u);
+    EXPECT_EQ(replies[1].error().code(), grpc::StatusCode::NOT_FOUND) << replies[1].ShortDebugString();
+    EXPECT_EQ(replies[2].error().code(), grpc::StatusCode::INVALID_ARGUMENT) << replies[2].ShortDebugString();
+    EXPECT_NE(replies[2].error().message().find("batch inside a batch"), std::string::npos);
+    EXPECT_TRUE(replies[3].has_release()) << replies[3].ShortDebugString();
+    // Replies ready together leave together.
+    EXPECT_EQ(reader.messages(), 1);
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, token());
+    auto stream = stub_->Session(&context);
+    v1::SessionRequest batch;
+    for (int i = 0; i < 4097; ++i) {
+      v1::SessionRequest* inner = batch.mutable_batch()->add_requests();
+      inner->set_seq(i + 1);
+      inner->mutable_acquire()->set_name("ns/not-there");
+    }
+    ASSERT_TRUE(stream->Write(batch));
+    SessionReplies reader(stream.get());
+    v1::SessionResponse reply;
+    while (reader.Next(&reply)) {
+      // This session's second stream starts with a cache_reset push; no reply may come.
+      EXPECT_TRUE(reply.has_cache_reset()) << "a reply to an oversized batch: "
+                                           << reply.ShortDebugString().substr(0, 300);
+    }
+    grpc::Status finished = stream->Finish();
+    EXPECT_EQ(CodeName(finished.error_code()), "INVALID_ARGUMENT");
+    EXPECT_NE(finished.error_message().find("at most 4096"), std::string::npos) << finished.error_message();
+  }
+  ExpectIntact("session batches", baseline);
 }
 
 TEST_F(HostileTest, MissingForgedAndStaleTokensAreUnauthenticated) {
@@ -832,7 +890,8 @@ TEST_F(HostileTest, FdChannelGarbageTruncatedAndOversizedDatagramsAreRefused) {
 
 TEST_F(HostileTest, FdChannelWrongVersionsAndMessagesBeforeHelloAreRefused) {
   v1::StatusResponse baseline = GetStatus();
-  for (uint32_t version : {0u, 2u, std::numeric_limits<uint32_t>::max()}) {
+  for (uint32_t version : {0u, common::kFdProtocolVersion - 1, common::kFdProtocolVersion + 1,
+                           std::numeric_limits<uint32_t>::max()}) {
     common::UniqueFd fd = ConnectFdChannel(daemon_->socket());
     ASSERT_TRUE(SendRaw(fd.get(), Bytes(HelloRequest(version))));
     ExpectErrorThenClose(fd.get(), grpc::StatusCode::FAILED_PRECONDITION,
@@ -1103,9 +1162,10 @@ TEST_F(HostileTest, StoppedReadersGetOneResetInsteadOfABacklog) {
     request.mutable_acquire()->set_name(names[i]);
     ASSERT_TRUE(stream->Write(request));
   }
+  SessionReplies reader(stream.get());
   v1::SessionResponse reply;
   for (int i = 0; i < kNames; ++i) {
-    ASSERT_TRUE(stream->Read(&reply));
+    ASSERT_TRUE(reader.Next(&reply));
     ASSERT_TRUE(reply.has_acquire()) << reply.ShortDebugString();
   }
   grpc::ClientContext watch_context;

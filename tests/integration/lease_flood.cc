@@ -80,9 +80,18 @@ uint64_t Flood(tensord::v1::Broker::Stub* stub, const std::string& token,
       ++sent;
     }
     if (!stream->Read(&response)) Die("the session stream ended: " + stream->Finish().error_message());
-    if (response.seq() == 0) continue;  // a push
-    if (!response.has_acquire()) Die("acquire: " + response.ShortDebugString());
-    ++granted;
+    if (response.seq() == 0 && !response.has_batch()) continue;  // a push
+    // Replies ready together come as one batch.
+    std::vector<tensord::v1::SessionResponse> replies;
+    if (response.has_batch()) {
+      replies.assign(response.batch().responses().begin(), response.batch().responses().end());
+    } else {
+      replies.push_back(response);
+    }
+    for (const tensord::v1::SessionResponse& reply : replies) {
+      if (!reply.has_acquire()) Die("acquire: " + reply.ShortDebugString());
+      ++granted;
+    }
   }
   // The stream stays open (its loss releases nothing, but keep the process quiet).
   stream->WritesDone();

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <span>
@@ -24,6 +25,7 @@
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
 #include "grpcpp/support/status.h"
+#include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "tests/integration/proc_info.h"
 #include "tensord/v1/broker.pb.h"
@@ -184,5 +186,38 @@ inline v1::TensorDesc Float32(std::vector<int64_t> shape) {
   desc.mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
   return desc;
 }
+
+// Reads a Session stream one reply (or push) at a time: the broker sends replies that are
+// ready together as one SessionResponse.batch, which this unpacks.
+class SessionReplies {
+ public:
+  using Stream = grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>;
+  explicit SessionReplies(Stream* stream) : stream_(stream) {}
+  // False once the stream has ended and every reply has been handed out.
+  bool Next(v1::SessionResponse* reply) {
+    while (unpacked_.empty()) {
+      v1::SessionResponse message;
+      if (!stream_->Read(&message)) return false;
+      ++messages_;
+      if (!message.has_batch()) {
+        unpacked_.push_back(std::move(message));
+        continue;
+      }
+      for (v1::SessionResponse& inner : *message.mutable_batch()->mutable_responses()) {
+        unpacked_.push_back(std::move(inner));
+      }
+    }
+    *reply = std::move(unpacked_.front());
+    unpacked_.pop_front();
+    return true;
+  }
+  // Stream messages read so far (a batch counts once).
+  int messages() const { return messages_; }
+
+ private:
+  Stream* stream_;
+  std::deque<v1::SessionResponse> unpacked_;
+  int messages_ = 0;
+};
 
 }  // namespace tensord::testing

@@ -62,12 +62,24 @@ SessionResponse ReplyTo(const SessionRequest& request) {
   return response;
 }
 
-// Reads `n` requests (false when the stream ends first).
-bool ReadN(ServerStream* stream, size_t n, std::vector<SessionRequest>* out) {
-  for (size_t i = 0; i < n; ++i) {
+// Reads at least `n` requests, unpacking batches (false when the stream ends first); counts
+// the stream messages they came in.
+bool ReadN(ServerStream* stream, size_t n, std::vector<SessionRequest>* out,
+           int* messages = nullptr) {
+  size_t got = 0;
+  while (got < n) {
     SessionRequest request;
     if (!stream->Read(&request)) return false;
-    out->push_back(std::move(request));
+    if (messages != nullptr) ++*messages;
+    if (!request.has_batch()) {
+      out->push_back(std::move(request));
+      ++got;
+      continue;
+    }
+    for (SessionRequest& inner : *request.mutable_batch()->mutable_requests()) {
+      out->push_back(std::move(inner));
+      ++got;
+    }
   }
   return true;
 }
@@ -164,7 +176,12 @@ TEST(SessionStreamTest, CallManySendsTheWholeBatchBeforeAnyReplyAndReturnsReplie
     // Every request must arrive before the broker answers any: the buffered writes of the
     // batch were flushed by its last one.
     std::vector<SessionRequest> batch;
-    if (!ReadN(stream, 5, &batch)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    int messages = 0;
+    if (!ReadN(stream, 5, &batch, &messages)) {
+      return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    }
+    // One message for the whole batch.
+    if (messages != 1) return grpc::Status(grpc::StatusCode::ABORTED, "batch in several messages");
     for (const SessionRequest& request : batch) seen_by_broker.Add(request);
     SessionResponse push;
     push.mutable_retired()->set_tensor_id(99);
@@ -198,13 +215,47 @@ TEST(SessionStreamTest, CallManySendsTheWholeBatchBeforeAnyReplyAndReturnsReplie
   EXPECT_EQ(h.pushes()[0].retired().tensor_id(), 99u);
 }
 
+TEST(SessionStreamTest, RepliesInOneBatchMessageReachTheirCallersAndOrphansTheHandler) {
+  Harness h([&](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 3, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short batch");
+    SessionResponse batch;
+    auto* replies = batch.mutable_batch()->mutable_responses();
+    *replies->Add() = ReplyTo(seen[2]);
+    SessionResponse stray;
+    stray.set_seq(seen[2].seq() + 1000);  // nobody waits for this one
+    stray.mutable_publish()->mutable_tensor()->set_tensor_id(77);
+    *replies->Add() = stray;
+    *replies->Add() = ReplyTo(seen[0]);
+    *replies->Add() = ReplyTo(seen[1]);
+    stream->Write(batch);
+    SessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return grpc::Status::OK;
+  });
+  auto results = h.stream().CallMany(MarkedBatch(50, 3), Clock::now() + 10s);
+  ASSERT_EQ(results.size(), 3u);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->publish().tensor().tensor_id(), 50 + i) << "reply " << i;
+  }
+  std::vector<SessionResponse> orphans = h.WaitOrphans(1);
+  ASSERT_EQ(orphans.size(), 1u);
+  EXPECT_EQ(orphans[0].publish().tensor().tensor_id(), 77u);
+  EXPECT_TRUE(h.pushes().empty()) << "a batch of replies is not a push";
+}
+
 TEST(SessionStreamTest, CallAndCallManyShareTheSeqSpace) {
   Seen seen_by_broker;
   Harness h([&](ServerStream* stream) {
-    SessionRequest request;
-    while (stream->Read(&request)) {
-      seen_by_broker.Add(request);
-      stream->Write(ReplyTo(request));
+    std::vector<SessionRequest> requests;
+    while (ReadN(stream, 1, &requests)) {
+      for (const SessionRequest& request : requests) {
+        seen_by_broker.Add(request);
+        stream->Write(ReplyTo(request));
+      }
+      requests.clear();
     }
     return grpc::Status::OK;
   });
