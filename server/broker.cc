@@ -311,10 +311,11 @@ void Broker::DetachSink(uint64_t session_id, const PushSink* sink) {
 // ---------------------------------------------------------------------------------------
 // Leases, bindings, retirement
 
-v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor) {
+v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool by_name) {
   uint64_t lease_id = leases_.Add(session.id, tensor.id);
   session.leases.insert(lease_id);
   ++tensor.holders[session.id];
+  if (by_name) tensor.name_holders.insert(session.id);
   ++tensor.leases;
   v1::AcquireResponse response;
   response.set_lease_id(lease_id);
@@ -328,7 +329,10 @@ void Broker::DropLeaseLocked(const Lease& lease, Effects& effects) {
   --tensor->leases;
   auto holder = tensor->holders.find(lease.session_id);
   TENSORD_CHECK(holder != tensor->holders.end());
-  if (--holder->second == 0) tensor->holders.erase(holder);
+  if (--holder->second == 0) {
+    tensor->holders.erase(holder);
+    tensor->name_holders.erase(lease.session_id);
+  }
   MaybeRemoveLocked(*tensor, effects);
 }
 
@@ -352,14 +356,15 @@ void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& 
     effects.cancel_timers.push_back(tensor.ttl_timer);
     tensor.ttl_timer = 0;
   }
-  // Holders may have cached their lease by this name: tell them it moved.
+  // Holders that acquired it by name may have cached their lease under it: tell them.
+  if (tensor.name_holders.empty()) return;
   v1::SessionResponse push;
   v1::TensorRetired* retired = push.mutable_retired();
   retired->set_tensor_id(tensor.id);
   retired->set_name(old_name);
   Tensor* current = registry_.FindByName(old_name);
   retired->set_generation(current != nullptr ? current->generation : 0);
-  for (const auto& [session_id, count] : tensor.holders) {
+  for (uint64_t session_id : tensor.name_holders) {
     Session* session = sessions_.Find(session_id);
     if (session == nullptr) continue;
     if (session->sink != nullptr) {
@@ -436,7 +441,9 @@ void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
         it = EraseWaiterLocked(it);
         continue;
       }
-      effects.completions.emplace_back(std::move(waiter.done), GrantLocked(*session, tensor));
+      effects.completions.emplace_back(
+          std::move(waiter.done),
+          GrantLocked(*session, tensor, waiter.kind == Waiter::Kind::kAcquireName));
       it = EraseWaiterLocked(it);
       if (pass == 1) {
         UnbindLocked(tensor, effects);

@@ -177,8 +177,9 @@ class Broker {
   // RESOURCE_EXHAUSTED when `session` may not hold one more lease / start one more wait.
   absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWaitCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Grants a lease on `tensor` to `session`.
-  tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor)
+  // Grants a lease on `tensor` to `session`; `by_name`: acquired by its name, so the client
+  // may cache it and must hear when the tensor retires.
+  tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor, bool by_name = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a new CREATING tensor (and its buffer, when it has memory) with a producer lease.
   tensord::v1::AllocateResponse RegisterLocked(Session& session, Tensor tensor,

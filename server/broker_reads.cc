@@ -96,7 +96,8 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
         result = access;
       } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
         absl::Status cap = CheckLeaseCapLocked(**session);
-        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
+        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor, true))
+                          : cap;
       } else if (tensor != nullptr && !WantsWait(request)) {
         result = absl::NotFoundError(absl::StrCat(Quote(waiter.target), " is at generation ",
                                                   tensor->generation, ", below the ",

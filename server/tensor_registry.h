@@ -49,6 +49,9 @@ struct Tensor {
   uint32_t producer_uid = 0;
   uint32_t leases = 0;
   absl::flat_hash_map<uint64_t, uint32_t> holders;  // session id -> leases it holds here
+  // Holders that acquired it by name: only they may cache the lease under that name, so
+  // only they hear that it retired (a take's or a producer's lease is never cached).
+  absl::flat_hash_set<uint64_t> name_holders;
   uint64_t ttl_timer = 0;  // pending TTL unbind, 0 when none
 };
 

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <future>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/unit/server/broker_fixture.h"
@@ -126,3 +129,88 @@ TEST_F(BrokerTest, UnknownTokensAreUnauthenticated) {
 
 }  // namespace
 }  // namespace tensord::server
+
+namespace tensord::server::testing {
+namespace {
+
+// Records the tensor ids of the `retired` pushes a session's stream would carry.
+class RetiredRecorder final : public PushSink {
+ public:
+  bool Push(const v1::SessionResponse& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (message.has_retired()) ids_.push_back(message.retired().tensor_id());
+    return true;
+  }
+  void Close() override {}
+  std::vector<uint64_t> ids() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<uint64_t> ids_;
+};
+
+TEST_F(BrokerTest, OnlySessionsThatAcquiredByNameHearThatATensorRetired) {
+  const uint64_t producer = Open();
+  const uint64_t by_name = Open();
+  const uint64_t by_id = Open();
+  const uint64_t taker = Open();
+  auto sink = [&](uint64_t session) {
+    auto recorder = std::make_shared<RetiredRecorder>();
+    EXPECT_TRUE(broker_->AttachSink(session, recorder).ok());
+    return recorder;
+  };
+  auto producer_hears = sink(producer);
+  auto by_name_hears = sink(by_name);
+  auto by_id_hears = sink(by_id);
+  auto taker_hears = sink(taker);
+
+  // The producer keeps its own lease; one reader acquires by name, one by id.
+  auto allocated = Allocate(producer, "ns", 16);
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  Seal(producer, *allocated);
+  const uint64_t first = allocated->tensor().tensor_id();
+  ASSERT_TRUE(Publish(producer, first, "ns/a").ok());
+  ASSERT_TRUE(Acquire(by_name, "ns/a").ok());
+  v1::AcquireRequest by_id_request;
+  by_id_request.set_tensor_id(first);
+  std::promise<absl::StatusOr<v1::AcquireResponse>> got;
+  broker_->Acquire(by_id, by_id_request, [&](absl::StatusOr<v1::AcquireResponse> r) { got.set_value(std::move(r)); });
+  ASSERT_TRUE(got.get_future().get().ok());
+
+  // Re-publishing the name retires the first tensor: only the name's reader may have it cached.
+  PublishNew(producer, "ns/a");
+  EXPECT_EQ(by_name_hears->ids(), std::vector<uint64_t>{first});
+  EXPECT_TRUE(producer_hears->ids().empty());
+  EXPECT_TRUE(by_id_hears->ids().empty());
+
+  // A take unbinds: the reader by name hears it, the taker does not hear of its own take.
+  const uint64_t second = PublishNew(producer, "ns/b");
+  ASSERT_TRUE(Acquire(by_name, "ns/b").ok());
+  v1::TakeRequest take;
+  take.set_name_or_prefix("ns/b");
+  std::promise<absl::StatusOr<v1::AcquireResponse>> taken;
+  broker_->Take(taker, take, [&](absl::StatusOr<v1::AcquireResponse> r) { taken.set_value(std::move(r)); });
+  ASSERT_TRUE(taken.get_future().get().ok());
+  EXPECT_EQ(by_name_hears->ids(), (std::vector<uint64_t>{first, second}));
+  EXPECT_TRUE(taker_hears->ids().empty());
+
+  // A waiting acquire by name, granted at publish, counts as by name too.
+  std::promise<absl::StatusOr<v1::AcquireResponse>> waited;
+  v1::AcquireRequest wait;
+  wait.set_name("ns/c");
+  wait.set_timeout_ms(10000);
+  broker_->Acquire(by_id, wait, [&](absl::StatusOr<v1::AcquireResponse> r) { waited.set_value(std::move(r)); });
+  const uint64_t third = PublishNew(producer, "ns/c");
+  ASSERT_TRUE(waited.get_future().get().ok());
+  v1::DeleteRequest remove;
+  remove.set_name("ns/c");
+  ASSERT_TRUE(broker_->Delete(producer, remove).ok());
+  EXPECT_EQ(by_id_hears->ids(), std::vector<uint64_t>{third});
+  EXPECT_TRUE(producer_hears->ids().empty());
+}
+
+}  // namespace
+}  // namespace tensord::server::testing
