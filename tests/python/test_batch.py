@@ -181,7 +181,8 @@ def test_in_place_writes_to_an_arena_tensor_stay_with_it(client, other, name):
     client.flush()
     client.delete(old)  # no binding, no lease: the slot is free
     fresh = name("f")
-    info = client.put(fresh, np.full(16, 5, dtype=np.float32))
+    # put_many: the broker places it (put() may take a slot its client allocated ahead).
+    (info,) = client.put_many({fresh: np.full(16, 5, dtype=np.float32)})
     assert (info["buffer_id"], info["buffer_offset"]) == slot, "the broker did not reuse the slot"
     assert other.get(fresh).numpy().tolist() == [5.0] * 16
     assert held.numpy()[0] == 1.0
