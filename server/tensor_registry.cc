@@ -40,23 +40,44 @@ Tensor* TensorRegistry::FindByName(const std::string& name) {
   return it == names_.end() ? nullptr : Find(it->second);
 }
 
+void TensorRegistry::Enqueue(std::string_view name, uint64_t generation, uint64_t tensor_id) {
+  for (size_t slash = name.find('/'); slash != std::string_view::npos; slash = name.find('/', slash + 1)) {
+    queues_[std::string(name.substr(0, slash + 1))].emplace(generation, tensor_id);
+  }
+}
+
+void TensorRegistry::Dequeue(std::string_view name, uint64_t generation, uint64_t tensor_id) {
+  for (size_t slash = name.find('/'); slash != std::string_view::npos; slash = name.find('/', slash + 1)) {
+    auto queue = queues_.find(std::string(name.substr(0, slash + 1)));
+    TENSORD_CHECK(queue != queues_.end() && queue->second.erase({generation, tensor_id}) == 1);
+    if (queue->second.empty()) queues_.erase(queue);
+  }
+}
+
 uint64_t TensorRegistry::Bind(const std::string& name, Tensor& tensor, uint64_t generation) {
   uint64_t previous = 0;
   auto [it, inserted] = names_.try_emplace(name, tensor.id);
   if (!inserted) {
     previous = it->second;
     it->second = tensor.id;
-    if (Tensor* old = Find(previous)) old->name.clear();
+    if (Tensor* old = Find(previous)) {
+      Dequeue(name, old->generation, old->id);
+      old->name.clear();
+    }
   }
   tensor.name = name;
   tensor.generation = generation;
+  Enqueue(name, generation, tensor.id);
   return previous;
 }
 
 void TensorRegistry::Unbind(Tensor& tensor) {
   if (tensor.name.empty()) return;
   auto it = names_.find(tensor.name);
-  if (it != names_.end() && it->second == tensor.id) names_.erase(it);
+  if (it != names_.end() && it->second == tensor.id) {
+    names_.erase(it);
+    Dequeue(tensor.name, tensor.generation, tensor.id);
+  }
   tensor.name.clear();
 }
 
@@ -90,15 +111,10 @@ std::unique_ptr<common::BackendBuffer> TensorRegistry::RemoveBuffer(uint64_t buf
 }
 
 Tensor* TensorRegistry::OldestUnder(const std::string& prefix) {
-  Tensor* oldest = nullptr;
-  for (auto it = names_.lower_bound(prefix); it != names_.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    if (!common::NameHasPrefix(it->first, prefix)) continue;
-    Tensor* tensor = Find(it->second);
-    if (tensor != nullptr && (oldest == nullptr || tensor->generation < oldest->generation)) {
-      oldest = tensor;
-    }
-  }
+  auto queue = queues_.find(prefix);
+  if (queue == queues_.end()) return nullptr;
+  Tensor* oldest = Find(queue->second.begin()->second);
+  TENSORD_CHECK(oldest != nullptr);
   return oldest;
 }
 

@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -97,6 +100,12 @@ class TensorRegistry {
   absl::flat_hash_map<uint64_t, Tensor> tensors_;
   absl::flat_hash_map<uint64_t, Buffer> buffers_;
   std::map<std::string, uint64_t> names_;  // ordered for prefix scans
+  // Each bound name under each of its folder prefixes ("a/" and "a/b/" for "a/b/c") as
+  // (generation, tensor id), oldest first: a take finds the oldest under a prefix in
+  // O(log n) however long the queue behind it is.
+  absl::flat_hash_map<std::string, std::set<std::pair<uint64_t, uint64_t>>> queues_;
+  void Enqueue(std::string_view name, uint64_t generation, uint64_t tensor_id);
+  void Dequeue(std::string_view name, uint64_t generation, uint64_t tensor_id);
 };
 
 }  // namespace tensord::server

@@ -1,5 +1,7 @@
 #include "server/tensor_registry.h"
 
+#include <vector>
+
 #include "common/memory/host_backend.h"
 #include "gtest/gtest.h"
 
@@ -68,6 +70,29 @@ TEST(TensorRegistry, OldestUnderPicksTheLowestGenerationWithinThePrefixOnly) {
   EXPECT_EQ(registry.OldestUnder("q/a/")->id, early);
   EXPECT_EQ(registry.OldestUnder("q/b/"), nullptr);
   EXPECT_EQ(registry.OldestUnder("q/")->id, outside);
+}
+
+TEST(TensorRegistry, OldestUnderFollowsRebindsAndUnbinds) {
+  TensorRegistry registry;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(registry.AddTensor(NamedTensor(registry)).id);
+  registry.Bind("q/a/x", *registry.Find(ids[0]), registry.NextGeneration());
+  registry.Bind("q/b", *registry.Find(ids[1]), registry.NextGeneration());
+  registry.Bind("q/a/y", *registry.Find(ids[2]), registry.NextGeneration());
+  EXPECT_EQ(registry.OldestUnder("q/")->id, ids[0]);
+  // Re-binding q/a/x to a new tensor: the old one leaves every queue, the new one is youngest.
+  EXPECT_EQ(registry.Bind("q/a/x", *registry.Find(ids[3]), registry.NextGeneration()), ids[0]);
+  EXPECT_EQ(registry.OldestUnder("q/")->id, ids[1]);
+  EXPECT_EQ(registry.OldestUnder("q/a/")->id, ids[2]);
+  registry.Unbind(*registry.Find(ids[2]));
+  EXPECT_EQ(registry.OldestUnder("q/a/")->id, ids[3]);
+  registry.Unbind(*registry.Find(ids[1]));
+  registry.Unbind(*registry.Find(ids[3]));
+  EXPECT_EQ(registry.OldestUnder("q/"), nullptr);
+  EXPECT_EQ(registry.OldestUnder("q/a/"), nullptr);
+  // Unbinding a tensor twice, or one whose name moved on, changes nothing.
+  registry.Unbind(*registry.Find(ids[0]));
+  EXPECT_EQ(registry.OldestUnder("q/"), nullptr);
 }
 
 TEST(TensorRegistry, DescribeFillsStridesAndBuffer) {
