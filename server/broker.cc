@@ -401,7 +401,6 @@ void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effect
   event.set_generation(tensor.generation);
   *event.mutable_tensor() = registry_.Describe(tensor);
   NotifyWatchersLocked(event, effects);
-  WakeWaitersLocked(tensor, effects);
 }
 
 void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects) {
@@ -770,12 +769,13 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     tensor->ns = std::string(ns);
     if (name.empty()) {
       tensor->generation = registry_.NextGeneration();
-      WakeWaitersLocked(*tensor, effects);
     } else {
       BindLocked(*tensor, name, effects);
-      if (request.ttl_ms() > 0 && !tensor->name.empty()) ScheduleTtlLocked(*tensor, request.ttl_ms());
+      if (request.ttl_ms() > 0) ScheduleTtlLocked(*tensor, request.ttl_ms());
     }
+    // The reply describes the tensor as published; a waiting take may unbind it at once.
     *response.mutable_tensor() = registry_.Describe(*tensor);
+    WakeWaitersLocked(*tensor, effects);
   }
   Deliver(effects);
   return response;

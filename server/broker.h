@@ -187,6 +187,7 @@ class Broker {
                                                uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLeaseLocked(const Lease& lease, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Binds (retiring what was bound) and tells watchers; waking waiters is the caller's.
   void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unbinds and retires; pushes the change to holders and watchers.

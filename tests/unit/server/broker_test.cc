@@ -214,3 +214,36 @@ TEST_F(BrokerTest, OnlySessionsThatAcquiredByNameHearThatATensorRetired) {
 
 }  // namespace
 }  // namespace tensord::server::testing
+
+namespace tensord::server::testing {
+namespace {
+
+TEST_F(BrokerTest, APublishTakenAtOnceByAWaitingTakeIsStillAnsweredAsPublished) {
+  const uint64_t producer = Open();
+  const uint64_t taker = Open();
+  v1::TakeRequest take;
+  take.set_name_or_prefix("ns/q/");
+  take.set_timeout_ms(10000);
+  std::promise<absl::StatusOr<v1::AcquireResponse>> taken;
+  broker_->Take(taker, take, [&](absl::StatusOr<v1::AcquireResponse> r) { taken.set_value(std::move(r)); });
+  auto allocated = Allocate(producer, "ns", 16);
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  Seal(producer, *allocated);
+  v1::PublishRequest publish;
+  publish.set_tensor_id(allocated->tensor().tensor_id());
+  publish.set_name("ns/q/1");
+  publish.set_ttl_ms(60000);
+  auto published = broker_->Publish(producer, publish);
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_EQ(published->tensor().state(), v1::TENSOR_STATE_SEALED);
+  EXPECT_EQ(published->tensor().name(), "ns/q/1");
+  EXPECT_GT(published->tensor().generation(), 0u);
+  auto got = taken.get_future().get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tensor().tensor_id(), allocated->tensor().tensor_id());
+  // The take unbound it: the name is free again.
+  EXPECT_FALSE(Acquire(producer, "ns/q/1").ok());
+}
+
+}  // namespace
+}  // namespace tensord::server::testing
