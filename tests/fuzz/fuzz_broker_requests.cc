@@ -162,7 +162,10 @@ class Harness {
     auto welcome = broker_->OpenSession({getuid(), getgid(), getpid()}, "auditor");
     FUZZ_CHECK(welcome.ok()) << welcome.status();
     auditor_ = welcome->session_id();
-    tokens_.push_back(welcome->session_token());
+    {
+      std::lock_guard<std::mutex> lock(tokens_mu_);
+      tokens_.push_back(welcome->session_token());
+    }
   }
 
   void Run(FuzzedDataProvider& in) {
@@ -288,6 +291,8 @@ class Harness {
     FUZZ_CHECK(fuzz::IsCanonical(status)) << op << ": " << status;
     FUZZ_CHECK(Documented(status.code())) << op << ": undocumented code: " << status;
     FUZZ_CHECK(fuzz::IsReadableMessage(status.message(), 2048)) << op << ": " << status;
+    // Waits complete on the broker's threads while this thread opens sessions.
+    std::lock_guard<std::mutex> lock(tokens_mu_);
     for (const std::string& token : tokens_) {
       FUZZ_CHECK(status.message().find(token) == absl::string_view::npos)
           << op << ": the message holds a session token";
@@ -421,7 +426,10 @@ class Harness {
     FUZZ_CHECK(welcome->session_token().size() == 32) << welcome->session_token().size();
     FUZZ_CHECK(!sessions_.contains(welcome->session_id()) && welcome->session_id() != auditor_);
     sessions_[welcome->session_id()] = who;
-    tokens_.push_back(welcome->session_token());
+    {
+      std::lock_guard<std::mutex> lock(tokens_mu_);
+      tokens_.push_back(welcome->session_token());
+    }
     // The token authenticates its own uid and gid only.
     absl::StatusOr<uint64_t> same = broker_->Authenticate(welcome->session_token(), {who.uid, who.gid, 1});
     FUZZ_CHECK(same.ok() && *same == welcome->session_id()) << same.status();
@@ -839,7 +847,8 @@ class Harness {
   std::unique_ptr<Broker> broker_;
   uint64_t auditor_ = 0;
   std::map<uint64_t, Identity> sessions_;  // open sessions ops may use, besides the auditor
-  std::vector<std::string> tokens_;
+  std::mutex tokens_mu_;
+  std::vector<std::string> tokens_;  // guarded by tokens_mu_
   std::set<uint64_t> tensors_, buffers_, staged_, waits_, watchers_;
   std::vector<std::shared_ptr<FuzzPushSink>> push_sinks_;
 
