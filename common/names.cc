@@ -106,4 +106,12 @@ bool NameHasPrefix(std::string_view name, std::string_view prefix) {
   return prefix.back() == '/' || name.size() == prefix.size() || name[prefix.size()] == '/';
 }
 
+std::string QuoteForError(std::string_view text) {
+  constexpr size_t kShown = 128;
+  if (text.size() > kShown) {
+    return absl::StrCat("'", absl::string_view(text.data(), kShown), "...'");
+  }
+  return absl::StrCat("'", absl::string_view(text.data(), text.size()), "'");
+}
+
 }  // namespace tensord::common

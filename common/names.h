@@ -6,6 +6,7 @@
 // Errors: INVALID_ARGUMENT that quotes the (truncated) name and says which rule it broke.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -25,5 +26,9 @@ std::string_view NamespaceOf(std::string_view name);
 // Whether `name` lies under `prefix` as ValidatePrefix accepts it: "" matches everything,
 // "a/" matches "a/x" but not "ab", "a" matches "a" and "a/x".
 bool NameHasPrefix(std::string_view name, std::string_view prefix);
+
+// `text` in single quotes for an error message, cut after 128 bytes ("...") so a 100 kB
+// name does not make a 100 kB error.
+std::string QuoteForError(std::string_view text);
 
 }  // namespace tensord::common

@@ -44,12 +44,6 @@ std::string NewInstanceNonce() {
   return nonce;
 }
 
-std::string Quote(std::string_view text) {
-  // Names in messages are cut so a 100 kB name does not make a 100 kB error.
-  if (text.size() > 128) return "'" + std::string(text.substr(0, 128)) + "...'";
-  return "'" + std::string(text) + "'";
-}
-
 // A description as Allocate accepts it (Publish's `desc` too): valid, and on a device this
 // build serves.
 absl::StatusOr<common::TensorLayout> ValidateAllocatableDesc(const v1::TensorDesc& desc) {
@@ -135,7 +129,7 @@ absl::Status Broker::CheckAccess(const Session& session, std::string_view ns, bo
   if (allowed) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("uid ", creds.uid, " (gid ", creds.gid,
                                                   ") may not ", write ? "write" : "read",
-                                                  " namespace ", Quote(ns)));
+                                                  " namespace ", common::QuoteForError(ns)));
 }
 
 absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view what) {
@@ -529,7 +523,7 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
 
 absl::Status Broker::ReserveArenaLocked(std::string_view ns) {
   return ReserveHostBytesLocked(options_.arena_bytes,
-                                absl::StrCat("allocating a new arena for namespace ", Quote(ns)));
+                                absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
 }
 
 bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
@@ -709,7 +703,6 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
   }
 }
 
-
 absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v1::PublishRequest& request) {
   const std::string& name = request.name();
   if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
@@ -735,19 +728,19 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     if (!name.empty()) {
       if (!tensor->ns.empty() && tensor->ns != ns) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "tensor ", tensor->id, " was allocated in namespace ", Quote(tensor->ns),
-            " and cannot be published as ", Quote(name)));
+            "tensor ", tensor->id, " was allocated in namespace ", common::QuoteForError(tensor->ns),
+            " and cannot be published as ", common::QuoteForError(name)));
       }
       TENSORD_RETURN_IF_ERROR(CheckAccess(*session, ns, true));
       Tensor* current = registry_.FindByName(name);
       if (request.has_if_absent() && request.if_absent() && current != nullptr) {
-        return absl::AlreadyExistsError(absl::StrCat(Quote(name), " is already bound (generation ",
+        return absl::AlreadyExistsError(absl::StrCat(common::QuoteForError(name), " is already bound (generation ",
                                                      current->generation, ")"));
       }
       if (request.has_if_generation()) {
         uint64_t have = current == nullptr ? 0 : current->generation;
         if (have != request.if_generation()) {
-          return absl::AbortedError(absl::StrCat(Quote(name), " is at generation ", have,
+          return absl::AbortedError(absl::StrCat(common::QuoteForError(name), " is at generation ", have,
                                                  ", not ", request.if_generation()));
         }
       }

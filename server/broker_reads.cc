@@ -23,11 +23,6 @@ namespace {
 constexpr size_t kMaxWatchers = 4096;
 constexpr uint64_t kMaxWaitMs = uint64_t{365} * 24 * 3600 * 1000;
 
-std::string Quote(std::string_view text) {
-  if (text.size() > 128) return "'" + std::string(text.substr(0, 128)) + "...'";
-  return "'" + std::string(text) + "'";
-}
-
 template <typename Request>
 bool WantsWait(const Request& request) {
   return request.wait_case() != Request::WAIT_NOT_SET &&
@@ -99,11 +94,11 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
         result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor, true))
                           : cap;
       } else if (tensor != nullptr && !WantsWait(request)) {
-        result = absl::NotFoundError(absl::StrCat(Quote(waiter.target), " is at generation ",
+        result = absl::NotFoundError(absl::StrCat(common::QuoteForError(waiter.target), " is at generation ",
                                                   tensor->generation, ", below the ",
                                                   waiter.min_generation, " asked for"));
       } else if (!WantsWait(request)) {
-        result = absl::NotFoundError(absl::StrCat("no tensor is bound to ", Quote(waiter.target)));
+        result = absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(waiter.target)));
       }
     } else {
       Tensor* tensor = registry_.Find(waiter.tensor_id);
@@ -167,7 +162,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
         }
       } else if (!WantsWait(request)) {
         result = absl::NotFoundError(absl::StrCat("nothing is bound ", prefix ? "under " : "to ",
-                                                  Quote(target)));
+                                                  common::QuoteForError(target)));
       } else if (shutting_down_) {
         result = absl::CancelledError("tensord is shutting down");
       } else if (absl::Status cap = CheckWaitCapLocked(**session); !cap.ok()) {
@@ -246,10 +241,10 @@ absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1:
     TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), true));
     Tensor* tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no tensor is bound to ", Quote(request.name())));
+      return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
     }
     if (request.if_generation() != 0 && tensor->generation != request.if_generation()) {
-      return absl::AbortedError(absl::StrCat(Quote(request.name()), " is at generation ",
+      return absl::AbortedError(absl::StrCat(common::QuoteForError(request.name()), " is at generation ",
                                              tensor->generation, ", not ", request.if_generation()));
     }
     response.set_tensor_id(tensor->id);
@@ -287,13 +282,13 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
                                                                   : registry_.Find(request.tensor_id());
   if (tensor == nullptr) {
     return absl::NotFoundError(request.target_case() == v1::StatRequest::kName
-                                   ? absl::StrCat("no tensor is bound to ", Quote(request.name()))
+                                   ? absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name()))
                                    : absl::StrCat("no tensor has id ", request.tensor_id()));
   }
   bool own = tensor->producer_uid == session->creds.uid;
   if (!own && !MayRead(session->creds, tensor->ns)) {
     return absl::PermissionDeniedError(absl::StrCat("uid ", session->creds.uid,
-                                                    " may not read namespace ", Quote(tensor->ns)));
+                                                    " may not read namespace ", common::QuoteForError(tensor->ns)));
   }
   v1::StatResponse response;
   *response.mutable_tensor() = registry_.Describe(*tensor);
