@@ -591,11 +591,14 @@ PYBIND11_MODULE(_tensord, m) {
       .def_property_readonly("released", &PyTensor::released)
       .def_property_readonly("info", [](const PyTensor& t) { return InfoToDict(t.info()); })
       .def("__repr__", [](const PyTensor& t) {
-        std::string shape;
-        for (int64_t d : t.info().shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-        return "<tensord.Tensor " + t.Describe() + " " +
-               DtypeName(t.info().dtype).value_or("?") + "[" + shape + "]" +
-               (t.released() ? " released" : "") + ">";
+        std::string repr = "<tensord.Tensor " + t.Describe() + " " +
+                           DtypeName(t.info().dtype).value_or("?") + "[";
+        for (size_t i = 0; i < t.info().shape.size(); ++i) {
+          if (i > 0) repr += ", ";
+          repr += std::to_string(t.info().shape[i]);
+        }
+        repr += t.released() ? "] released>" : "]>";
+        return repr;
       });
 
   py::class_<PyWatcher>(m, "_Watcher")
