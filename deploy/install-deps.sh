@@ -8,6 +8,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libdlpack-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the daemon's allocator (server/CMakeLists.txt): many small messages per request
+  libjemalloc-dev
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
   # the gRPC bytes-copy peer of the comparative benchmark (tests/bench/compare.py)
   python3-grpcio
