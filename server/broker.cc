@@ -373,11 +373,13 @@ void Broker::UnbindLocked(Tensor& tensor, Effects& effects) {
   std::string old_name = tensor.name;
   registry_.Unbind(tensor);
   RetireLocked(tensor, old_name, effects);
-  v1::WatchEvent event;
-  event.set_kind(v1::WatchEvent::KIND_UNBOUND);
-  event.set_name(old_name);
-  event.set_generation(tensor.generation);
-  NotifyWatchersLocked(event, effects);
+  if (!watchers_.empty()) {
+    v1::WatchEvent event;
+    event.set_kind(v1::WatchEvent::KIND_UNBOUND);
+    event.set_name(old_name);
+    event.set_generation(tensor.generation);
+    NotifyWatchersLocked(event, effects);
+  }
   MaybeRemoveLocked(tensor, effects);
 }
 
@@ -389,6 +391,7 @@ void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effect
     RetireLocked(*old, name, effects);
     MaybeRemoveLocked(*old, effects);
   }
+  if (watchers_.empty()) return;  // the common case: no event to build
   v1::WatchEvent event;
   event.set_kind(v1::WatchEvent::KIND_BOUND);
   event.set_name(name);
@@ -749,8 +752,11 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       // The seal is what protects readers: check it before any reader can get the fd.
       Buffer* buffer = registry_.FindBuffer(tensor->buffer_id);
       TENSORD_CHECK(buffer != nullptr);
-      TENSORD_RETURN_IF_ERROR(common::CheckReaderSeals(
-          buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
+      if (!buffer->reader_sealed) {
+        TENSORD_RETURN_IF_ERROR(common::CheckReaderSeals(
+            buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
+        buffer->reader_sealed = true;
+      }
     }
     if (new_layout) {
       // Every check passed: from here on (reply, Stat, acquires) the new description holds.

@@ -33,6 +33,9 @@ struct Buffer {
   std::unique_ptr<ArenaSlots> arena;
   uint64_t arena_owner = 0;
   std::string arena_ns;
+  // Its seals passed the readers' check at a publish. A seal cannot be removed, so an
+  // arena's later publishes need not ask the kernel again.
+  bool reader_sealed = false;
 };
 
 struct Tensor {
