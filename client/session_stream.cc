@@ -76,6 +76,7 @@ void SessionStream::Complete(Waiter* waiter,
 }
 
 void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> replies) {
+  if (replies.empty()) return;
   std::vector<tensord::v1::SessionResponse*> orphans;
   {
     absl::MutexLock lock(&mu_);
@@ -99,10 +100,18 @@ void SessionStream::ReadLoop() {
   tensord::v1::SessionResponse response;
   while (stream_->Read(&response)) {
     if (response.has_batch()) {
-      // Replies that were ready together; every waiter they answer wakes under one lock.
+      // Messages queued together, handled in their order: each run of replies is delivered
+      // under one lock, each push in between goes to the push handler.
       std::vector<tensord::v1::SessionResponse*> replies;
-      replies.reserve(response.batch().responses_size());
-      for (auto& reply : *response.mutable_batch()->mutable_responses()) replies.push_back(&reply);
+      for (auto& message : *response.mutable_batch()->mutable_responses()) {
+        if (message.seq() != 0) {
+          replies.push_back(&message);
+          continue;
+        }
+        Deliver(replies);
+        replies.clear();
+        if (on_push_) on_push_(message);
+      }
       Deliver(replies);
     } else if (response.seq() == 0) {
       if (on_push_) on_push_(response);

@@ -1,5 +1,6 @@
 #include "server/session_stream.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -20,8 +21,8 @@ namespace {
 constexpr size_t kMaxQueuedResponses = 1024;  // stop reading requests beyond this
 constexpr size_t kMaxQueuedPushes = 4096;      // beyond this: drop, then one cache_reset
 constexpr int kMaxBatchRequests = 4096;         // requests in one SessionRequest.batch
-// Replies that are ready together leave in one SessionResponse.batch of at most this many
-// replies and about this many bytes (well under a client's 4 MiB receive limit).
+// Messages queued together (replies and pushes) leave in one SessionResponse.batch of at
+// most this many and about this many bytes (well under a client's 4 MiB receive limit).
 constexpr int kMaxBatchReplies = 4096;
 constexpr size_t kMaxBatchReplyBytes = size_t{1} << 20;
 
@@ -75,8 +76,8 @@ class StreamOutbox final : public PushSink {
  private:
   // Starts the next write or the finish; both run after the lock is dropped.
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the next message to send into in_flight_: the front one, or, when replies (not
-  // pushes) are queued back to back, as many of them as fit one batch.
+  // Moves the next message to send into in_flight_: the front one, or, when more are
+  // queued, as many as fit one batch, in order; counts the pushes it carries.
   void TakeNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
@@ -85,6 +86,7 @@ class StreamOutbox final : public PushSink {
   v1::SessionResponse in_flight_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer in_flight_bytes_ ABSL_GUARDED_BY(mu_);
   size_t pushes_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t pushes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // in in_flight_, counted in pushes_queued_
   bool reset_owed_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
@@ -333,7 +335,8 @@ void StreamOutbox::Abort(const absl::Status& status) {
 void StreamOutbox::OnWriteDone(bool ok) {
   absl::MutexLock lock(&mu_);
   writing_ = false;
-  if (IsPush(in_flight_) && pushes_queued_ > 0) --pushes_queued_;
+  pushes_queued_ -= std::min(pushes_queued_, pushes_in_flight_);
+  pushes_in_flight_ = 0;
   if (!ok) {
     broken_ = true;
     queue_.clear();
@@ -364,15 +367,17 @@ bool StreamOutbox::ShouldPauseReads() {
 void StreamOutbox::TakeNext() {
   in_flight_ = std::move(queue_.front());
   queue_.pop_front();
-  if (IsPush(in_flight_) || queue_.empty() || IsPush(queue_.front())) return;
+  pushes_in_flight_ = IsPush(in_flight_) ? 1 : 0;
+  if (queue_.empty()) return;
   v1::SessionResponse batch;
-  auto* replies = batch.mutable_batch()->mutable_responses();
+  auto* messages = batch.mutable_batch()->mutable_responses();
   size_t bytes = in_flight_.ByteSizeLong();
-  *replies->Add() = std::move(in_flight_);
-  while (!queue_.empty() && !IsPush(queue_.front()) && replies->size() < kMaxBatchReplies) {
+  *messages->Add() = std::move(in_flight_);
+  while (!queue_.empty() && messages->size() < kMaxBatchReplies) {
     bytes += queue_.front().ByteSizeLong();
     if (bytes > kMaxBatchReplyBytes) break;
-    *replies->Add() = std::move(queue_.front());
+    if (IsPush(queue_.front())) ++pushes_in_flight_;
+    *messages->Add() = std::move(queue_.front());
     queue_.pop_front();
   }
   in_flight_ = std::move(batch);
@@ -386,7 +391,8 @@ void StreamOutbox::Pump() {
     TakeNext();
     if (absl::Status serialized = SerializeResponse(in_flight_, &in_flight_bytes_); !serialized.ok()) {
       spdlog::error("session stream: {}", serialized.ToString());
-      if (IsPush(in_flight_) && pushes_queued_ > 0) --pushes_queued_;
+      pushes_queued_ -= std::min(pushes_queued_, pushes_in_flight_);
+      pushes_in_flight_ = 0;
       continue;
     }
     writing_ = true;

@@ -6,8 +6,9 @@
 // bounded amount of memory. A message that does not decode ends the stream with
 // INVALID_ARGUMENT (never as if the client had half-closed it).
 // Batches: a SessionRequest.batch is dispatched request by request with writes held back,
-// and replies queued back to back (a batch's, or any that pile up behind a write) leave as
-// one SessionResponse.batch, so N requests cost one read and one write instead of N each.
+// and messages queued back to back (a batch's replies, pushes, any that pile up behind a
+// write) leave in order as one SessionResponse.batch, so N requests cost one read and one
+// write instead of N each.
 #pragma once
 
 #include <cstdint>

@@ -1191,7 +1191,7 @@ TEST_F(HostileTest, StoppedReadersGetOneResetInsteadOfABacklog) {
   // Now read: fewer pushes than changes, and a reset that says some were dropped.
   int retired = 0;
   bool reset = false;
-  while (!reset && stream->Read(&reply)) {
+  while (!reset && reader.Next(&reply)) {
     if (reply.has_retired()) ++retired;
     if (reply.has_cache_reset()) reset = true;
   }
