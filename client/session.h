@@ -63,12 +63,12 @@ class Session final : public ReleaseSink {
   absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
                                      const PublishOptions& options);
 
-  // Batches, pipelined on the Session stream: every request is written back to back, then
-  // every reply is read (session_batch.cc). Buffers not mapped yet are fetched together
-  // (one FETCH_FD per 253). Allocate and acquire are all or nothing: when any element
-  // fails, every lease the batch was granted is released (queued, as a deleter does) and
-  // the error names the first failing element (index and name) and the reason. A publish
-  // cannot be taken back: the error says how many other elements were published.
+  // Batches, one Session-stream message each way (SessionStream::CallMany;
+  // session_batch.cc). Buffers not mapped yet are fetched together (one FETCH_FD per 253).
+  // Allocate and acquire are all or nothing: when any element fails, every lease the batch
+  // was granted is released (queued, as a deleter does) and the error names the first
+  // failing element (index and name) and the reason. A publish cannot be taken back: the
+  // error says how many other elements were published.
   struct PublishTarget {
     const LeaseView* view = nullptr;
     std::string name;

@@ -1,5 +1,5 @@
-// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, pipelined on
-// the Session stream, and the batched fetch of the buffers they map.
+// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, each one
+// Session-stream message each way, and the batched fetch of the buffers they map.
 #include <algorithm>
 #include <span>
 #include <string>

@@ -339,8 +339,8 @@ class PyClient {
     return InfoToDict(Unwrap(std::move(info)));
   }
 
-  // put() for a batch: every source read first (with the GIL), then one pipelined batch of
-  // allocations, the copies, and one pipelined batch of publishes. The producer's own
+  // put() for a batch: every source read first (with the GIL), then one batch of
+  // allocations, the copies, and one batch of publishes. The producer's own
   // references go when this returns.
   py::list PutMany(const std::vector<std::pair<std::string, Source*>>& items, bool if_absent,
                    std::optional<uint64_t> if_generation, std::optional<double> ttl,
@@ -375,7 +375,7 @@ class PyClient {
     return out;
   }
 
-  // get() for a batch of names: one pipelined batch per broker wait slice, all or nothing.
+  // get() for a batch of names: one batch per broker wait slice, all or nothing.
   py::list GetMany(const std::vector<std::string>& names, std::optional<double> timeout,
                    std::optional<uint64_t> min_generation, bool readonly) {
     AcquireOptions options;

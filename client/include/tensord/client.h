@@ -257,9 +257,9 @@ class TENSORD_EXPORT Client {
   // Acquires and unbinds atomically. A name ending in '/' takes the oldest tensor under it.
   Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait = {});
 
-  // Batches. Every request of a batch goes out back to back on the session stream before
-  // any reply is read, so a batch costs about one round trip however long it is, and the
-  // buffers it maps are fetched together. Results come in the order of the elements.
+  // Batches. A batch goes to the broker as one session-stream message and its replies come
+  // back together, so it costs one round trip however long it is, and the buffers it maps
+  // are fetched together. Results come in the order of the elements.
   // AllocateMany and AcquireMany are all or nothing: when any element fails, the leases the
   // batch was granted are released (queued, as a DLPack deleter does) and the error carries
   // that element's code, its index and name, and the reason.
