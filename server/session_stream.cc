@@ -42,6 +42,17 @@ v1::SessionResponse ErrorReply(uint64_t seq, const absl::Status& status) {
   return response;
 }
 
+// The reply to request `seq`: `result`'s value, moved where `place` points in the
+// response, or its error.
+template <typename Value, typename Place>
+v1::SessionResponse Reply(uint64_t seq, absl::StatusOr<Value> result, Place place) {
+  if (!result.ok()) return ErrorReply(seq, result.status());
+  v1::SessionResponse response;
+  response.set_seq(seq);
+  *place(response) = std::move(*result);
+  return response;
+}
+
 class SessionStream;
 
 // What the stream shares with the Broker (as its PushSink) and with wait completions,
@@ -160,21 +171,15 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Dispatch(const v1::SessionRequest& request) {
     uint64_t seq = request.seq();
     std::shared_ptr<StreamOutbox> outbox = outbox_;
-    auto respond_error = [&](const absl::Status& status) { outbox->Respond(ErrorReply(seq, status)); };
     switch (request.op_case()) {
       case v1::SessionRequest::kAcquire:
       case v1::SessionRequest::kTake: {
         bool take = request.op_case() == v1::SessionRequest::kTake;
         outbox->ExpectReply();
         auto done = [outbox, seq, take](absl::StatusOr<v1::AcquireResponse> result) {
-          if (!result.ok()) {
-            outbox->RespondOwed(ErrorReply(seq, result.status()));
-            return;
-          }
-          v1::SessionResponse response;
-          response.set_seq(seq);
-          *(take ? response.mutable_take() : response.mutable_acquire()) = std::move(*result);
-          outbox->RespondOwed(std::move(response));
+          outbox->RespondOwed(Reply(seq, std::move(result), [take](v1::SessionResponse& r) {
+            return take ? r.mutable_take() : r.mutable_acquire();
+          }));
         };
         uint64_t wait_id = take ? broker_->Take(session_id_, request.take(), std::move(done))
                                 : broker_->Acquire(session_id_, request.acquire(), std::move(done));
@@ -186,29 +191,18 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       }
       case v1::SessionRequest::kRelease: {
         absl::StatusOr<v1::ReleaseResponse> released = broker_->Release(session_id_, request.release());
-        if (seq == 0) {
-          // No reply wanted: a refused batch is only logged.
-          if (!released.ok()) spdlog::debug("session {}: {}", session_id_, released.status().ToString());
+        if (seq != 0) {
+          outbox->Respond(Reply(seq, std::move(released),
+                                [](v1::SessionResponse& r) { return r.mutable_release(); }));
         } else if (!released.ok()) {
-          respond_error(released.status());
-        } else {
-          v1::SessionResponse response;
-          response.set_seq(seq);
-          *response.mutable_release() = std::move(*released);
-          outbox->Respond(std::move(response));
+          // No reply wanted: a refused batch is only logged.
+          spdlog::debug("session {}: {}", session_id_, released.status().ToString());
         }
         break;
       }
       case v1::SessionRequest::kPublish: {
-        absl::StatusOr<v1::PublishResponse> published = broker_->Publish(session_id_, request.publish());
-        if (!published.ok()) {
-          respond_error(published.status());
-          break;
-        }
-        v1::SessionResponse response;
-        response.set_seq(seq);
-        *response.mutable_publish() = std::move(*published);
-        outbox->Respond(std::move(response));
+        outbox->Respond(Reply(seq, broker_->Publish(session_id_, request.publish()),
+                              [](v1::SessionResponse& r) { return r.mutable_publish(); }));
         break;
       }
       case v1::SessionRequest::kAllocate: {
@@ -216,14 +210,9 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         outbox->ExpectReply();
         broker_->Allocate(session_id_, request.allocate(),
                           [outbox, seq](absl::StatusOr<v1::AllocateResponse> result) {
-                            if (!result.ok()) {
-                              outbox->RespondOwed(ErrorReply(seq, result.status()));
-                              return;
-                            }
-                            v1::SessionResponse response;
-                            response.set_seq(seq);
-                            *response.mutable_allocate() = std::move(*result);
-                            outbox->RespondOwed(std::move(response));
+                            outbox->RespondOwed(Reply(seq, std::move(result), [](v1::SessionResponse& r) {
+                              return r.mutable_allocate();
+                            }));
                           });
         break;
       }
@@ -250,7 +239,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         break;
       }
       case v1::SessionRequest::OP_NOT_SET:
-        respond_error(absl::InvalidArgumentError("session request without an operation"));
+        outbox->Respond(ErrorReply(seq, absl::InvalidArgumentError("session request without an operation")));
         break;
     }
   }
