@@ -527,10 +527,12 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   absl::StatusOr<tensord::v1::SessionResponse> response = StreamCall(request, kDefaultCallTimeout);
   if (response.status().code() == absl::StatusCode::kResourceExhausted) {
     // Slots the pool keeps idle in this namespace may be what is missing (arena room, the
-    // lease cap): without the pool they would not exist. Give them back and ask again.
+    // lease cap): without the pool they would not exist. Give them back, with every release
+    // still queued, and once the broker has them, ask again.
     std::vector<uint64_t> idle = pool_.TakeAll(ns);
-    if (!idle.empty() && ReleaseNow(std::move(idle)).ok()) {
-      response = StreamCall(std::move(request), kDefaultCallTimeout);
+    if (!idle.empty()) {
+      queue_->PushLeaseIds(idle);
+      if (Flush().ok()) response = StreamCall(std::move(request), kDefaultCallTimeout);
     }
   }
   if (!response.ok()) return response.status();
@@ -586,18 +588,6 @@ std::optional<AllocationPool::Entry> Session::RefillPool(std::string_view ns, ui
       pool_.Refill(ns, class_bytes, std::move(granted), release);
   queue_->PushLeaseIds(release);
   return mine;
-}
-
-absl::Status Session::ReleaseNow(std::vector<uint64_t> lease_ids) {
-  tensord::v1::SessionRequest request;
-  request.mutable_release()->mutable_lease_ids()->Assign(lease_ids.begin(), lease_ids.end());
-  // Answered once the broker has let them go, unlike the sender's releases.
-  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), kDefaultCallTimeout));
-  if (!response.has_release()) {
-    return absl::InternalError("release: the broker answered with something else");
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::string_view ns,

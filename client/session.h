@@ -215,9 +215,7 @@ class Session final : public ReleaseSink {
   LeaseView* AllocateFromPool(std::string_view ns, uint64_t class_bytes,
                               const tensord::v1::TensorDesc& desc,
                               const common::TensorLayout& layout, std::string_view what);
-  // Releases `lease_ids` and waits for the broker's answer (not through the sender).
-  absl::Status ReleaseNow(std::vector<uint64_t> lease_ids);
-  // Allocates `count` slots of `class_bytes` in one pipelined batch; one for the caller,
+  // Allocates `count` slots of `class_bytes` in one batch; one for the caller,
   // the rest go into the pool.
   std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
                                                   size_t count, std::string_view what);
