@@ -14,22 +14,15 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 
 namespace tensord {
 namespace {
 
+using testing::Connect;
 using testing::DaemonProcess;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
-
-std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
-  ClientOptions options;
-  options.socket_path = daemon.socket();
-  options.lease_cache = false;  // tests count leases exactly
-  auto client = Client::Connect(options);
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(client).value() : nullptr;
-}
 
 TensorSpec Spec(DLDataType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {}) {
   TensorSpec spec;

@@ -17,26 +17,16 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 
 namespace tensord {
 namespace {
 
+using testing::Connect;
 using testing::DaemonProcess;
+using testing::Options;
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
-
-ClientOptions Options(const DaemonProcess& daemon) {
-  ClientOptions options;
-  options.socket_path = daemon.socket();
-  options.lease_cache = false;  // tests count leases exactly
-  return options;
-}
-
-std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
-  auto client = Client::Connect(Options(daemon));
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(client).value() : nullptr;
-}
 
 // A client whose session's internals the test can look at.
 std::shared_ptr<internal::ClientCore> Core(const ClientOptions& options) {

@@ -16,23 +16,16 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 
 namespace tensord {
 namespace {
 
 using testing::ChildProcess;
+using testing::Connect;
 using testing::DaemonProcess;
 using testing::PeerArgs;
 using namespace std::chrono_literals;
-
-std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
-  ClientOptions options;
-  options.socket_path = daemon.socket();
-  options.lease_cache = false;  // count leases exactly
-  auto client = Client::Connect(options);
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(client).value() : nullptr;
-}
 
 Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_t count, float value) {
   TensorSpec spec;

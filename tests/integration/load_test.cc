@@ -15,24 +15,17 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 #include "tests/integration/proc_info.h"
 
 namespace tensord {
 namespace {
 
 using testing::ChildProcess;
+using testing::Connect;
 using testing::DaemonProcess;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
-  ClientOptions options;
-  options.socket_path = daemon.socket();
-  options.lease_cache = false;
-  auto client = Client::Connect(options);
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(client).value() : nullptr;
-}
 
 Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_t count, float value) {
   TensorSpec spec;
