@@ -42,7 +42,8 @@ void ReleaseQueue::PushView(LeaseView* view) noexcept {
     view->next_in_queue = old;
   } while (!head_.compare_exchange_weak(old, view, std::memory_order_seq_cst,
                                         std::memory_order_relaxed));
-  if (old == nullptr) Wake();
+  const int64_t depth = size_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (old == nullptr || depth == wake_at_.load(std::memory_order_acquire)) Wake();
   // Stop() may have drained the stack between our check and our push: whoever sees the
   // flag after pushing drains again, so no view is stranded (each is popped exactly once).
   if (stopped()) DrainInline();
@@ -63,6 +64,7 @@ std::vector<LeaseView*> ReleaseQueue::PopAll() {
   LeaseView* top = head_.exchange(nullptr, std::memory_order_seq_cst);
   std::vector<LeaseView*> views;
   for (LeaseView* v = top; v != nullptr; v = v->next_in_queue) views.push_back(v);
+  size_.fetch_sub(static_cast<int64_t>(views.size()), std::memory_order_acq_rel);
   std::reverse(views.begin(), views.end());
   for (LeaseView* v : views) v->next_in_queue = nullptr;
   return views;
@@ -91,6 +93,7 @@ void ReleaseQueue::DrainInline() noexcept {
   if (top == nullptr) return;
   std::shared_ptr<ReleaseQueue> keep = top->queue_;
   while (top != nullptr) {
+    size_.fetch_sub(1, std::memory_order_acq_rel);
     LeaseView* next = top->next_in_queue;
     top->next_in_queue = nullptr;
     // A view revived after it was queued is freed by its own last Unref (inline, since the
@@ -177,15 +180,17 @@ bool ReleaseSender::WaitFor(ReleaseSink::Clock::time_point deadline) {
 void ReleaseSender::Run() {
   using Clock = ReleaseSink::Clock;
   uint64_t done = 0;
-  // Views collected but not sent yet, and when the window of the oldest of them closes.
+  // Views popped but not sent yet (fewer than a batch), and when the window of the oldest
+  // of them closes.
   std::vector<LeaseView*> views;
+  std::vector<uint64_t> ids;
   Clock::time_point collect_until{};
   while (!stopping_.load(std::memory_order_acquire)) {
     queue_->ConsumeWake();
     uint64_t ticket = flush_requested_.load(std::memory_order_acquire);
-    std::vector<LeaseView*> popped = queue_->PopAll();
-    std::vector<uint64_t> ids = queue_->PopLeaseIds();
-    if (views.empty() && popped.empty() && ids.empty() && ticket == done) {
+    std::vector<uint64_t> new_ids = queue_->PopLeaseIds();
+    ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+    if (views.empty() && queue_->empty() && ids.empty() && ticket == done) {
       // Stop() sets the flag before its wake: if ConsumeWake() above ate that wake, the
       // flag is visible here, and ppoll must not wait for a wake that already came.
       if (stopping_.load(std::memory_order_seq_cst)) break;
@@ -193,19 +198,22 @@ void ReleaseSender::Run() {
       continue;
     }
     // Each entry goes out within max_delay of the first one waiting, or at once when a
-    // batch is full, a flush is asked for, or we are stopping.
+    // batch is full, a flush is asked for, or we are stopping. While collecting, the views
+    // stay on the stack: later pushes find it non-empty and do not wake this thread, except
+    // the one that fills the batch.
     if (views.empty()) collect_until = Clock::now() + options_.max_delay;
-    views.insert(views.end(), popped.begin(), popped.end());
-    while (views.size() < options_.max_batch && ticket == done &&
-           !stopping_.load(std::memory_order_acquire) && Clock::now() < collect_until) {
+    auto full = [&] { return views.size() + queue_->size() >= options_.max_batch; };
+    queue_->set_wake_at(options_.max_batch - views.size());
+    while (!full() && ticket == done && !stopping_.load(std::memory_order_acquire) &&
+           Clock::now() < collect_until) {
       WaitFor(collect_until);
       queue_->ConsumeWake();
-      std::vector<LeaseView*> more = queue_->PopAll();
-      views.insert(views.end(), more.begin(), more.end());
       ticket = flush_requested_.load(std::memory_order_acquire);
     }
-    std::vector<uint64_t> more_ids = queue_->PopLeaseIds();
-    ids.insert(ids.end(), more_ids.begin(), more_ids.end());
+    std::vector<LeaseView*> popped = queue_->PopAll();
+    views.insert(views.end(), popped.begin(), popped.end());
+    new_ids = queue_->PopLeaseIds();
+    ids.insert(ids.end(), new_ids.begin(), new_ids.end());
     // Full batches go now; a partial one only once its window closed (or a flush or stop
     // asks): otherwise it keeps collecting with the deadline of its oldest entry.
     const bool send_all = ticket != done || stopping_.load(std::memory_order_acquire) ||

@@ -3,7 +3,7 @@
 // ReleaseQueue is the state a deleter touches: a lock-free intrusive stack of LeaseViews
 // whose last reference went (Treiber push; the sender pops everything at once with an
 // atomic exchange, so there is no ABA), an eventfd that wakes the sender when a push finds
-// the stack empty (a non-blocking write), and a `stopped` flag. It is owned by shared_ptr:
+// the stack empty or fills the sender's batch (a non-blocking write), and a `stopped` flag. It is owned by shared_ptr:
 // every LeaseView holds one, so it outlives the Client. Once stopped (Client destroyed,
 // process exit, or a fork child abandoning its parent's session), a push frees the view
 // inline instead (munmap, no RPC: closing the session released the lease). Push() never
@@ -13,7 +13,9 @@
 //
 // ReleaseSender owns the thread that drains the queue: after a wake-up it collects for up
 // to `max_delay` (1 ms) or until `max_batch` (256) views, whichever is first, and hands the
-// batch to its ReleaseSink, which decides per view between the lease cache and a release
+// batch to its ReleaseSink. It leaves the views on the stack while it collects, so the
+// pushes of a window after the first find it non-empty and wake nobody (one wake-up per
+// batch, not per release); the push that fills the batch wakes it early. The sink which decides per view between the lease cache and a release
 // and sends one ReleaseRequest for the batch. Flush() makes it send at once and returns when
 // that send is done. Between batches it calls the sink's Tick() (lease-cache linger), and
 // it reports a hang-up of an optional watched fd (the fd channel: the broker went away).
@@ -52,6 +54,13 @@ class ReleaseQueue {
   std::vector<LeaseView*> PopAll();
   std::vector<uint64_t> PopLeaseIds();
   bool empty() const { return head_.load(std::memory_order_acquire) == nullptr; }
+  // Views on the stack (it may lag a concurrent push or pop by one).
+  size_t size() const {
+    const int64_t n = size_.load(std::memory_order_acquire);
+    return n > 0 ? static_cast<size_t>(n) : 0;
+  }
+  // A push that makes the stack this deep wakes the sender (as does one onto an empty one).
+  void set_wake_at(size_t depth) { wake_at_.store(static_cast<int64_t>(depth), std::memory_order_release); }
 
   int event_fd() const { return event_fd_.get(); }
   void Wake() noexcept;
@@ -74,6 +83,9 @@ class ReleaseQueue {
   void DrainInline() noexcept;
 
   std::atomic<LeaseView*> head_{nullptr};
+  // Signed: a pop that takes a view whose push has not counted it yet dips below zero.
+  std::atomic<int64_t> size_{0};
+  std::atomic<int64_t> wake_at_{0};  // 0: only pushes onto an empty stack wake
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> wakes_{0};
   common::UniqueFd event_fd_;

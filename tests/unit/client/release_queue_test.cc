@@ -119,6 +119,40 @@ TEST(ReleaseQueueTest, ReleasesWithinTheWindowShareOneBatch) {
   EXPECT_EQ(sink.sizes(), std::vector<size_t>{20});
 }
 
+TEST(ReleaseQueueTest, ReleasesWithinAWindowWakeTheSenderOnce) {
+  auto queue = NewQueue();
+  RecordingSink sink;
+  ReleaseSender::Options options;
+  options.max_delay = std::chrono::seconds(30);  // the window stays open for the whole test
+  ReleaseSender sender(queue, &sink, options);
+  for (uint64_t i = 0; i < 100; ++i) {
+    NewBareView(queue, i)->Unref();
+    // Give the sender time to react, as it would between releases of a real loop.
+    if (i % 10 == 0) std::this_thread::sleep_for(milliseconds(2));
+  }
+  // The first push found the stack empty; the collecting sender left the others on it.
+  EXPECT_EQ(queue->wakes_for_test(), 1u);
+  EXPECT_TRUE(sink.sizes().empty());
+  ASSERT_TRUE(sender.Flush(std::chrono::seconds(10)));
+  EXPECT_EQ(sink.sizes(), std::vector<size_t>{100});
+}
+
+TEST(ReleaseQueueTest, ThePushThatFillsABatchWakesTheSender) {
+  auto queue = NewQueue();
+  RecordingSink sink;
+  ReleaseSender::Options options;
+  options.max_delay = std::chrono::seconds(30);
+  ReleaseSender sender(queue, &sink, options);
+  NewBareView(queue, 0)->Unref();
+  std::this_thread::sleep_for(milliseconds(20));  // the sender is collecting now
+  for (uint64_t i = 1; i < 256; ++i) NewBareView(queue, i)->Unref();
+  // Without that wake-up the batch would wait out the 30 s window.
+  ASSERT_TRUE(sink.WaitSeen(256));
+  EXPECT_EQ(sink.sizes(), std::vector<size_t>{256});
+  // The first push and the filling one (fewer if the sender was slow to start collecting).
+  EXPECT_LE(queue->wakes_for_test(), 2u);
+}
+
 TEST(ReleaseQueueTest, AFullBatchOf256IsSentWithoutWaitingAndBatchesNeverExceedIt) {
   auto queue = NewQueue();
   RecordingSink sink;
