@@ -26,6 +26,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "absl/synchronization/mutex.h"
 #include "py_convert.h"
 #include "py_dlpack.h"
 #include "py_errors.h"
@@ -539,6 +540,12 @@ PYBIND11_MODULE(_tensord, m) {
   using namespace tensord::python;  // NOLINT
   namespace py = pybind11;
   m.doc() = "C++ half of the tensord package; use `import tensord`.";
+#ifdef NDEBUG
+  // Debian's abseil checks every Mutex acquisition (gRPC's included) for lock-order
+  // cycles, a debugging aid that costs a global lock per acquisition on the hot path.
+  // The interpreter is ours to configure; a C++ application decides this for itself.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
   InitGilRelease();
   RegisterErrors(m);
   m.attr("DLPACK_VERSION") = py::make_tuple(kDLPackMajorVersion, kDLPackMinorVersion);
