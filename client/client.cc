@@ -85,6 +85,11 @@ Result<TensorInfo> Client::Publish(const TensorRef& tensor, std::string_view nam
   return Guard("publish", [&] { return core_->Publish(tensor, name, options); });
 }
 
+Status Client::PublishNoWait(const TensorRef& tensor, std::string_view name,
+                             const PublishOptions& options) {
+  return Guard("publish", [&] { return core_->PublishNoWait(tensor, name, options); });
+}
+
 Result<TensorRef> Client::Acquire(std::string_view name, const AcquireOptions& options) {
   return Guard("acquire", [&] { return core_->Acquire(std::string(name), options); });
 }

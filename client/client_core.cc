@@ -282,6 +282,14 @@ Result<TensorInfo> ClientCore::Publish(const TensorRef& tensor, std::string_view
   return *std::move(info);
 }
 
+Status ClientCore::PublishNoWait(const TensorRef& tensor, std::string_view name,
+                                 const PublishOptions& options) {
+  LeaseView* view = ViewOf(tensor);
+  if (view == nullptr) return Status(StatusCode::kInvalidArgument, "publish: an empty TensorRef");
+  TENSORD_SESSION_OR_RETURN(session);
+  return FromAbsl(session->PublishNoWait(*view, name, options));
+}
+
 Result<TensorRef> ClientCore::Acquire(const Session::Target& target, const AcquireOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
   return ToRef(session->Acquire(target, options));

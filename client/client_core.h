@@ -48,6 +48,7 @@ class ClientCore {
   Result<TensorRef> Export(int memfd, uint64_t offset, std::string_view ns, const TensorSpec& spec);
   Result<TensorInfo> Publish(const TensorRef& tensor, std::string_view name,
                              const PublishOptions& options);
+  Status PublishNoWait(const TensorRef& tensor, std::string_view name, const PublishOptions& options);
   Result<TensorRef> Acquire(const Session::Target& target, const AcquireOptions& options);
   Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait);
   Result<std::vector<TensorRef>> AllocateMany(const std::vector<AllocateItem>& items);

@@ -17,8 +17,10 @@ constexpr size_t kMaxBatchRequestBytes = size_t{1} << 20;
 absl::StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(tensord::v1::Broker::Stub* stub,
                                                                    const std::string& session_token,
                                                                    Handler on_push,
-                                                                   Handler on_orphan) {
-  std::unique_ptr<SessionStream> s(new SessionStream(std::move(on_push), std::move(on_orphan)));
+                                                                   Handler on_orphan,
+                                                                   QuietFailureHandler on_quiet_failure) {
+  std::unique_ptr<SessionStream> s(new SessionStream(std::move(on_push), std::move(on_orphan),
+                                                     std::move(on_quiet_failure)));
   s->context_ = std::make_unique<grpc::ClientContext>();
   s->context_->AddMetadata("tensord-session", session_token);
   s->stream_ = stub->Session(s->context_.get());
@@ -78,9 +80,21 @@ void SessionStream::Complete(Waiter* waiter,
 void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> replies) {
   if (replies.empty()) return;
   std::vector<tensord::v1::SessionResponse*> orphans;
+  std::vector<absl::Status> quiet_failures;
   {
     absl::MutexLock lock(&mu_);
     for (tensord::v1::SessionResponse* reply : replies) {
+      // Quiet requests written before this reply's request went through (a failure of
+      // theirs would have come first); one with this very seq failed.
+      while (!quiet_.empty() && quiet_.front().seq < reply->seq()) quiet_.pop_front();
+      if (!quiet_.empty() && quiet_.front().seq == reply->seq()) {
+        quiet_failures.push_back(Annotate(
+            reply->has_error() ? ToAbsl(FromRpcError(reply->error()))
+                               : absl::InternalError("the broker answered with something else"),
+            quiet_.front().label));
+        quiet_.pop_front();
+        continue;
+      }
       auto it = pending_.find(reply->seq());
       if (it == pending_.end()) {
         orphans.push_back(reply);
@@ -93,6 +107,9 @@ void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> repli
   }
   if (on_orphan_) {
     for (tensord::v1::SessionResponse* orphan : orphans) on_orphan_(*orphan);
+  }
+  if (on_quiet_failure_) {
+    for (absl::Status& failure : quiet_failures) on_quiet_failure_(std::move(failure));
   }
 }
 
@@ -131,10 +148,23 @@ void SessionStream::ReadLoop() {
   std::string message = "the session stream ended: " +
                         (status.ok() ? std::string("the broker closed it")
                                      : FromGrpc(status).ToString());
-  absl::MutexLock lock(&mu_);
-  end_message_ = message;
-  for (auto& [seq, waiter] : pending_) Complete(waiter, absl::UnavailableError(message));
-  pending_.clear();
+  std::deque<QuietRequest> unconfirmed;
+  {
+    absl::MutexLock lock(&mu_);
+    end_message_ = message;
+    for (auto& [seq, waiter] : pending_) Complete(waiter, absl::UnavailableError(message));
+    pending_.clear();
+    // A drain that ended cleanly means the broker read and handled everything written.
+    if (!(draining_.load() && status.ok())) unconfirmed = std::move(quiet_);
+    quiet_.clear();
+  }
+  if (on_quiet_failure_) {
+    for (const QuietRequest& request : unconfirmed) {
+      on_quiet_failure_(absl::UnavailableError(
+          request.label + ": sent without waiting, and " + message +
+          " before the broker confirmed it; it may not have happened"));
+    }
+  }
 }
 
 absl::Status SessionStream::ClosedStatus() const {
@@ -155,10 +185,26 @@ absl::Status SessionStream::Write(const tensord::v1::SessionRequest& request) {
 }
 
 size_t SessionStream::WriteAll(std::vector<tensord::v1::SessionRequest>& requests,
-                               absl::Status* error) {
+                               std::vector<Waiter>& waiters, std::vector<uint64_t>& seqs,
+                               size_t* outstanding, absl::Status* error) {
+  absl::MutexLock write_lock(&write_mu_);
+  {
+    // Seqs are handed out under the write lock, so their order is the order on the wire.
+    absl::MutexLock lock(&mu_);
+    if (broken_.load(std::memory_order_acquire)) {
+      *error = ClosedStatus();
+      return 0;
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      seqs[i] = next_seq_++;
+      requests[i].set_seq(seqs[i]);
+      waiters[i].outstanding = outstanding;
+      pending_[seqs[i]] = &waiters[i];
+    }
+  }
   // One message for the lot (in chunks the broker accepts), so a batch costs the broker
   // and the transport one read instead of one per request. The requests are moved into
-  // the envelopes; their seqs were noted by the caller.
+  // the envelopes.
   std::vector<tensord::v1::SessionRequest> envelopes;
   std::vector<size_t> ends;  // requests[0, ends[k]) are in envelopes[0..k]
   if (requests.size() == 1) {
@@ -179,7 +225,6 @@ size_t SessionStream::WriteAll(std::vector<tensord::v1::SessionRequest>& request
     }
     ends.push_back(requests.size());
   }
-  absl::MutexLock lock(&write_mu_);
   for (size_t k = 0; k < envelopes.size(); ++k) {
     const size_t written = k == 0 ? 0 : ends[k - 1];
     if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
@@ -203,6 +248,33 @@ absl::Status SessionStream::Send(tensord::v1::SessionRequest request) {
   return Write(request);
 }
 
+absl::Status SessionStream::SendQuiet(tensord::v1::SessionRequest request, std::string label) {
+  absl::MutexLock write_lock(&write_mu_);
+  if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
+    return absl::UnavailableError("the session stream is closed");
+  }
+  uint64_t seq;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = next_seq_++;
+    quiet_.push_back(QuietRequest{seq, std::move(label)});
+  }
+  request.set_seq(seq);
+  if (!stream_->Write(request)) {
+    broken_.store(true, std::memory_order_release);
+    // Not written: the caller hears it now, not the failure handler later.
+    absl::MutexLock lock(&mu_);
+    if (!quiet_.empty() && quiet_.back().seq == seq) quiet_.pop_back();
+    return absl::UnavailableError("the session stream broke while writing");
+  }
+  return absl::OkStatus();
+}
+
+size_t SessionStream::quiet_in_flight() {
+  absl::MutexLock lock(&mu_);
+  return quiet_.size();
+}
+
 absl::StatusOr<tensord::v1::SessionResponse> SessionStream::Call(
     tensord::v1::SessionRequest request, std::optional<Clock::time_point> deadline) {
   std::vector<tensord::v1::SessionRequest> one;
@@ -217,29 +289,17 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   results.reserve(n);
   if (n == 0) return results;
   std::vector<Waiter> waiters(n);  // never resized: pending_ points into it
-  std::vector<uint64_t> seqs(n);
+  std::vector<uint64_t> seqs(n, 0);
   size_t outstanding = n;
-  {
-    absl::MutexLock lock(&mu_);
-    if (broken_.load(std::memory_order_acquire)) {
-      results.assign(n, ClosedStatus());
-      return results;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      seqs[i] = next_seq_++;
-      requests[i].set_seq(seqs[i]);
-      waiters[i].outstanding = &outstanding;
-      pending_[seqs[i]] = &waiters[i];
-    }
-  }
   absl::Status write_error;
-  const size_t written = WriteAll(requests, &write_error);
+  const size_t written = WriteAll(requests, waiters, seqs, &outstanding, &write_error);
   absl::MutexLock lock(&mu_);
   // What was not written fails now; what was written is answered, or failed by the reader
   // when the stream ends, so it is waited for.
   for (size_t i = written; i < n; ++i) {
     if (waiters[i].done) continue;
-    pending_.erase(seqs[i]);
+    if (seqs[i] != 0) pending_.erase(seqs[i]);
+    waiters[i].outstanding = &outstanding;
     Complete(&waiters[i], write_error);
   }
   auto done = [&outstanding]() { return outstanding == 0; };

@@ -9,8 +9,13 @@
 // waits for every reply up to one deadline and returns one result per request, in order. A request not answered by the deadline gets
 // DEADLINE_EXCEEDED (its late reply goes to the orphan handler); if the stream breaks, every
 // outstanding request gets UNAVAILABLE, as in Call().
-// Send() writes a request with seq 0 (a release that wants no reply). Writes are serialized
-// by a mutex. A reader thread matches responses to waiting callers and hands pushes
+// Send() writes a request with seq 0 (a release that wants no reply). SendQuiet() writes a
+// quiet publish: it gets a seq, but the broker answers it only if it fails. Seqs are handed
+// out under the write lock, so seq order is write order, which is the order the broker
+// handles requests and queues their immediate answers: any reply to a later seq means a
+// quiet request before it went through. A quiet request's failure, and every quiet request
+// still unconfirmed when the stream ends (unless a drain ended it cleanly, which proves the
+// broker handled them), goes to the quiet-failure handler. Writes are serialized by a mutex. A reader thread matches responses to waiting callers and hands pushes
 // (seq 0: `retired`, `cache_reset`) to the push handler, and replies nobody waits for any
 // more (their caller timed out) to the orphan handler, so a lease they carry is released.
 // Both handlers run on the reader thread and must not block on this stream.
@@ -27,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,11 +54,14 @@ namespace tensord::internal {
 class SessionStream {
  public:
   using Handler = std::function<void(const tensord::v1::SessionResponse&)>;
+  // A quiet request failed or was lost; the status names it by its label.
+  using QuietFailureHandler = std::function<void(absl::Status)>;
   using Clock = std::chrono::steady_clock;
 
   static absl::StatusOr<std::unique_ptr<SessionStream>> Open(tensord::v1::Broker::Stub* stub,
                                                              const std::string& session_token,
-                                                             Handler on_push, Handler on_orphan);
+                                                             Handler on_push, Handler on_orphan,
+                                                             QuietFailureHandler on_quiet_failure = {});
   ~SessionStream();  // Close()
   SessionStream(const SessionStream&) = delete;
   SessionStream& operator=(const SessionStream&) = delete;
@@ -63,6 +72,11 @@ class SessionStream {
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> CallMany(
       std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline);
   absl::Status Send(tensord::v1::SessionRequest request);
+  // `label` names the request in a failure ("publish 'a/b'"). An error here means it was not
+  // written.
+  absl::Status SendQuiet(tensord::v1::SessionRequest request, std::string label);
+  // Quiet requests written and not yet confirmed.
+  size_t quiet_in_flight();
 
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   void Close();
@@ -83,19 +97,28 @@ class SessionStream {
   };
   // Marks `waiter` done with `result`.
   static void Complete(Waiter* waiter, absl::StatusOr<tensord::v1::SessionResponse> result);
-  SessionStream(Handler on_push, Handler on_orphan)
-      : on_push_(std::move(on_push)), on_orphan_(std::move(on_orphan)) {}
+  struct QuietRequest {
+    uint64_t seq;
+    std::string label;
+  };
+  SessionStream(Handler on_push, Handler on_orphan, QuietFailureHandler on_quiet_failure)
+      : on_push_(std::move(on_push)),
+        on_orphan_(std::move(on_orphan)),
+        on_quiet_failure_(std::move(on_quiet_failure)) {}
   void ReadLoop();
   absl::Status Write(const tensord::v1::SessionRequest& request);
-  // Writes `requests` in order under one hold of the write lock; returns how many were
-  // written and, when fewer than all, why the next one was not.
-  size_t WriteAll(std::vector<tensord::v1::SessionRequest>& requests, absl::Status* error);
+  // Under one hold of the write lock: gives `requests` their seqs and registers `waiters`
+  // (parallel to them), then writes them in order. Returns how many were written and, when
+  // fewer than all, why the next one was not.
+  size_t WriteAll(std::vector<tensord::v1::SessionRequest>& requests, std::vector<Waiter>& waiters,
+                  std::vector<uint64_t>& seqs, size_t* outstanding, absl::Status* error);
   // Hands each reply to its waiter, or to on_orphan_ when nobody waits for it.
   void Deliver(std::span<tensord::v1::SessionResponse* const> replies);
   absl::Status ClosedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Handler on_push_;
   const Handler on_orphan_;
+  const QuietFailureHandler on_quiet_failure_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<tensord::v1::SessionRequest, tensord::v1::SessionResponse>>
       stream_;
@@ -104,11 +127,13 @@ class SessionStream {
   std::atomic<bool> closed_{false};
   std::atomic<bool> draining_{false};
 
-  absl::Mutex write_mu_;
+  // Held while seqs are handed out and written; taken before mu_ when both are held.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   absl::Mutex mu_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter*> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<QuietRequest> quiet_ ABSL_GUARDED_BY(mu_);  // in seq order
   std::string end_message_ ABSL_GUARDED_BY(mu_);
 };
 

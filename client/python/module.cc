@@ -318,6 +318,23 @@ class PyClient {
     return InfoToDict(tensor.info());
   }
 
+  // The handle's description stays as it was: the broker's answer is not waited for.
+  void PublishNoWait(PyTensor& tensor, const std::string& name, bool if_absent,
+                     std::optional<uint64_t> if_generation, std::optional<double> ttl) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+    if (!tensor.producer()) {
+      throw py::value_error("publish: tensor " + tensor.Describe() +
+                            " was not made by empty(); use put() to publish a copy");
+    }
+    std::shared_ptr<TensorRef> ref = tensor.Ref();
+    std::shared_ptr<Client> client = Core();
+    Status sent = [&]() -> Status {
+      GilRelease release;
+      return client->PublishNoWait(*ref, name, options);
+    }();
+    ThrowIfError(sent);
+  }
+
   // Allocates, copies `source` in (the one copy) and publishes; the producer's own
   // reference goes when this returns, so the binding is what holds the tensor.
   py::dict Put(const std::string& name, Source& source, bool if_absent,
@@ -632,6 +649,9 @@ PYBIND11_MODULE(_tensord, m) {
       .def("empty", &PyClient::Empty, py::arg("shape"), py::arg("dtype"),
            py::arg("ns") = py::none())
       .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
+           py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
+           py::arg("ttl") = py::none())
+      .def("publish_nowait", &PyClient::PublishNoWait, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
            py::arg("ttl") = py::none())
       .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,

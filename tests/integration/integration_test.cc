@@ -343,6 +343,62 @@ TEST(Integration, HostileDescriptionsAreRefusedAndNothingIsRegistered) {
   EXPECT_EQ(client->GetStatus()->named_tensors, 0u);
 }
 
+TEST(Integration, PublishNoWaitKeepsOrderAndItsFailuresComeWithTheNextFlush) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  auto reader = Connect(daemon);
+  TensorSpec spec;
+  spec.shape = {4};
+  auto tensor = client->Allocate("nw", spec);
+  ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+  static_cast<float*>(tensor->mutable_data())[0] = 7.0f;
+  ASSERT_TRUE(client->PublishNoWait(*tensor, "nw/a").ok());
+  // This client's next request comes after the publish on the stream.
+  auto mine = client->Acquire("nw/a");
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  EXPECT_EQ(static_cast<const float*>(mine->data())[0], 7.0f);
+  ASSERT_TRUE(client->Flush().ok());
+  auto theirs = reader->Acquire("nw/a");
+  ASSERT_TRUE(theirs.ok()) << theirs.status().ToString();
+  EXPECT_EQ(static_cast<const float*>(theirs->data())[0], 7.0f);
+
+  // Refusals by the broker: the name is taken (if_absent), the namespace is another.
+  auto clash = client->Allocate("nw", spec);
+  auto elsewhere = client->Allocate("nw", spec);
+  ASSERT_TRUE(clash.ok() && elsewhere.ok());
+  PublishOptions if_absent;
+  if_absent.condition = PublishOptions::Condition::kIfAbsent;
+  EXPECT_TRUE(client->PublishNoWait(*clash, "nw/a", if_absent).ok());
+  EXPECT_TRUE(client->PublishNoWait(*elsewhere, "other/b").ok());
+  Status flushed = client->Flush();
+  EXPECT_EQ(flushed.code(), StatusCode::kAlreadyExists) << flushed.ToString();
+  EXPECT_NE(flushed.message().find("2 publishes sent without waiting failed"), std::string::npos)
+      << flushed.ToString();
+  EXPECT_NE(flushed.message().find("'nw/a'"), std::string::npos) << flushed.ToString();
+  EXPECT_NE(flushed.message().find("'other/b'"), std::string::npos) << flushed.ToString();
+  EXPECT_TRUE(client->Flush().ok()) << "a failure is reported once";
+
+  // Checks made here fail at the call.
+  EXPECT_EQ(client->PublishNoWait(TensorRef(), "nw/c").code(), StatusCode::kInvalidArgument);
+
+  // More unconfirmed publishes than the client lets pile up (allocated ahead, so no reply
+  // confirms them on the way): the one over the bound waits, and every one of them lands.
+  constexpr int kMany = 5000;
+  std::vector<TensorRef> many;
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    auto refs = client->AllocateMany("nw", std::vector<TensorSpec>(kMany / 2, spec));
+    ASSERT_TRUE(refs.ok()) << refs.status().ToString();
+    for (TensorRef& ref : *refs) many.push_back(std::move(ref));
+  }
+  for (int i = 0; i < kMany; ++i) {
+    ASSERT_TRUE(client->PublishNoWait(many[i], "nw/many/" + std::to_string(i)).ok());
+  }
+  ASSERT_TRUE(client->Flush().ok());
+  auto listed = reader->List("nw/many/");
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(listed->size(), static_cast<size_t>(kMany));
+}
+
 TEST(Integration, ZeroByteTensorsHaveNoBuffer) {
   DaemonProcess daemon;
   auto client = Connect(daemon);

@@ -264,3 +264,32 @@ def test_lease_cache_lets_go(broker, other, name):
     other.delete(n)  # the name moved: the cached lease must not outlive the views
     b.release()
     cached.close()
+
+
+def test_publish_without_waiting(client, other, name):
+    n = name("nowait")
+    t = client.empty((4,), "int32", ns="py")
+    t.numpy()[:] = [1, 2, 3, 4]
+    assert client.publish(t, n, wait=False) is None
+    # The stream keeps order: this client's next call sees the publish.
+    assert client.get(n).numpy().tolist() == [1, 2, 3, 4]
+    client.flush()
+    assert other.get(n).numpy().tolist() == [1, 2, 3, 4]
+
+    # What the broker refuses comes with the next flush, naming each failed publish.
+    clash = client.empty((1,), "int32", ns="py")
+    client.publish(clash, n, if_absent=True, wait=False)
+    elsewhere = client.empty((1,), "int32", ns="py")
+    client.publish(elsewhere, "other/" + n, wait=False)
+    with pytest.raises(tensord.Error) as e:
+        client.flush()
+    assert e.value.code == "ALREADY_EXISTS"
+    assert "2 publishes sent without waiting failed" in str(e.value)
+    assert repr(n) in str(e.value) and repr("other/" + n) in str(e.value)
+    client.flush()  # reported once
+    assert other.get(n).numpy().tolist() == [1, 2, 3, 4]
+
+    # Local checks still fail at the call.
+    t.release()
+    with pytest.raises(ValueError):
+        client.publish(t, n, wait=False)

@@ -251,6 +251,14 @@ class TENSORD_EXPORT Client {
   // Seals the tensor against writes by anyone else and binds it to `name` (empty: unnamed).
   Result<TensorInfo> Publish(const TensorRef& tensor, std::string_view name,
                              const PublishOptions& options = {});
+  // Publish without waiting for the broker: it writes the request and returns (a producer
+  // loop then costs no round trip). Checks made here (an empty or foreign tensor, a closed
+  // client) fail here; what the broker refuses (the name's conditions, its namespace, a
+  // closed session) is reported by the next Flush(), which names each failed publish, as
+  // is a publish the broker may never have seen because the session stream broke. The
+  // stream keeps order: a later Acquire or Take of the name sees it.
+  Status PublishNoWait(const TensorRef& tensor, std::string_view name,
+                       const PublishOptions& options = {});
 
   Result<TensorRef> Acquire(std::string_view name, const AcquireOptions& options = {});
   Result<TensorRef> Acquire(TensorId id, const AcquireOptions& options = {});
@@ -286,7 +294,9 @@ class TENSORD_EXPORT Client {
   Result<BrokerStatus> GetStatus();
   Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial = false);
 
-  // Sends queued releases now and waits until the broker has them.
+  // Sends queued releases now and waits until the broker has them. Fails when a
+  // PublishNoWait since the last Flush failed: the status has the first failure's code and
+  // names the failed publishes (the first few, and how many).
   Status Flush();
 
   uint64_t session_id() const;

@@ -116,12 +116,20 @@ class Client:
         only be published into that namespace."""
         return self._core.empty(_shape(shape), dtype_name(dtype), ns)
 
-    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None):
+    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True):
         """Seals the tensor from empty() and binds it to name, without a copy. if_absent /
         if_generation make it conditional; ttl (seconds) unbinds it after that long.
-        Returns the tensor's description (a dict with 'generation', ...)."""
+        Returns the tensor's description (a dict with 'generation', ...).
+
+        wait=False sends the publish and returns None at once, without a round trip: a
+        producer loop runs ahead of the broker. What the broker refuses (a condition, the
+        namespace) is raised by the next flush(), which names every failed publish. This
+        client's later get/take of the name sees the publish (the stream keeps order)."""
         if not isinstance(t, Tensor):
             raise TypeError("publish takes a tensor from client.empty(); use put() for other arrays")
+        if not wait:
+            self._core.publish_nowait(t, name, if_absent, if_generation, ttl)
+            return None
         return self._core.publish(t, name, if_absent, if_generation, ttl)
 
     def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None):
@@ -206,7 +214,9 @@ class Client:
         return self._core.status()
 
     def flush(self):
-        """Sends queued lease releases now and waits until the broker has them."""
+        """Sends queued lease releases now and waits until the broker has them. Raises the
+        error of the publishes sent with wait=False since the last flush that failed (the
+        first one's kind; the message names them)."""
         self._core.flush()
 
     def close(self):

@@ -28,6 +28,7 @@ namespace tensord::internal {
 namespace {
 
 using common::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using tensord::v1::SessionRequest;
 using tensord::v1::SessionResponse;
@@ -109,6 +110,10 @@ class Harness {
         [this](const SessionResponse& reply) {
           std::lock_guard<std::mutex> lock(mu_);
           orphans_.push_back(reply);
+        },
+        [this](absl::Status failure) {
+          std::lock_guard<std::mutex> lock(mu_);
+          quiet_failures_.push_back(std::move(failure));
         });
     EXPECT_TRUE(stream.ok()) << stream.status();
     if (stream.ok()) stream_ = *std::move(stream);
@@ -135,6 +140,18 @@ class Harness {
     }
   }
 
+  // Waits up to 10 s for `n` failures of quiet requests.
+  std::vector<absl::Status> WaitQuietFailures(size_t n) {
+    auto deadline = Clock::now() + 10s;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (quiet_failures_.size() >= n || Clock::now() > deadline) return quiet_failures_;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+
  private:
   ScriptedBroker service_;
   std::string dir_;
@@ -144,6 +161,7 @@ class Harness {
   std::mutex mu_;
   std::vector<SessionResponse> pushes_;
   std::vector<SessionResponse> orphans_;
+  std::vector<absl::Status> quiet_failures_;
 };
 
 // Requests the fake broker saw, read by the test thread: a lock makes the hand-over visible
@@ -328,6 +346,70 @@ TEST(SessionStreamTest, OnlyTheUnansweredTimeOutAndTheirLateRepliesAreOrphans) {
   std::vector<SessionResponse> orphans = h.WaitOrphans(1);
   ASSERT_EQ(orphans.size(), 1u);
   EXPECT_EQ(orphans[0].publish().tensor().tensor_id(), 41u);
+}
+
+TEST(SessionStreamTest, QuietRequestsAreAnsweredOnlyWhenTheyFailAndALaterReplyConfirmsThem) {
+  Seen seen_by_broker;
+  Harness h([&](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 3, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short");
+    for (const SessionRequest& request : seen) seen_by_broker.Add(request);
+    // The second quiet one fails; the first is answered by its silence.
+    SessionResponse failed;
+    failed.set_seq(seen[1].seq());
+    failed.mutable_error()->set_code(static_cast<int>(grpc::StatusCode::ALREADY_EXISTS));
+    failed.mutable_error()->set_message("the name is bound");
+    stream->Write(failed);
+    stream->Write(ReplyTo(seen[2]));
+    SessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return grpc::Status::OK;
+  });
+  ASSERT_TRUE(h.stream().SendQuiet(Marked(1), "publish 'a'").ok());
+  ASSERT_TRUE(h.stream().SendQuiet(Marked(2), "publish 'b'").ok());
+  EXPECT_EQ(h.stream().quiet_in_flight(), 2u);
+  auto reply = h.stream().Call(Marked(3), Clock::now() + 10s);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->publish().tensor().tensor_id(), 3u);
+  // The reply to the later call settled both: one failed, one went through.
+  EXPECT_EQ(h.stream().quiet_in_flight(), 0u);
+  std::vector<absl::Status> failures = h.WaitQuietFailures(1);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_THAT(failures[0], StatusIs(absl::StatusCode::kAlreadyExists,
+                                    AllOf(HasSubstr("publish 'b'"), HasSubstr("the name is bound"))));
+  // Seqs follow the order of the writes, quiet ones included.
+  const std::vector<SessionRequest> seen = seen_by_broker.Get();
+  ASSERT_EQ(seen.size(), 3u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].publish().tensor_id(), i + 1);
+    if (i > 0) {
+      EXPECT_GT(seen[i].seq(), seen[i - 1].seq());
+    }
+  }
+  EXPECT_TRUE(h.pushes().empty());
+  EXPECT_TRUE(h.WaitOrphans(0).empty());
+}
+
+TEST(SessionStreamTest, QuietRequestsUnconfirmedWhenTheStreamBreaksAreReportedAsLost) {
+  Harness h([](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 2, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short");
+    return grpc::Status(grpc::StatusCode::INTERNAL, "the fake broker hangs up");
+  });
+  ASSERT_TRUE(h.stream().SendQuiet(Marked(1), "publish 'a'").ok());
+  ASSERT_TRUE(h.stream().SendQuiet(Marked(2), "publish 'b'").ok());
+  std::vector<absl::Status> failures = h.WaitQuietFailures(2);
+  ASSERT_EQ(failures.size(), 2u);
+  EXPECT_THAT(failures[0], StatusIs(absl::StatusCode::kUnavailable,
+                                    AllOf(HasSubstr("publish 'a'"), HasSubstr("fake broker hangs up"),
+                                          HasSubstr("may not have happened"))));
+  EXPECT_THAT(failures[1], StatusIs(absl::StatusCode::kUnavailable, HasSubstr("publish 'b'")));
+  EXPECT_TRUE(h.stream().broken());
+  EXPECT_EQ(h.stream().quiet_in_flight(), 0u);
+  // Once broken, nothing more is written: the caller hears it at once.
+  EXPECT_THAT(h.stream().SendQuiet(Marked(3), "publish 'c'"),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
 }  // namespace
