@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "client/status_util.h"
+#include "common/status.h"
+#include "grpc/support/time.h"
 
 namespace tensord::internal {
 namespace {
@@ -11,6 +13,26 @@ namespace {
 // What one SessionRequest.batch carries at most (the broker refuses more than 4096).
 constexpr int kMaxBatchRequests = 4096;
 constexpr size_t kMaxBatchRequestBytes = size_t{1} << 20;
+
+// Completion-queue tags: which operation completed.
+enum class Op : intptr_t { kStart = 1, kRead, kWrite, kWritesDone, kFinish };
+void* TagOf(Op op) { return reinterpret_cast<void*>(static_cast<intptr_t>(op)); }
+Op OpOf(void* tag) { return static_cast<Op>(reinterpret_cast<intptr_t>(tag)); }
+
+// How long the background thread leaves the role to callers after they were active.
+constexpr absl::Duration kBackgroundPause = absl::Milliseconds(1);
+// How long one wait of the background poller lasts when nothing happens (it re-checks
+// whether it should stop).
+constexpr auto kBackgroundPollSlice = std::chrono::milliseconds(500);
+
+gpr_timespec ToGpr(std::optional<SessionStream::Clock::time_point> deadline) {
+  if (!deadline.has_value()) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+      *deadline - SessionStream::Clock::now());
+  if (left.count() <= 0) return gpr_time_0(GPR_CLOCK_MONOTONIC);
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_micros(left.count(), GPR_TIMESPAN));
+}
 
 }  // namespace
 
@@ -21,12 +43,25 @@ absl::StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(tensord::v1::
                                                                    QuietFailureHandler on_quiet_failure) {
   std::unique_ptr<SessionStream> s(new SessionStream(std::move(on_push), std::move(on_orphan),
                                                      std::move(on_quiet_failure)));
+  s->cq_ = std::make_unique<grpc::CompletionQueue>();
   s->context_ = std::make_unique<grpc::ClientContext>();
   s->context_->AddMetadata("tensord-session", session_token);
-  s->stream_ = stub->Session(s->context_.get());
-  if (s->stream_ == nullptr) return absl::UnavailableError("could not open the session stream");
   SessionStream* raw = s.get();
-  s->reader_ = std::thread([raw] { raw->ReadLoop(); });
+  bool started = false;
+  {
+    absl::MutexLock lock(&s->mu_);
+    s->stream_ = stub->AsyncSession(s->context_.get(), s->cq_.get(), TagOf(Op::kStart));
+    if (s->stream_ == nullptr) return absl::UnavailableError("could not open the session stream");
+    ++s->ops_in_flight_;
+    // Until the call is under way (its headers sent): a cancel before that may never reach
+    // the broker, which would keep the stream until its shutdown grace runs out.
+    started = s->WaitUntil(
+        [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu_) { return raw->started_; },
+        Clock::now() + std::chrono::seconds(10));
+  }
+  // Close() (the destructor) cancels what did not start and collects its operations.
+  if (!started) return absl::UnavailableError("the session stream did not start within 10 s");
+  s->background_ = std::thread([raw] { raw->BackgroundLoop(); });
   return s;
 }
 
@@ -34,23 +69,34 @@ SessionStream::~SessionStream() { Close(); }
 
 void SessionStream::Close() {
   if (closed_.exchange(true)) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
   if (context_ != nullptr) context_->TryCancel();
-  if (reader_.joinable()) reader_.join();
+  if (background_.joinable()) background_.join();
+  if (cq_ == nullptr) return;
+  {
+    // Every operation started must come back before the queue can go.
+    absl::MutexLock lock(&mu_);
+    WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ && ops_in_flight_ == 0; },
+              std::nullopt);
+  }
+  cq_->Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_->Next(&tag, &ok)) {
+  }
 }
 
 void SessionStream::Drain(Clock::time_point deadline) {
   if (closed_.load()) return;
   draining_.store(true);
   {
-    absl::MutexLock lock(&write_mu_);
-    if (!broken_.load(std::memory_order_acquire)) stream_->WritesDone();
-  }
-  {
     absl::MutexLock lock(&mu_);
-    auto ended = [this]() { return broken_.load(std::memory_order_acquire); };
-    mu_.AwaitWithDeadline(absl::Condition(&ended),
-                          absl::FromChrono(std::chrono::system_clock::now() +
-                                           (deadline - Clock::now())));
+    writes_done_wanted_ = true;
+    StartNextWriteLocked();
+    WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }, deadline);
   }
   Close();
 }
@@ -65,9 +111,10 @@ bool SessionStream::IsInterruptedByDrain(
 void SessionStream::AbandonInForkedChild() noexcept {
   closed_.store(true);
   broken_.store(true);
-  new std::thread(std::move(reader_));  // leaked on purpose: no such thread in the child
+  new std::thread(std::move(background_));  // leaked on purpose: no such thread in the child
   (void)context_.release();
   (void)stream_.release();
+  (void)cq_.release();
 }
 
 void SessionStream::Complete(Waiter* waiter,
@@ -77,10 +124,179 @@ void SessionStream::Complete(Waiter* waiter,
   --*waiter->outstanding;
 }
 
-void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> replies) {
-  if (replies.empty()) return;
+absl::Status SessionStream::RefuseWrites() const {
+  if (broken_.load(std::memory_order_acquire)) return ClosedStatus();
+  if (closed_.load() || draining_.load() || writes_done_wanted_) {
+    return absl::UnavailableError("the session stream is closed");
+  }
+  return absl::OkStatus();
+}
+
+void SessionStream::EnqueueLocked(tensord::v1::SessionRequest message) {
+  outbox_.push_back(std::move(message));
+  StartNextWriteLocked();
+}
+
+void SessionStream::StartNextWriteLocked() {
+  if (write_in_flight_ || finish_started_ || broken_.load(std::memory_order_acquire)) return;
+  if (!outbox_.empty()) {
+    // gRPC serializes the message here; it need not outlive the call.
+    stream_->Write(outbox_.front(), TagOf(Op::kWrite));
+    outbox_.pop_front();
+  } else if (writes_done_wanted_ && !writes_done_started_) {
+    stream_->WritesDone(TagOf(Op::kWritesDone));
+    writes_done_started_ = true;
+  } else {
+    return;
+  }
+  write_in_flight_ = true;
+  ++ops_in_flight_;
+}
+
+void SessionStream::StartFinishLocked() {
+  if (finish_started_) return;
+  finish_started_ = true;
+  broken_.store(true, std::memory_order_release);
+  outbox_.clear();
+  stream_->Finish(&finish_status_, TagOf(Op::kFinish));
+  ++ops_in_flight_;
+}
+
+void SessionStream::OnFinished() {
+  finished_ = true;
+  broken_.store(true, std::memory_order_release);
+  const grpc::Status& status = finish_status_;
+  std::string message = "the session stream ended: " +
+                        (status.ok() ? std::string("the broker closed it")
+                                     : FromGrpc(status).ToString());
+  end_message_ = message;
+  for (auto& [seq, waiter] : pending_) Complete(waiter, absl::UnavailableError(message));
+  pending_.clear();
+  std::deque<QuietRequest> unconfirmed;
+  // A drain that ended cleanly means the broker read and handled everything written.
+  if (!(draining_.load() && status.ok())) unconfirmed = std::move(quiet_);
+  quiet_.clear();
+  if (!on_quiet_failure_ || unconfirmed.empty()) return;
+  mu_.Unlock();
+  for (const QuietRequest& request : unconfirmed) {
+    on_quiet_failure_(absl::UnavailableError(
+        request.label + ": sent without waiting, and " + message +
+        " before the broker confirmed it; it may not have happened"));
+  }
+  mu_.Lock();
+}
+
+SessionStream::Polled SessionStream::PollOnce(gpr_timespec deadline) {
+  void* tag = nullptr;
+  bool ok = false;
+  mu_.Unlock();
+  const grpc::CompletionQueue::NextStatus next = cq_->AsyncNext(&tag, &ok, deadline);
+  if (next != grpc::CompletionQueue::GOT_EVENT) {
+    mu_.Lock();
+    return Polled::kNothing;
+  }
+  const Op op = OpOf(tag);
+  bool replied = false;
+  if (op == Op::kRead && ok) {
+    // Only the poller touches the message, so it is handled without the lock.
+    replied = HandleMessage(read_message_);
+    read_message_.Clear();
+  }
+  mu_.Lock();
+  --ops_in_flight_;
+  switch (op) {
+    case Op::kStart:
+      started_ = true;
+      write_in_flight_ = false;
+      if (!ok) {
+        StartFinishLocked();
+        break;
+      }
+      stream_->Read(&read_message_, TagOf(Op::kRead));
+      ++ops_in_flight_;
+      StartNextWriteLocked();
+      break;
+    case Op::kRead:
+      if (!ok) {
+        // No more messages: the stream is over, and Finish says why.
+        StartFinishLocked();
+        break;
+      }
+      stream_->Read(&read_message_, TagOf(Op::kRead));
+      ++ops_in_flight_;
+      break;
+    case Op::kWrite:
+    case Op::kWritesDone:
+      write_in_flight_ = false;
+      // A failed write means the call is over; the pending read fails too and finishes it.
+      if (!ok) broken_.store(true, std::memory_order_release);
+      StartNextWriteLocked();
+      return Polled::kWriteDone;
+    case Op::kFinish:
+      OnFinished();
+      break;
+  }
+  return replied ? Polled::kReply : Polled::kOther;
+}
+
+bool SessionStream::WaitUntil(const std::function<bool()>& done,
+                              std::optional<Clock::time_point> deadline) {
+  while (!done()) {
+    if (deadline.has_value() && Clock::now() >= *deadline) return false;
+    if (!polling_) {
+      polling_ = true;
+      PollOnce(ToGpr(deadline));
+      polling_ = false;
+      continue;
+    }
+    // Someone else polls: wait until it handed us what we wait for, or left the role.
+    auto wake = [this, &done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done() || !polling_; };
+    if (deadline.has_value()) {
+      mu_.AwaitWithDeadline(absl::Condition(&wake),
+                            absl::FromChrono(std::chrono::system_clock::now() +
+                                             (*deadline - Clock::now())));
+    } else {
+      mu_.Await(absl::Condition(&wake));
+    }
+  }
+  return true;
+}
+
+void SessionStream::PollReadyLocked() {
+  if (polling_) return;  // the poller will see the completions
+  polling_ = true;
+  while (PollOnce(gpr_time_0(GPR_CLOCK_MONOTONIC)) != Polled::kNothing) {
+  }
+  polling_ = false;
+}
+
+void SessionStream::BackgroundLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_ && !finished_) {
+    if (polling_) {
+      // A caller polls; look again once it may have left the role.
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), kBackgroundPause);
+      continue;
+    }
+    polling_ = true;
+    Polled polled = Polled::kNothing;
+    while (!stop_ && !finished_) {
+      polled = PollOnce(ToGpr(Clock::now() + kBackgroundPollSlice));
+      // Callers are active (a reply for one of them, or a write): leave the role to them.
+      if (polled == Polled::kReply || polled == Polled::kWriteDone) break;
+    }
+    polling_ = false;
+    if (polled == Polled::kReply || polled == Polled::kWriteDone) {
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), kBackgroundPause);
+    }
+  }
+}
+
+bool SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> replies) {
+  if (replies.empty()) return false;
   std::vector<tensord::v1::SessionResponse*> orphans;
   std::vector<absl::Status> quiet_failures;
+  bool delivered = false;
   {
     absl::MutexLock lock(&mu_);
     for (tensord::v1::SessionResponse* reply : replies) {
@@ -103,6 +319,7 @@ void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> repli
       Waiter* waiter = it->second;
       pending_.erase(it);
       Complete(waiter, std::move(*reply));
+      delivered = true;
     }
   }
   if (on_orphan_) {
@@ -111,60 +328,32 @@ void SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> repli
   if (on_quiet_failure_) {
     for (absl::Status& failure : quiet_failures) on_quiet_failure_(std::move(failure));
   }
+  return delivered;
 }
 
-void SessionStream::ReadLoop() {
-  tensord::v1::SessionResponse response;
-  while (stream_->Read(&response)) {
-    if (response.has_batch()) {
-      // Messages queued together, handled in their order: each run of replies is delivered
-      // under one lock, each push in between goes to the push handler.
-      std::vector<tensord::v1::SessionResponse*> replies;
-      for (auto& message : *response.mutable_batch()->mutable_responses()) {
-        if (message.seq() != 0) {
-          replies.push_back(&message);
-          continue;
-        }
-        Deliver(replies);
-        replies.clear();
-        if (on_push_) on_push_(message);
+bool SessionStream::HandleMessage(tensord::v1::SessionResponse& message) {
+  if (message.has_batch()) {
+    // Messages queued together, handled in their order: each run of replies is delivered
+    // under one lock, each push in between goes to the push handler.
+    bool delivered = false;
+    std::vector<tensord::v1::SessionResponse*> replies;
+    for (auto& inner : *message.mutable_batch()->mutable_responses()) {
+      if (inner.seq() != 0) {
+        replies.push_back(&inner);
+        continue;
       }
-      Deliver(replies);
-    } else if (response.seq() == 0) {
-      if (on_push_) on_push_(response);
-    } else {
-      tensord::v1::SessionResponse* const one = &response;
-      Deliver(std::span<tensord::v1::SessionResponse* const>(&one, 1));
+      delivered |= Deliver(replies);
+      replies.clear();
+      if (on_push_) on_push_(inner);
     }
-    response.Clear();
+    return Deliver(replies) || delivered;
   }
-  broken_.store(true, std::memory_order_release);
-  grpc::Status status;
-  {
-    // Finish must not overlap a Write; writers see broken_ and stop.
-    absl::MutexLock lock(&write_mu_);
-    status = stream_->Finish();
+  if (message.seq() == 0) {
+    if (on_push_) on_push_(message);
+    return false;
   }
-  std::string message = "the session stream ended: " +
-                        (status.ok() ? std::string("the broker closed it")
-                                     : FromGrpc(status).ToString());
-  std::deque<QuietRequest> unconfirmed;
-  {
-    absl::MutexLock lock(&mu_);
-    end_message_ = message;
-    for (auto& [seq, waiter] : pending_) Complete(waiter, absl::UnavailableError(message));
-    pending_.clear();
-    // A drain that ended cleanly means the broker read and handled everything written.
-    if (!(draining_.load() && status.ok())) unconfirmed = std::move(quiet_);
-    quiet_.clear();
-  }
-  if (on_quiet_failure_) {
-    for (const QuietRequest& request : unconfirmed) {
-      on_quiet_failure_(absl::UnavailableError(
-          request.label + ": sent without waiting, and " + message +
-          " before the broker confirmed it; it may not have happened"));
-    }
-  }
+  tensord::v1::SessionResponse* const one = &message;
+  return Deliver(std::span<tensord::v1::SessionResponse* const>(&one, 1));
 }
 
 absl::Status SessionStream::ClosedStatus() const {
@@ -172,101 +361,24 @@ absl::Status SessionStream::ClosedStatus() const {
                                                      : end_message_);
 }
 
-absl::Status SessionStream::Write(const tensord::v1::SessionRequest& request) {
-  absl::MutexLock lock(&write_mu_);
-  if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
-    return absl::UnavailableError("the session stream is closed");
-  }
-  if (!stream_->Write(request)) {
-    broken_.store(true, std::memory_order_release);
-    return absl::UnavailableError("the session stream broke while writing");
-  }
+absl::Status SessionStream::Send(tensord::v1::SessionRequest request) {
+  request.set_seq(0);
+  absl::MutexLock lock(&mu_);
+  TENSORD_RETURN_IF_ERROR(RefuseWrites());
+  EnqueueLocked(std::move(request));
+  // Nobody may be polling to start the writes queued behind one in flight.
+  PollReadyLocked();
   return absl::OkStatus();
 }
 
-size_t SessionStream::WriteAll(std::vector<tensord::v1::SessionRequest>& requests,
-                               std::vector<Waiter>& waiters, std::vector<uint64_t>& seqs,
-                               size_t* outstanding, absl::Status* error) {
-  absl::MutexLock write_lock(&write_mu_);
-  {
-    // Seqs are handed out under the write lock, so their order is the order on the wire.
-    absl::MutexLock lock(&mu_);
-    if (broken_.load(std::memory_order_acquire)) {
-      *error = ClosedStatus();
-      return 0;
-    }
-    for (size_t i = 0; i < requests.size(); ++i) {
-      seqs[i] = next_seq_++;
-      requests[i].set_seq(seqs[i]);
-      waiters[i].outstanding = outstanding;
-      pending_[seqs[i]] = &waiters[i];
-    }
-  }
-  // One message for the lot (in chunks the broker accepts), so a batch costs the broker
-  // and the transport one read instead of one per request. The requests are moved into
-  // the envelopes.
-  std::vector<tensord::v1::SessionRequest> envelopes;
-  std::vector<size_t> ends;  // requests[0, ends[k]) are in envelopes[0..k]
-  if (requests.size() == 1) {
-    envelopes.push_back(std::move(requests[0]));
-    ends.push_back(1);
-  } else {
-    size_t bytes = 0;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const size_t size = requests[i].ByteSizeLong();
-      if (envelopes.empty() || envelopes.back().batch().requests_size() >= kMaxBatchRequests ||
-          bytes + size > kMaxBatchRequestBytes) {
-        if (!envelopes.empty()) ends.push_back(i);
-        envelopes.emplace_back().mutable_batch();
-        bytes = 0;
-      }
-      bytes += size;
-      *envelopes.back().mutable_batch()->add_requests() = std::move(requests[i]);
-    }
-    ends.push_back(requests.size());
-  }
-  for (size_t k = 0; k < envelopes.size(); ++k) {
-    const size_t written = k == 0 ? 0 : ends[k - 1];
-    if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
-      *error = absl::UnavailableError("the session stream is closed");
-      return written;
-    }
-    // Buffered until the last one, which flushes them all.
-    grpc::WriteOptions options;
-    if (k + 1 < envelopes.size()) options.set_buffer_hint();
-    if (!stream_->Write(envelopes[k], options)) {
-      broken_.store(true, std::memory_order_release);
-      *error = absl::UnavailableError("the session stream broke while writing");
-      return written;
-    }
-  }
-  return requests.size();
-}
-
-absl::Status SessionStream::Send(tensord::v1::SessionRequest request) {
-  request.set_seq(0);
-  return Write(request);
-}
-
 absl::Status SessionStream::SendQuiet(tensord::v1::SessionRequest request, std::string label) {
-  absl::MutexLock write_lock(&write_mu_);
-  if (broken_.load(std::memory_order_acquire) || closed_.load() || draining_.load()) {
-    return absl::UnavailableError("the session stream is closed");
-  }
-  uint64_t seq;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = next_seq_++;
-    quiet_.push_back(QuietRequest{seq, std::move(label)});
-  }
+  absl::MutexLock lock(&mu_);
+  TENSORD_RETURN_IF_ERROR(RefuseWrites());
+  const uint64_t seq = next_seq_++;
+  quiet_.push_back(QuietRequest{seq, std::move(label)});
   request.set_seq(seq);
-  if (!stream_->Write(request)) {
-    broken_.store(true, std::memory_order_release);
-    // Not written: the caller hears it now, not the failure handler later.
-    absl::MutexLock lock(&mu_);
-    if (!quiet_.empty() && quiet_.back().seq == seq) quiet_.pop_back();
-    return absl::UnavailableError("the session stream broke while writing");
-  }
+  EnqueueLocked(std::move(request));
+  PollReadyLocked();
   return absl::OkStatus();
 }
 
@@ -291,24 +403,39 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   std::vector<Waiter> waiters(n);  // never resized: pending_ points into it
   std::vector<uint64_t> seqs(n, 0);
   size_t outstanding = n;
-  absl::Status write_error;
-  const size_t written = WriteAll(requests, waiters, seqs, &outstanding, &write_error);
   absl::MutexLock lock(&mu_);
-  // What was not written fails now; what was written is answered, or failed by the reader
-  // when the stream ends, so it is waited for.
-  for (size_t i = written; i < n; ++i) {
-    if (waiters[i].done) continue;
-    if (seqs[i] != 0) pending_.erase(seqs[i]);
+  if (absl::Status refused = RefuseWrites(); !refused.ok()) {
+    results.assign(n, refused);
+    return results;
+  }
+  // Seqs in write order (the queue keeps it). One message for the lot (in chunks the
+  // broker accepts), so a batch costs the broker and the transport one read instead of one
+  // per request.
+  for (size_t i = 0; i < n; ++i) {
+    seqs[i] = next_seq_++;
+    requests[i].set_seq(seqs[i]);
     waiters[i].outstanding = &outstanding;
-    Complete(&waiters[i], write_error);
+    pending_[seqs[i]] = &waiters[i];
   }
-  auto done = [&outstanding]() { return outstanding == 0; };
-  if (deadline.has_value()) {
-    mu_.AwaitWithDeadline(absl::Condition(&done), absl::FromChrono(
-        std::chrono::system_clock::now() + (*deadline - Clock::now())));
+  if (n == 1) {
+    EnqueueLocked(std::move(requests[0]));
   } else {
-    mu_.Await(absl::Condition(&done));
+    tensord::v1::SessionRequest envelope;
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t size = requests[i].ByteSizeLong();
+      if (envelope.batch().requests_size() > 0 &&
+          (envelope.batch().requests_size() >= kMaxBatchRequests ||
+           bytes + size > kMaxBatchRequestBytes)) {
+        EnqueueLocked(std::exchange(envelope, {}));
+        bytes = 0;
+      }
+      bytes += size;
+      *envelope.mutable_batch()->add_requests() = std::move(requests[i]);
+    }
+    EnqueueLocked(std::move(envelope));
   }
+  WaitUntil([&outstanding]() { return outstanding == 0; }, deadline);
   for (size_t i = 0; i < n; ++i) {
     if (!waiters[i].done) {
       // Too late now; a reply that still comes goes to the orphan handler.

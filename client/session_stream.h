@@ -1,31 +1,40 @@
-// SessionStream: one Broker.Session bidirectional stream (sync API) attached to a session
-// by its token. Acquire, Take, Publish and Release ride it.
+// SessionStream: one Broker.Session bidirectional stream (gRPC's async API, on a completion
+// queue of its own) attached to a session by its token. Acquire, Take, Publish and Release
+// ride it.
 //
 // Call() sends a request with a fresh seq and waits for the response with that seq, up to
 // an optional deadline (the broker enforces an acquire's own wait; the caller adds slack).
 // CallMany() sends a batch as one message: every request gets a fresh seq and they travel
 // together in a SessionRequest.batch (several, for a batch over 4096 requests or 1 MiB), and
 // the broker sends the replies that are ready together in one SessionResponse.batch. It
-// waits for every reply up to one deadline and returns one result per request, in order. A request not answered by the deadline gets
-// DEADLINE_EXCEEDED (its late reply goes to the orphan handler); if the stream breaks, every
-// outstanding request gets UNAVAILABLE, as in Call().
+// waits for every reply up to one deadline and returns one result per request, in order. A
+// request not answered by the deadline gets DEADLINE_EXCEEDED (its late reply goes to the
+// orphan handler); if the stream breaks, every outstanding request gets UNAVAILABLE.
 // Send() writes a request with seq 0 (a release that wants no reply). SendQuiet() writes a
 // quiet publish: it gets a seq, but the broker answers it only if it fails. Seqs are handed
-// out under the write lock, so seq order is write order, which is the order the broker
-// handles requests and queues their immediate answers: any reply to a later seq means a
-// quiet request before it went through. A quiet request's failure, and every quiet request
-// still unconfirmed when the stream ends (unless a drain ended it cleanly, which proves the
-// broker handled them), goes to the quiet-failure handler. Writes are serialized by a mutex. A reader thread matches responses to waiting callers and hands pushes
-// (seq 0: `retired`, `cache_reset`) to the push handler, and replies nobody waits for any
-// more (their caller timed out) to the orphan handler, so a lease they carry is released.
-// Both handlers run on the reader thread and must not block on this stream.
+// out in write order, which is the order the broker handles requests and queues their
+// immediate answers: any reply to a later seq means a quiet request before it went
+// through. A quiet request's failure, and every quiet request still unconfirmed when the
+// stream ends (unless a drain ended it cleanly, which proves the broker handled them), goes
+// to the quiet-failure handler.
+//
+// Who reads: one thread at a time polls the completion queue (the "poller"), and it is
+// normally the caller waiting for a reply, so a round trip costs no hand-over between
+// threads. A background thread takes the role when nobody holds it, so pushes are read
+// while the client is idle; it hands the role back after the first reply or write
+// completion it sees (callers are active) and takes it again 1 ms later if it is still
+// free. Whoever polls handles every event: replies go to their waiters, pushes (seq 0:
+// `retired`, `cache_reset`) to the push handler, replies nobody waits for any more (their
+// caller timed out) to the orphan handler, so a lease they carry is released. Handlers run
+// on the polling thread, without the stream's lock, and must not block on this stream.
+// Writes go out one at a time (gRPC allows one in flight); the others queue in order.
 //
 // When the stream breaks, every pending caller gets UNAVAILABLE and broken() turns true; the
 // owner opens a new stream for the next call (the session itself lives on the fd channel).
-// Close() cancels the call and joins the reader. Drain() ends it without losing a reply:
-// it half-closes, the broker cancels the waits still pending and finishes once every reply
-// is written, and the reader hands each reply to its caller. A caller whose call the drain
-// interrupted (its wait was cancelled, or its write came too late) sees
+// Close() cancels the call and waits until gRPC has returned every operation. Drain() ends
+// it without losing a reply: it half-closes, the broker cancels the waits still pending and
+// finishes once every reply is written, and each reply reaches its caller. A caller whose
+// call the drain interrupted (its wait was cancelled, or its write came too late) sees
 // IsInterruptedByDrain() and may retry on the next stream. Thread-safe.
 #pragma once
 
@@ -46,7 +55,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/support/sync_stream.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/support/async_stream.h"
 #include "tensord/v1/broker.grpc.pb.h"
 
 namespace tensord::internal {
@@ -73,20 +83,20 @@ class SessionStream {
       std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline);
   absl::Status Send(tensord::v1::SessionRequest request);
   // `label` names the request in a failure ("publish 'a/b'"). An error here means it was not
-  // written.
+  // sent.
   absl::Status SendQuiet(tensord::v1::SessionRequest request, std::string label);
-  // Quiet requests written and not yet confirmed.
+  // Quiet requests sent and not yet confirmed.
   size_t quiet_in_flight();
 
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   void Close();
-  // Half-closes and reads until the broker finishes the stream, then joins the reader;
-  // past `deadline`, cancels instead (replies still in flight are then lost: their leases
-  // stay with the session until it ends).
+  // Half-closes and waits until the broker finishes the stream; past `deadline`, cancels
+  // instead (replies still in flight are then lost: their leases stay with the session until
+  // it ends).
   void Drain(Clock::time_point deadline);
   // Whether `result` (from Call on this stream) failed only because Drain() ran.
   bool IsInterruptedByDrain(const absl::StatusOr<tensord::v1::SessionResponse>& result) const;
-  // In a fork child: the reader thread and gRPC's state belong to the parent; leak them.
+  // In a fork child: the background thread and gRPC's state belong to the parent; leak them.
   void AbandonInForkedChild() noexcept;
 
  private:
@@ -95,42 +105,71 @@ class SessionStream {
     absl::StatusOr<tensord::v1::SessionResponse> result;
     size_t* outstanding = nullptr;  // the batch's count of waiters not done, under mu_
   };
-  // Marks `waiter` done with `result`.
-  static void Complete(Waiter* waiter, absl::StatusOr<tensord::v1::SessionResponse> result);
   struct QuietRequest {
     uint64_t seq;
     std::string label;
   };
+  // What one turn of polling found.
+  enum class Polled { kNothing, kReply, kWriteDone, kOther };
+
   SessionStream(Handler on_push, Handler on_orphan, QuietFailureHandler on_quiet_failure)
       : on_push_(std::move(on_push)),
         on_orphan_(std::move(on_orphan)),
         on_quiet_failure_(std::move(on_quiet_failure)) {}
-  void ReadLoop();
-  absl::Status Write(const tensord::v1::SessionRequest& request);
-  // Under one hold of the write lock: gives `requests` their seqs and registers `waiters`
-  // (parallel to them), then writes them in order. Returns how many were written and, when
-  // fewer than all, why the next one was not.
-  size_t WriteAll(std::vector<tensord::v1::SessionRequest>& requests, std::vector<Waiter>& waiters,
-                  std::vector<uint64_t>& seqs, size_t* outstanding, absl::Status* error);
+  // Marks `waiter` done with `result`.
+  static void Complete(Waiter* waiter, absl::StatusOr<tensord::v1::SessionResponse> result);
+  absl::Status RefuseWrites() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a message behind the writes before it and starts the next write if none is in
+  // flight.
+  void EnqueueLocked(tensord::v1::SessionRequest message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartNextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // As the poller (polling_ set by the caller): waits for one event up to `deadline` and
+  // handles it. Releases mu_ while it waits and while handlers run.
+  Polled PollOnce(gpr_timespec deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Until `done()` or `deadline`: polls while the role is free, else waits for the poller.
+  // False on the deadline.
+  bool WaitUntil(const std::function<bool()>& done, std::optional<Clock::time_point> deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Handles what has completed already (write completions, so queued writes go out) when
+  // nobody polls; never waits.
+  void PollReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replies to waiters and the orphan and quiet-failure handlers, pushes to the push
+  // handler, in the order of the message. True when a waiter got its reply.
+  bool HandleMessage(tensord::v1::SessionResponse& message);
   // Hands each reply to its waiter, or to on_orphan_ when nobody waits for it.
-  void Deliver(std::span<tensord::v1::SessionResponse* const> replies);
+  bool Deliver(std::span<tensord::v1::SessionResponse* const> replies);
+  void OnFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BackgroundLoop();
   absl::Status ClosedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Handler on_push_;
   const Handler on_orphan_;
   const QuietFailureHandler on_quiet_failure_;
+  std::unique_ptr<grpc::CompletionQueue> cq_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<tensord::v1::SessionRequest, tensord::v1::SessionResponse>>
+  std::unique_ptr<grpc::ClientAsyncReaderWriterInterface<tensord::v1::SessionRequest,
+                                                         tensord::v1::SessionResponse>>
       stream_;
-  std::thread reader_;
+  std::thread background_;
   std::atomic<bool> broken_{false};
   std::atomic<bool> closed_{false};
   std::atomic<bool> draining_{false};
-
-  // Held while seqs are handed out and written; taken before mu_ when both are held.
-  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Written by gRPC before the kRead completion; only the poller touches it.
+  tensord::v1::SessionResponse read_message_;
+  grpc::Status finish_status_;  // written by gRPC before the kFinish completion
 
   absl::Mutex mu_;
+  bool polling_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // the start completed (well or not)
+  int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // started with gRPC, completion not seen yet
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = true;  // the start counts as one
+  bool writes_done_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_done_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<tensord::v1::SessionRequest> outbox_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter*> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<QuietRequest> quiet_ ABSL_GUARDED_BY(mu_);  // in seq order

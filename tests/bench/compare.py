@@ -198,7 +198,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
     cfg = {"socket": runner.socket, "run": runner.run_id, "dir": runner.dir, "size": size,
            "producers": producers, "consumers": consumers, "per_producer": per_producer,
            "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
-           "strategy": peer.get("strategy"), "via": peer.get("via")}
+           "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True)}
     if per_producer % batch:
         raise ValueError(f"{per_producer} tensors per producer is not a whole number of batches of {batch}")
     kind = peer["kind"]
@@ -288,6 +288,8 @@ def repeated(runner, size, count, warmup):
 
 HANDOFF_PEERS = [
     {"label": "tensord single (arena ns)", "kind": "tensord-single", "ns": "h"},
+    {"label": "tensord single, publish(wait=False) (arena ns)", "kind": "tensord-single", "ns": "n",
+     "wait": False},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
     {"label": "tensord batched take (arena ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
     {"label": "tensord batched take (own memfd)", "kind": "tensord-batched", "ns": None, "via": "take_many",
@@ -304,6 +306,8 @@ def via(peer):
     """How a peer's producer makes and hands over a fresh tensor, and how its consumer gets it."""
     kind = peer["kind"]
     if kind == "tensord-single":
+        if not peer.get("wait", True):
+            return "empty(ns) + fill in place + publish(wait=False), flush() at the end -> take(prefix)"
         return "empty(ns) + fill in place + publish -> take(prefix)"
     if kind == "tensord-batched":
         consumer = ("take_many(prefix, batch)" if peer["via"] == "take_many"
@@ -423,11 +427,17 @@ def build_targets(cpp, handoffs, repeats, args):
         return None
     for producers, consumers in args.pairs:
         torch_rate = rate("torch.mp file_system", producers, consumers, small)
-        single = rate("tensord single (arena ns)", producers, consumers, small)
+        # torch.mp's Queue.put returns before the consumer has anything (a feeder thread
+        # writes it), as publish(wait=False) does; the waited publish is shown as info.
+        single = rate("tensord single, publish(wait=False) (arena ns)", producers, consumers, small)
         if torch_rate and single:
-            add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: single vs torch.mp file_system",
+            add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: single, publish(wait=False) vs torch.mp file_system",
                 f"{single / torch_rate:.2f}x", ">= 1x", single >= torch_rate,
                 f"{single:,.0f}/s vs {torch_rate:,.0f}/s")
+        waited = rate("tensord single (arena ns)", producers, consumers, small)
+        if torch_rate and waited:
+            add(f"(info) fresh 4 KiB handoffs/s {producers}->{consumers}: single, publish waits for its reply",
+                f"{waited / torch_rate:.2f}x", "-", None, f"{waited:,.0f}/s vs {torch_rate:,.0f}/s")
         for how in ("take", "get"):
             batched = rate(f"tensord batched {how} (arena ns)", producers, consumers, small)
             if torch_rate and batched:

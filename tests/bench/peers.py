@@ -101,9 +101,11 @@ def tensord_single_producer(cfg, index, slots):
                 t = client.empty((n,), "uint8", ns=cfg["ns"])
                 a = t.numpy()
                 a.fill(i & 0xFF)
-                client.publish(t, f"{cfg['prefix']}/c{c}/p{index}/{i}")
+                client.publish(t, f"{cfg['prefix']}/c{c}/p{index}/{i}", wait=cfg["wait"])
                 del a
                 t.release()
+            if not cfg["wait"]:
+                client.flush()  # raises if any publish failed
             return cfg["per_producer"], 0, None
         return timed
     return setup

@@ -10,6 +10,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/memory/memfd.h"
 #include "gtest/gtest.h"
 #include "tests/unit/server/broker_fixture.h"
@@ -242,7 +243,10 @@ TEST_F(BrokerLimitsTest, ExportChecksTagsBeforeTakingTheStagedFd) {
   desc->mutable_dtype()->set_lanes(1);
   desc->add_shape(16);
   desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
-  for (int i = 0; i < 100; ++i) (*request.mutable_tags())["k" + std::to_string(i)] = "v";
+  for (int i = 0; i < 100; ++i) {
+    // insert(), not operator[]= "v": GCC 12 warns falsely (-Wrestrict) on that.
+    request.mutable_tags()->insert({absl::StrCat("k", i), std::string(1, 'v')});
+  }
   EXPECT_EQ(broker_->Export(session, request).status().code(), absl::StatusCode::kInvalidArgument);
   request.clear_tags();
   (*request.mutable_tags())["k"] = std::string(100000, 'v');
