@@ -288,7 +288,7 @@ def repeated(runner, size, count, warmup):
 
 HANDOFF_PEERS = [
     {"label": "tensord single (arena ns)", "kind": "tensord-single", "ns": "h"},
-    {"label": "tensord single, publish(wait=False) (arena ns)", "kind": "tensord-single", "ns": "n",
+    {"label": "tensord single nowait (arena ns)", "kind": "tensord-single", "ns": "n",
      "wait": False},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
     {"label": "tensord batched take (arena ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
@@ -429,7 +429,7 @@ def build_targets(cpp, handoffs, repeats, args):
         torch_rate = rate("torch.mp file_system", producers, consumers, small)
         # torch.mp's Queue.put returns before the consumer has anything (a feeder thread
         # writes it), as publish(wait=False) does; the waited publish is shown as info.
-        single = rate("tensord single, publish(wait=False) (arena ns)", producers, consumers, small)
+        single = rate("tensord single nowait (arena ns)", producers, consumers, small)
         if torch_rate and single:
             add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: single, publish(wait=False) vs torch.mp file_system",
                 f"{single / torch_rate:.2f}x", ">= 1x", single >= torch_rate,
