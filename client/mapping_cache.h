@@ -57,7 +57,8 @@ class Mapping {
   // Copy-on-write mappings only: throws away this process's private copies of the pages of
   // [offset, offset + length), so they read the buffer's contents again (MADV_DONTNEED).
   // `offset` must be page-aligned (else nothing happens); the last page is discarded whole,
-  // so the range must own it (an arena slot is whole pages). Never blocks on a lock.
+  // so the range must own it (an arena slot is whole pages). Skipped when
+  // /proc/self/pagemap shows no private copy in the range. Never blocks on a lock.
   absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const;
 
  private:

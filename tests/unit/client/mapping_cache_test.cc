@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -392,6 +394,57 @@ TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
   Mapping shared(*std::move(writer));
   ASSERT_TRUE(shared.DiscardPrivatePages(4096, 4096).ok());
   EXPECT_EQ(shared.data()[4096], 10);
+}
+
+// Whether the page at `addr` is mapped in this process (/proc/self/pagemap bit 63);
+// nullopt when pagemap cannot be read here.
+std::optional<bool> PagePresent(const void* addr) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  uint64_t entry = 0;
+  const off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(addr) / 4096 * sizeof(entry));
+  const bool read = ::pread(fd, &entry, sizeof(entry), at) == sizeof(entry);
+  ::close(fd);
+  if (!read) return std::nullopt;
+  return (entry >> 63) != 0;
+}
+
+TEST(MappingCacheTest, PagesOnlyReadAreNotDiscardedAndAForkedChildChecksItsOwnPages) {
+  auto fd = common::CreateSealedMemfd("discard-read", 4 * 4096);
+  ASSERT_TRUE(fd.ok());
+  auto writer = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kSharedWritable, "w");
+  ASSERT_TRUE(writer.ok());
+  auto reader = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kPrivate, "r");
+  ASSERT_TRUE(reader.ok());
+  Mapping mapping(*std::move(reader));
+  writer->data()[4096] = 3;
+  EXPECT_EQ(static_cast<volatile uint8_t*>(mapping.data())[4096], 3);
+  std::optional<bool> present = PagePresent(mapping.data() + 4096);
+  if (!present.has_value()) GTEST_SKIP() << "/proc/self/pagemap is not readable here";
+  ASSERT_TRUE(*present);
+  // Read only: the page maps the buffer's own page, so it stays (no madvise, no refault).
+  ASSERT_TRUE(mapping.DiscardPrivatePages(4096, 4096).ok());
+  EXPECT_EQ(PagePresent(mapping.data() + 4096), std::optional<bool>(true));
+  // Written: the private copy goes, and the buffer's contents show again.
+  mapping.data()[4096] = 7;
+  writer->data()[4096] = 9;
+  ASSERT_TRUE(mapping.DiscardPrivatePages(4096, 4096).ok());
+  EXPECT_EQ(mapping.data()[4096], 9);
+
+  // A forked child must look at its own pages, not at its parent's (which never wrote
+  // page 2): it writes page 2, and the discard must bring the buffer's byte back.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    mapping.data()[2 * 4096] = 5;
+    writer->data()[2 * 4096] = 6;
+    const bool discarded = mapping.DiscardPrivatePages(2 * 4096, 4096).ok();
+    ::_exit(discarded && mapping.data()[2 * 4096] == 6 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child's private copy of page 2 was not discarded";
 }
 
 }  // namespace
