@@ -20,7 +20,7 @@ void* TagOf(Op op) { return reinterpret_cast<void*>(static_cast<intptr_t>(op)); 
 Op OpOf(void* tag) { return static_cast<Op>(reinterpret_cast<intptr_t>(tag)); }
 
 // How long the background thread leaves the role to callers after they were active.
-constexpr absl::Duration kBackgroundPause = absl::Milliseconds(1);
+constexpr std::chrono::milliseconds kBackgroundPause{1};
 // How long one wait of the background poller lasts when nothing happens (it re-checks
 // whether it should stop).
 constexpr auto kBackgroundPollSlice = std::chrono::milliseconds(500);
@@ -247,6 +247,7 @@ bool SessionStream::WaitUntil(const std::function<bool()>& done,
       polling_ = true;
       PollOnce(ToGpr(deadline));
       polling_ = false;
+      last_caller_poll_ = Clock::now();
       continue;
     }
     // Someone else polls: wait until it handed us what we wait for, or left the role.
@@ -268,14 +269,16 @@ void SessionStream::PollReadyLocked() {
   while (PollOnce(gpr_time_0(GPR_CLOCK_MONOTONIC)) != Polled::kNothing) {
   }
   polling_ = false;
+  last_caller_poll_ = Clock::now();
 }
 
 void SessionStream::BackgroundLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_ && !finished_) {
-    if (polling_) {
-      // A caller polls; look again once it may have left the role.
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), kBackgroundPause);
+    if (polling_ || Clock::now() - last_caller_poll_ < kBackgroundPause) {
+      // Callers poll, or did a moment ago: they read pushes as they go. Taking the role
+      // between two of their calls would cost the next one a hand-over.
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(kBackgroundPause));
       continue;
     }
     polling_ = true;
@@ -287,7 +290,7 @@ void SessionStream::BackgroundLoop() {
     }
     polling_ = false;
     if (polled == Polled::kReply || polled == Polled::kWriteDone) {
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), kBackgroundPause);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(kBackgroundPause));
     }
   }
 }

@@ -20,10 +20,9 @@
 //
 // Who reads: one thread at a time polls the completion queue (the "poller"), and it is
 // normally the caller waiting for a reply, so a round trip costs no hand-over between
-// threads. A background thread takes the role when nobody holds it, so pushes are read
-// while the client is idle; it hands the role back after the first reply or write
-// completion it sees (callers are active) and takes it again 1 ms later if it is still
-// free. Whoever polls handles every event: replies go to their waiters, pushes (seq 0:
+// threads. A background thread takes the role once no caller has held it for 1 ms, so
+// pushes are read while the client is idle, and hands it back after the first reply or
+// write completion it sees (callers are active again). Whoever polls handles every event: replies go to their waiters, pushes (seq 0:
 // `retired`, `cache_reset`) to the push handler, replies nobody waits for any more (their
 // caller timed out) to the orphan handler, so a lease they carry is released. Handlers run
 // on the polling thread, without the stream's lock, and must not block on this stream.
@@ -163,6 +162,7 @@ class SessionStream {
   bool polling_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // the start completed (well or not)
+  Clock::time_point last_caller_poll_ ABSL_GUARDED_BY(mu_);  // when a caller last left the role
   int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // started with gRPC, completion not seen yet
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = true;  // the start counts as one
   bool writes_done_wanted_ ABSL_GUARDED_BY(mu_) = false;
