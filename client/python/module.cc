@@ -263,6 +263,15 @@ PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_gen
 // The namespace of a name: its first segment.
 std::string NamespaceOf(const std::string& name) { return name.substr(0, name.find('/')); }
 
+// The handle's reference, for a publish: only a tensor from empty() is published in place.
+std::shared_ptr<TensorRef> PublishableRef(const PyTensor& tensor) {
+  if (!tensor.producer()) {
+    throw py::value_error("publish: tensor " + tensor.Describe() +
+                          " was not made by empty(); use put() to publish a copy");
+  }
+  return tensor.Ref();
+}
+
 class PyClient {
  public:
   static std::unique_ptr<PyClient> Connect(std::optional<std::string> socket,
@@ -304,11 +313,7 @@ class PyClient {
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
                    std::optional<uint64_t> if_generation, std::optional<double> ttl) {
     PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
-    if (!tensor.producer()) {
-      throw py::value_error("publish: tensor " + tensor.Describe() +
-                            " was not made by empty(); use put() to publish a copy");
-    }
-    std::shared_ptr<TensorRef> ref = tensor.Ref();
+    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
       GilRelease release;
@@ -322,11 +327,7 @@ class PyClient {
   void PublishNoWait(PyTensor& tensor, const std::string& name, bool if_absent,
                      std::optional<uint64_t> if_generation, std::optional<double> ttl) {
     PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
-    if (!tensor.producer()) {
-      throw py::value_error("publish: tensor " + tensor.Describe() +
-                            " was not made by empty(); use put() to publish a copy");
-    }
-    std::shared_ptr<TensorRef> ref = tensor.Ref();
+    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     Status sent = [&]() -> Status {
       GilRelease release;

@@ -368,14 +368,24 @@ TEST(MappingCacheTest, SweepsLeaveDedicatedBuffersToTheirViews) {
   EXPECT_EQ(cache.EntryCountForTest(), 0u);
 }
 
-TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
-  auto fd = common::CreateSealedMemfd("discard", 4 * 4096);
-  ASSERT_TRUE(fd.ok());
+// A 4-page buffer mapped twice: writable and shared (the producer), copy-on-write (a reader).
+struct WriterAndReader {
+  common::MappedRegion writer;
+  Mapping reader;
+};
+WriterAndReader MapTwice(const char* name) {
+  auto fd = common::CreateSealedMemfd(name, 4 * 4096);
+  EXPECT_TRUE(fd.ok()) << fd.status();
   auto writer = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kSharedWritable, "w");
-  ASSERT_TRUE(writer.ok());
+  EXPECT_TRUE(writer.ok()) << writer.status();
   auto reader = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kPrivate, "r");
-  ASSERT_TRUE(reader.ok());
-  Mapping mapping(*std::move(reader));
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  return WriterAndReader{*std::move(writer), Mapping(*std::move(reader))};
+}
+
+TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
+  auto [writer_region, mapping] = MapTwice("discard");
+  common::MappedRegion* writer = &writer_region;
   // The reader writes its own copies of pages 1 and 2; then the buffer changes underneath.
   mapping.data()[4096] = 1;
   mapping.data()[2 * 4096] = 2;
@@ -391,7 +401,7 @@ TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
   EXPECT_EQ(mapping.data()[2 * 4096], 2);
 
   // A shared mapping has no private copies to discard.
-  Mapping shared(*std::move(writer));
+  Mapping shared(std::move(writer_region));
   ASSERT_TRUE(shared.DiscardPrivatePages(4096, 4096).ok());
   EXPECT_EQ(shared.data()[4096], 10);
 }
@@ -410,13 +420,8 @@ std::optional<bool> PagePresent(const void* addr) {
 }
 
 TEST(MappingCacheTest, PagesOnlyReadAreNotDiscardedAndAForkedChildChecksItsOwnPages) {
-  auto fd = common::CreateSealedMemfd("discard-read", 4 * 4096);
-  ASSERT_TRUE(fd.ok());
-  auto writer = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kSharedWritable, "w");
-  ASSERT_TRUE(writer.ok());
-  auto reader = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kPrivate, "r");
-  ASSERT_TRUE(reader.ok());
-  Mapping mapping(*std::move(reader));
+  auto [writer_region, mapping] = MapTwice("discard-read");
+  common::MappedRegion* writer = &writer_region;
   writer->data()[4096] = 3;
   EXPECT_EQ(static_cast<volatile uint8_t*>(mapping.data())[4096], 3);
   std::optional<bool> present = PagePresent(mapping.data() + 4096);
