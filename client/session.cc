@@ -30,6 +30,11 @@ std::string Unavailable(const std::string& socket_path, std::string_view cause) 
          " (is the daemon running?)";
 }
 
+// How a publish is named in its errors.
+std::string DescribePublish(const LeaseView& view, std::string_view name) {
+  return "publish tensor " + std::to_string(view.tensor_id()) + " as '" + std::string(name) + "'";
+}
+
 }  // namespace
 
 Session::Session(const ClientOptions& options, std::string socket_path)
@@ -656,8 +661,7 @@ absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
 absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_view name,
                                             const PublishOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const std::string what = "publish tensor " + std::to_string(view.tensor_id()) + " as '" +
-                           std::string(name) + "'";
+  const std::string what = DescribePublish(view, name);
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
@@ -673,8 +677,7 @@ absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_v
 absl::Status Session::PublishNoWait(const LeaseView& view, std::string_view name,
                                     const PublishOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
-  std::string what = "publish tensor " + std::to_string(view.tensor_id()) + " as '" +
-                     std::string(name) + "'";
+  std::string what = DescribePublish(view, name);
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
   absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();

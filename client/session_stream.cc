@@ -75,8 +75,7 @@ void SessionStream::Close() {
   }
   if (context_ != nullptr) context_->TryCancel();
   if (background_.joinable()) background_.join();
-  if (cq_ == nullptr) return;
-  {
+  if (stream_ != nullptr) {
     // Every operation started must come back before the queue can go.
     absl::MutexLock lock(&mu_);
     WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ && ops_in_flight_ == 0; },
@@ -94,8 +93,7 @@ void SessionStream::Drain(Clock::time_point deadline) {
   draining_.store(true);
   {
     absl::MutexLock lock(&mu_);
-    writes_done_wanted_ = true;
-    StartNextWriteLocked();
+    StartNextWriteLocked();  // the half-close, once the queued writes are out
     WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }, deadline);
   }
   Close();
@@ -126,7 +124,7 @@ void SessionStream::Complete(Waiter* waiter,
 
 absl::Status SessionStream::RefuseWrites() const {
   if (broken_.load(std::memory_order_acquire)) return ClosedStatus();
-  if (closed_.load() || draining_.load() || writes_done_wanted_) {
+  if (closed_.load() || draining_.load()) {
     return absl::UnavailableError("the session stream is closed");
   }
   return absl::OkStatus();
@@ -143,7 +141,7 @@ void SessionStream::StartNextWriteLocked() {
     // gRPC serializes the message here; it need not outlive the call.
     stream_->Write(outbox_.front(), TagOf(Op::kWrite));
     outbox_.pop_front();
-  } else if (writes_done_wanted_ && !writes_done_started_) {
+  } else if (draining_.load() && !writes_done_started_) {
     stream_->WritesDone(TagOf(Op::kWritesDone));
     writes_done_started_ = true;
   } else {

@@ -165,7 +165,6 @@ class SessionStream {
   Clock::time_point last_caller_poll_ ABSL_GUARDED_BY(mu_);  // when a caller last left the role
   int ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // started with gRPC, completion not seen yet
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = true;  // the start counts as one
-  bool writes_done_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_started_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
