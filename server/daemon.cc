@@ -20,14 +20,15 @@
 #include "common/socket_paths.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/async_server.h"
 #include "server/broker.h"
 #include "server/broker_service.h"
 #include "server/fd_server.h"
 #include "server/grpc_listener.h"
+#include "server/health_service.h"
+#include "server/reflection_service.h"
 #include "spdlog/spdlog.h"
 
 #ifndef TENSORD_VERSION
@@ -130,12 +131,17 @@ absl::Status RunDaemon(const Config& config) {
 
   // The server listens on no port of its own: GrpcListener accepts, notes each connection's
   // credentials and hands it over.
+  // Every method, health and reflection included, is served by AsyncServer's one thread.
   GrpcListener listener;
+  AsyncServer async_server;
   BrokerService service(&broker, &listener);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  service.Register(&async_server);
+  HealthService health({"tensord.v1.Broker"});
+  health.Register(&async_server);
+  ReflectionService reflection;
+  reflection.Register(&async_server);
   grpc::ServerBuilder builder;
-  builder.RegisterService(&service);
+  async_server.Configure(&builder);
   builder.SetMaxReceiveMessageSize(64 * 1024 * 1024);
   // Clients are on this node, over a Unix socket: no bandwidth-delay product to probe, and
   // the probe's pings cost CPU on every read of the hot path. Without the probe the window
@@ -145,8 +151,10 @@ absl::Status RunDaemon(const Config& config) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) return absl::UnavailableError("cannot start the gRPC server");
+  async_server.Start(server.get());
+  auto stop_server = [&] { async_server.Shutdown(std::chrono::milliseconds(0)); };
   if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get()); !listening.ok()) {
-    server->Shutdown();
+    stop_server();
     return listening;
   }
   // The fd channel opens last: a client connects to it first, so once it accepts, the gRPC
@@ -157,7 +165,7 @@ absl::Status RunDaemon(const Config& config) {
   if (absl::Status started = fd_server.Start(common::FdChannelPath(socket), kSocketMode, group);
       !started.ok()) {
     listener.Stop();
-    server->Shutdown();
+    stop_server();
     return started;
   }
   spdlog::info(
@@ -183,9 +191,9 @@ absl::Status RunDaemon(const Config& config) {
   // Stop taking new sessions, end the streams that never finish by themselves, then let
   // in-flight calls complete for up to 5 s.
   listener.Stop();
+  health.SetNotServing();
   broker.Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  server->Wait();
+  async_server.Shutdown(std::chrono::seconds(5));
   fd_server.Stop();
   spdlog::info("tensord stopped");
   return absl::OkStatus();

@@ -56,7 +56,7 @@ v1::SessionResponse Reply(uint64_t seq, absl::StatusOr<Value> result, Place plac
 class SessionStream;
 
 // What the stream shares with the Broker (as its PushSink) and with wait completions,
-// which may outlive the reactor.
+// which may outlive the call.
 class StreamOutbox final : public PushSink {
  public:
   explicit StreamOutbox(SessionStream* stream) : stream_(stream) {}
@@ -110,14 +110,16 @@ class StreamOutbox final : public PushSink {
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class SessionStream final : public ServerCall {
  public:
-  SessionStream(Broker* broker, absl::StatusOr<uint64_t> session) : broker_(broker) {
-    if (!session.ok()) {
-      Finish(ToGrpcStatus(session.status()));
+  SessionStream(Broker* broker, absl::StatusOr<uint64_t> session) : broker_(broker), session_(std::move(session)) {}
+
+  void OnStart() override {
+    if (!session_.ok()) {
+      Finish(ToGrpcStatus(session_.status()));
       return;
     }
-    session_id_ = *session;
+    session_id_ = *session_;
     // Set before the broker can see it: from AttachSink on, a push may start a write whose
     // OnWriteDone (another thread) reads outbox_.
     outbox_ = std::make_shared<StreamOutbox>(this);
@@ -164,7 +166,6 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       outbox_->Detach();
       broker_->DetachSink(session_id_, outbox_.get());
     }
-    delete this;
   }
 
  private:
@@ -258,6 +259,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
   Broker* const broker_;
+  const absl::StatusOr<uint64_t> session_;
   uint64_t session_id_ = 0;
   std::shared_ptr<StreamOutbox> outbox_;
   grpc::ByteBuffer request_bytes_;
@@ -412,9 +414,8 @@ void StreamOutbox::Pump() {
 
 }  // namespace
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionStream(
-    Broker* broker, absl::StatusOr<uint64_t> session) {
-  return new SessionStream(broker, std::move(session));
+std::unique_ptr<ServerCall> NewSessionStream(Broker* broker, absl::StatusOr<uint64_t> session) {
+  return std::make_unique<SessionStream>(broker, std::move(session));
 }
 
 }  // namespace tensord::server

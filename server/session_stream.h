@@ -13,16 +13,16 @@
 
 #include <cstdint>
 
+#include <memory>
+
 #include "absl/status/statusor.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/server_callback.h"
+#include "server/async_server.h"
 #include "server/broker.h"
 
 namespace tensord::server {
 
-// A reactor for one Session call, carried as raw bytes; `session` is the authenticated
-// session or why there is none. gRPC owns the reactor (it deletes itself when done).
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewSessionStream(
-    Broker* broker, absl::StatusOr<uint64_t> session);
+// One Session call, carried as raw bytes; `session` is the authenticated session or why
+// there is none.
+std::unique_ptr<ServerCall> NewSessionStream(Broker* broker, absl::StatusOr<uint64_t> session);
 
 }  // namespace tensord::server

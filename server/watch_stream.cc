@@ -46,22 +46,26 @@ class WatchOutbox final : public WatchSink {
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class WatchStream final : public ServerCall {
  public:
-  WatchStream(Broker* broker, absl::StatusOr<uint64_t> session, const grpc::ByteBuffer& bytes)
-      : broker_(broker) {
+  WatchStream(Broker* broker, absl::StatusOr<uint64_t> session) : broker_(broker), session_(std::move(session)) {}
+
+  void OnStart() override {
+    if (!session_.ok()) return Finish(ToGrpcStatus(session_.status()));
+    StartRead(&request_bytes_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request came"));
     v1::WatchRequest request;
-    if (absl::Status parsed = ParseRequest(bytes, &request); !parsed.ok()) session = parsed;
-    if (!session.ok()) {
-      Finish(ToGrpcStatus(session.status()));
-      return;
+    if (absl::Status parsed = ParseRequest(request_bytes_, &request); !parsed.ok()) {
+      return Finish(ToGrpcStatus(parsed));
     }
     outbox_ = std::make_shared<WatchOutbox>(this);
-    absl::StatusOr<uint64_t> id = broker_->AddWatcher(*session, request, outbox_);
+    absl::StatusOr<uint64_t> id = broker_->AddWatcher(*session_, request, outbox_);
     if (!id.ok()) {
+      outbox_->Detach();
       outbox_.reset();
-      Finish(ToGrpcStatus(id.status()));
-      return;
+      return Finish(ToGrpcStatus(id.status()));
     }
     watcher_id_ = *id;
     // Registered: a client waiting for this before it returns from Watch() sees every
@@ -77,11 +81,12 @@ class WatchStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       broker_->RemoveWatcher(watcher_id_);
       outbox_->Detach();
     }
-    delete this;
   }
 
  private:
   Broker* const broker_;
+  const absl::StatusOr<uint64_t> session_;
+  grpc::ByteBuffer request_bytes_;
   uint64_t watcher_id_ = 0;
   std::shared_ptr<WatchOutbox> outbox_;
 };
@@ -156,9 +161,8 @@ void WatchOutbox::Pump() {
 
 }  // namespace
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* NewWatchStream(Broker* broker, absl::StatusOr<uint64_t> session,
-                                                          const grpc::ByteBuffer& request) {
-  return new WatchStream(broker, std::move(session), request);
+std::unique_ptr<ServerCall> NewWatchStream(Broker* broker, absl::StatusOr<uint64_t> session) {
+  return std::make_unique<WatchStream>(broker, std::move(session));
 }
 
 }  // namespace tensord::server

@@ -5,16 +5,16 @@
 
 #include <cstdint>
 
+#include <memory>
+
 #include "absl/status/statusor.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/server_callback.h"
+#include "server/async_server.h"
 #include "server/broker.h"
 
 namespace tensord::server {
 
-// A reactor for one Watch call; `request` is the raw WatchRequest (parsed here: one that
-// does not decode finishes the call with INVALID_ARGUMENT). gRPC owns the reactor.
-grpc::ServerWriteReactor<grpc::ByteBuffer>* NewWatchStream(Broker* broker, absl::StatusOr<uint64_t> session,
-                                                          const grpc::ByteBuffer& request);
+// One Watch call; `session` is the authenticated session or why there is none. It reads the
+// WatchRequest (one that does not decode finishes the call with INVALID_ARGUMENT).
+std::unique_ptr<ServerCall> NewWatchStream(Broker* broker, absl::StatusOr<uint64_t> session);
 
 }  // namespace tensord::server

@@ -441,6 +441,28 @@ TEST(Integration, SocketsAreGroupReadableOnlyAndSigtermExitsZero) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+TEST(Integration, SigtermEndsAWaitingAcquireAndExitsWithoutWaitingForIdleClients) {
+  DaemonProcess daemon;
+  auto waiter = Connect(daemon);
+  auto idle = Connect(daemon);
+  ASSERT_TRUE(idle->GetStatus().ok());  // connected, nothing in flight
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    auto start = std::chrono::steady_clock::now();
+    int status = daemon.Stop();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    // The drain allows 5 s for calls in flight; the ended wait and an idle client are not.
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  });
+  AcquireOptions patient;
+  patient.wait = Wait::For(30s);
+  auto start = std::chrono::steady_clock::now();
+  auto never = waiter->Acquire("ns/never", patient);
+  stopper.join();
+  EXPECT_FALSE(never.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
 TEST(Integration, NoDaemonGivesUnavailableNamingTheSocket) {
   ClientOptions options;
   options.socket_path = "/nonexistent/tensord.sock";
