@@ -40,6 +40,16 @@ class GrpcServicesTest : public ::testing::Test {
     context.set_deadline(std::chrono::system_clock::now() + after);
   }
 
+  // A Watch of `service` and its first status.
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> Watch(grpc::ClientContext& context, const std::string& service,
+                                                                 HealthCheckResponse* first) {
+    HealthCheckRequest request;
+    request.set_service(service);
+    auto stream = Health::NewStub(channel_)->Watch(&context, request);
+    EXPECT_TRUE(stream->Read(first)) << "no first status for " << service;
+    return stream;
+  }
+
   grpc::Status Check(const std::string& service, HealthCheckResponse* response) {
     grpc::ClientContext context;
     Deadline(context);
@@ -88,11 +98,8 @@ TEST_F(GrpcServicesTest, HealthCheckAnswersServingForTheServerAndTheBrokerAndNot
 TEST_F(GrpcServicesTest, HealthWatchSendsServingThenNotServingWhenTheDaemonDrains) {
   grpc::ClientContext context;
   Deadline(context, 30s);
-  HealthCheckRequest request;
-  request.set_service("tensord.v1.Broker");
-  auto stream = Health::NewStub(channel_)->Watch(&context, request);
   HealthCheckResponse response;
-  ASSERT_TRUE(stream->Read(&response));
+  auto stream = Watch(context, "tensord.v1.Broker", &response);
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
 
   // SIGTERM: the watcher hears NOT_SERVING at once, its stream ends OK, and the daemon
@@ -113,11 +120,8 @@ TEST_F(GrpcServicesTest, HealthWatchSendsServingThenNotServingWhenTheDaemonDrain
 TEST_F(GrpcServicesTest, HealthWatchOfAnUnknownServiceSaysServiceUnknown) {
   grpc::ClientContext context;
   Deadline(context);
-  HealthCheckRequest request;
-  request.set_service("no.such.Service");
-  auto stream = Health::NewStub(channel_)->Watch(&context, request);
   HealthCheckResponse response;
-  ASSERT_TRUE(stream->Read(&response));
+  auto stream = Watch(context, "no.such.Service", &response);
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVICE_UNKNOWN);
   context.TryCancel();
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
