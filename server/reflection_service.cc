@@ -37,6 +37,28 @@ void AddFileAndDependencies(const FileDescriptor* file, absl::flat_hash_set<std:
   for (int i = 0; i < file->dependency_count(); ++i) AddFileAndDependencies(file->dependency(i), seen, out);
 }
 
+// Every extension of `type` declared in `message` or the messages nested in it.
+void CollectExtensions(const google::protobuf::Descriptor* message, const google::protobuf::Descriptor* type,
+                       reflection::ExtensionNumberResponse* out) {
+  for (int i = 0; i < message->extension_count(); ++i) {
+    if (message->extension(i)->containing_type() == type) out->add_extension_number(message->extension(i)->number());
+  }
+  for (int i = 0; i < message->nested_type_count(); ++i) CollectExtensions(message->nested_type(i), type, out);
+}
+
+// Every extension of `type` declared in `file` or the files it imports, each file once.
+// (Walks the descriptors rather than asking DescriptorPool::FindAllExtensions, whose lock
+// is taken inside libprotobuf and released in inlined header code.)
+void CollectExtensions(const FileDescriptor* file, const google::protobuf::Descriptor* type,
+                       absl::flat_hash_set<std::string>* seen, reflection::ExtensionNumberResponse* out) {
+  if (!seen->insert(std::string(file->name())).second) return;
+  for (int i = 0; i < file->extension_count(); ++i) {
+    if (file->extension(i)->containing_type() == type) out->add_extension_number(file->extension(i)->number());
+  }
+  for (int i = 0; i < file->message_type_count(); ++i) CollectExtensions(file->message_type(i), type, out);
+  for (int i = 0; i < file->dependency_count(); ++i) CollectExtensions(file->dependency(i), type, seen, out);
+}
+
 void AnswerWithFile(const FileDescriptor* file, const std::string& what,
                     reflection::ServerReflectionResponse* response) {
   if (file == nullptr) {
@@ -107,11 +129,15 @@ class ReflectionInfo final : public ServerCall {
                    absl::StrCat("tensord knows no message type ", request.all_extension_numbers_of_type()));
           break;
         }
-        std::vector<const google::protobuf::FieldDescriptor*> extensions;
-        pool->FindAllExtensions(type, &extensions);
+        // The extensions a client can see: those in the files of the served services.
         auto* numbers = response.mutable_all_extension_numbers_response();
         numbers->set_base_type_name(std::string(type->full_name()));
-        for (const auto* extension : extensions) numbers->add_extension_number(extension->number());
+        absl::flat_hash_set<std::string> seen;
+        for (const std::string& name : services_) {
+          if (const auto* service = pool->FindServiceByName(name); service != nullptr) {
+            CollectExtensions(service->file(), type, &seen, numbers);
+          }
+        }
         break;
       }
       case reflection::ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:

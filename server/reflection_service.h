@@ -5,7 +5,7 @@
 // Answers from the descriptors compiled into the daemon: list_services names every service
 // the AsyncServer routes; file_by_filename, file_containing_symbol and
 // file_containing_extension send the file and every file it depends on;
-// all_extension_numbers_of_type lists the known extensions. A name it does not know is
+// all_extension_numbers_of_type lists the extensions declared in the services' files. A name it does not know is
 // answered with an error_response (NOT_FOUND) on the stream, which stays open. Thread-safe.
 #pragma once
 
