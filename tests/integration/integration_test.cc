@@ -296,6 +296,8 @@ TEST(Integration, BackToBackForksWithWaitsAndWatchersInFlight) {
     ++published;
     ASSERT_NE(storm.WaitForLine("round " + std::to_string(round)), "") << "round " << round;
   }
+  // Its watcher is back after the last fork (it saw a probe the peer published).
+  ASSERT_EQ(storm.WaitForLine("synced"), "synced");
   ASSERT_TRUE(PublishFilled(*client, "ns/q/end", 1, 0.0f).ok());
   std::string result = storm.WaitForLine("storm");
   ASSERT_NE(result, "");

@@ -10,10 +10,11 @@
 //   fork-storm SOCKET NAME PREFIX ROUNDS  with a Watcher on PREFIX open and a thread taking
 //                                         from PREFIX (waiting forever), fork 3 children
 //                                         back to back per round, each acquiring NAME;
-//                                         print "round <i>" after each; then take until
-//                                         "<PREFIX>end" arrives and print "storm <failed
-//                                         calls> <taken> <watch events> <resets> <watcher
-//                                         saw the end: 1/0>"
+//                                         print "round <i>" after each; then "synced"
+//                                         once the watcher saw a probe after the last
+//                                         fork; then take until "<PREFIX>end" arrives and
+//                                         print "storm <failed calls> <taken> <watch
+//                                         events> <resets> <watcher saw the end: 1/0>"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,6 +51,18 @@ double Sum(const tensord::TensorRef& tensor) {
   double sum = 0;
   for (int64_t i = 0; i < tensor.info().shape[0]; ++i) sum += data[i];
   return sum;
+}
+
+// Publishes a one-float tensor as `name` (in the name's namespace).
+tensord::Status PublishProbe(tensord::Client& client, const std::string& name) {
+  tensord::TensorSpec spec;
+  spec.dtype = tensord::dtypes::kFloat32;
+  spec.shape = {1};
+  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
+  if (!tensor.ok()) return tensor.status();
+  static_cast<float*>(tensor->mutable_data())[0] = 1.0f;
+  auto published = client.Publish(*tensor, name);
+  return published.ok() ? tensord::Status::Ok() : published.status();
 }
 
 std::unique_ptr<tensord::Client> Connect(const char* socket) {
@@ -125,6 +138,7 @@ int main(int argc, char** argv) {
     std::atomic<int> events{0};
     std::atomic<int> resets{0};
     std::atomic<bool> saw_end{false};
+    std::atomic<int> last_sync{-1};  // the highest "<PREFIX>sync-<k>" the watcher saw bound
     std::thread watching([&] {
       // Until "<PREFIX>end" is seen bound, or 60 s.
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -134,6 +148,9 @@ int main(int argc, char** argv) {
         if (!event->has_value()) continue;
         ++events;
         if ((*event)->kind == tensord::WatchEvent::Kind::kReset) ++resets;
+        if ((*event)->kind == tensord::WatchEvent::Kind::kBound && (*event)->name.starts_with(prefix + "sync-")) {
+          last_sync.store(std::atoi((*event)->name.c_str() + prefix.size() + 5));
+        }
         if ((*event)->kind == tensord::WatchEvent::Kind::kBound && (*event)->name == prefix + "end") {
           saw_end.store(true);
           return;
@@ -149,7 +166,7 @@ int main(int argc, char** argv) {
           return;
         }
         if (t->info().name == prefix + "end") return;
-        ++taken;
+        if (!t->info().name.starts_with(prefix + "sync-")) ++taken;
       }
     });
     int failed = 0;
@@ -172,6 +189,18 @@ int main(int argc, char** argv) {
       }
       Say("round " + std::to_string(round));
     }
+    // The watcher reopens its stream after each fork on its own thread. Before the end
+    // marker goes out it must be back, or the marker could be published and taken while
+    // the stream is down (the watcher would then rightly get only a RESET): publish probes
+    // until it sees one.
+    for (int k = 0; last_sync.load() < 0 && k < 600; ++k) {
+      if (!PublishProbe(*client, prefix + "sync-" + std::to_string(k)).ok()) ++failed;
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      while (last_sync.load() < 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    Say(last_sync.load() >= 0 ? "synced" : "never synced");
     taking.join();
     watching.join();
     Say("storm " + std::to_string(failed) + " " + std::to_string(taken.load()) + " " +
