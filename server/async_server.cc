@@ -70,7 +70,7 @@ template <typename Start>
 void ServerCall::Begin(Op op, Start start) {
   absl::ReaderMutexLock queue_lock(&server_->queue_mu_);
   if (server_->stopping_) {
-    // Only a call that outlived the server's shutdown gets here; it is dropped by Stop.
+    // Only a call that outlived the server's shutdown gets here (Stop reports it).
     spdlog::error("gRPC call {}: an operation after the server stopped", context().method());
     return;
   }
@@ -149,15 +149,15 @@ void ServerCall::Completed(Op op, bool ok) {
   // can be looking at the call now.
   if (over) {
     OnDone();
-    server_->Forget(this);
+    server_->Forget();
     delete this;
   }
 }
 
-void UnaryServerCall::OnReadDone(bool ok) {
+void SingleRequestCall::OnReadDone(bool ok) {
   if (!ok) {
     // The client went away, or half-closed without sending its request.
-    Respond(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request came"));
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request came"));
     return;
   }
   OnRequest(request_);
@@ -226,16 +226,11 @@ void AsyncServer::Arrived(std::unique_ptr<CallSlot> slot, bool ok) {
   call->server_ = this;
   slot->call = call.get();
   call->slot_ = std::move(slot);
-  ServerCall* started = call.release();  // deletes itself once done
-  calls_.insert(started);
-  live_calls_.store(calls_.size(), std::memory_order_relaxed);
-  started->OnStart();
+  live_calls_.fetch_add(1, std::memory_order_relaxed);
+  call.release()->OnStart();  // deletes itself once done
 }
 
-void AsyncServer::Forget(ServerCall* call) {
-  calls_.erase(call);
-  live_calls_.store(calls_.size(), std::memory_order_relaxed);
-}
+void AsyncServer::Forget() { live_calls_.fetch_sub(1, std::memory_order_relaxed); }
 
 void AsyncServer::Poll() {
   void* tag = nullptr;
@@ -266,14 +261,8 @@ void AsyncServer::Stop() {
     queue_->Shutdown();
   }
   thread_.join();
-  // gRPC's Shutdown returns only once every call is gone, so none should be left; one that
-  // is can no longer complete anything.
-  for (ServerCall* call : calls_) {
-    spdlog::warn("gRPC call {} outlived the server's shutdown", call->context().method());
-    call->OnDone();
-    delete call;
-  }
-  calls_.clear();
+  // gRPC's Shutdown returns only once every call's context is gone, so none is left.
+  if (size_t left = live_calls_.load(); left > 0) spdlog::error("{} gRPC calls outlived the server's shutdown", left);
   unused_slots_.clear();
 }
 

@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -123,20 +122,28 @@ class ServerCall {
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // gRPC's "call done" notification came
 };
 
-// A unary call: reads its one request, then OnRequest answers through Respond.
-class UnaryServerCall : public ServerCall {
+// A call whose client sends one request (unary or server-streaming): reads it, then
+// OnRequest; a call that ends before its request came finishes CANCELLED.
+class SingleRequestCall : public ServerCall {
  protected:
-  // The request; runs on the polling thread. Respond may come later, from any thread.
+  // The request; runs on the polling thread.
   virtual void OnRequest(const grpc::ByteBuffer& request) = 0;
-  // Exactly once: `response` (OK) or `status` (not OK) for the client.
-  void Respond(const grpc::ByteBuffer& response);
-  void Respond(const grpc::Status& status);
 
  private:
   void OnStart() final { StartRead(&request_); }
   void OnReadDone(bool ok) final;
 
   grpc::ByteBuffer request_;
+};
+
+// A unary call: OnRequest answers through Respond.
+class UnaryServerCall : public SingleRequestCall {
+ protected:
+  // Exactly once, from any thread: `response` (OK) or `status` (not OK) for the client.
+  void Respond(const grpc::ByteBuffer& response);
+  void Respond(const grpc::Status& status);
+
+ private:
   grpc::ByteBuffer response_;
 };
 
@@ -175,7 +182,7 @@ class AsyncServer {
   void RequestCall();
   void Arrived(std::unique_ptr<CallSlot> slot, bool ok);
   void Poll();
-  void Forget(ServerCall* call);
+  void Forget();  // a call was deleted
 
   absl::flat_hash_map<std::string, CallFactory> handlers_;  // constant after Configure
   grpc::AsyncGenericService generic_;
@@ -188,10 +195,10 @@ class AsyncServer {
   absl::Mutex queue_mu_;
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
 
-  // Calls not yet done, and slots whose call never came (the server shut down; kept until
-  // the queue is drained). The polling thread's, then Stop's.
-  absl::flat_hash_set<ServerCall*> calls_;
-  std::atomic<size_t> live_calls_{0};  // calls_.size(), for Shutdown's thread
+  // Calls made and not yet deleted (read by Shutdown's thread).
+  std::atomic<size_t> live_calls_{0};
+  // Slots whose call never came (the server shut down), kept until the queue is drained.
+  // The polling thread's, then Stop's.
   std::vector<std::unique_ptr<CallSlot>> unused_slots_;
 };
 

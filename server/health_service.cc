@@ -48,7 +48,7 @@ class HealthCheck final : public UnaryServerCall {
 
 // One Watch call: writes the status whenever it differs from the last one written, one
 // write at a time, and finishes once told to end and everything is written.
-class HealthWatch final : public ServerCall {
+class HealthWatch final : public SingleRequestCall {
  public:
   explicit HealthWatch(HealthService* service) : service_(service) {}
 
@@ -63,14 +63,9 @@ class HealthWatch final : public ServerCall {
   }
 
  private:
-  void OnStart() override { StartRead(&request_bytes_); }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request came"));
+  void OnRequest(const grpc::ByteBuffer& bytes) override {
     HealthCheckRequest request;
-    if (absl::Status parsed = ParseRequest(request_bytes_, &request); !parsed.ok()) {
-      return Finish(ToGrpcStatus(parsed));
-    }
+    if (absl::Status parsed = ParseRequest(bytes, &request); !parsed.ok()) return Finish(ToGrpcStatus(parsed));
     service_name_ = request.service();
     registered_ = service_->AddWatcher(this);
   }
@@ -120,7 +115,6 @@ class HealthWatch final : public ServerCall {
   }
 
   HealthService* const service_;
-  grpc::ByteBuffer request_bytes_;
   std::string service_name_;  // set before the watch is registered, never after
   bool registered_ = false;   // polling thread only
 

@@ -46,20 +46,14 @@ class WatchOutbox final : public WatchSink {
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
 };
 
-class WatchStream final : public ServerCall {
+class WatchStream final : public SingleRequestCall {
  public:
   WatchStream(Broker* broker, absl::StatusOr<uint64_t> session) : broker_(broker), session_(std::move(session)) {}
 
-  void OnStart() override {
-    if (!session_.ok()) return Finish(ToGrpcStatus(session_.status()));
-    StartRead(&request_bytes_);
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request came"));
+  void OnRequest(const grpc::ByteBuffer& bytes) override {
     v1::WatchRequest request;
-    if (absl::Status parsed = ParseRequest(request_bytes_, &request); !parsed.ok()) {
-      return Finish(ToGrpcStatus(parsed));
-    }
+    if (absl::Status parsed = ParseRequest(bytes, &request); !parsed.ok()) return Finish(ToGrpcStatus(parsed));
+    if (!session_.ok()) return Finish(ToGrpcStatus(session_.status()));
     outbox_ = std::make_shared<WatchOutbox>(this);
     absl::StatusOr<uint64_t> id = broker_->AddWatcher(*session_, request, outbox_);
     if (!id.ok()) {
@@ -86,7 +80,6 @@ class WatchStream final : public ServerCall {
  private:
   Broker* const broker_;
   const absl::StatusOr<uint64_t> session_;
-  grpc::ByteBuffer request_bytes_;
   uint64_t watcher_id_ = 0;
   std::shared_ptr<WatchOutbox> outbox_;
 };

@@ -1,8 +1,8 @@
-// Requests and responses as the bytes gRPC carries. BrokerService registers its methods
-// raw and parses each request itself: gRPC's typed callback handlers answer an undecodable
-// unary request with a bare UNIMPLEMENTED, and end a stream on an undecodable message as
-// if the client had half-closed it (the stream then finishes OK). Parsing here answers
-// INVALID_ARGUMENT naming the message type instead. Thread-safe free functions.
+// Requests and responses as the bytes gRPC carries. Every call reaches the daemon raw (see
+// async_server.h) and parses its request here, so a request that does not decode is
+// answered INVALID_ARGUMENT naming the message type (gRPC's typed handlers would answer a
+// bare UNIMPLEMENTED, or end a stream as if the client had half-closed it). Thread-safe
+// free functions.
 #pragma once
 
 #include <string>

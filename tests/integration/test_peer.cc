@@ -53,16 +53,17 @@ double Sum(const tensord::TensorRef& tensor) {
   return sum;
 }
 
-// Publishes a one-float tensor as `name` (in the name's namespace).
-tensord::Status PublishProbe(tensord::Client& client, const std::string& name) {
+// Publishes float32[count] filled with `value` as `name` (in the name's namespace).
+tensord::Result<tensord::TensorInfo> PublishFilled(tensord::Client& client, const std::string& name, int64_t count,
+                                                   float value) {
   tensord::TensorSpec spec;
   spec.dtype = tensord::dtypes::kFloat32;
-  spec.shape = {1};
+  spec.shape = {count};
   auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
   if (!tensor.ok()) return tensor.status();
-  static_cast<float*>(tensor->mutable_data())[0] = 1.0f;
-  auto published = client.Publish(*tensor, name);
-  return published.ok() ? tensord::Status::Ok() : published.status();
+  float* data = static_cast<float*>(tensor->mutable_data());
+  for (int64_t i = 0; i < count; ++i) data[i] = value;
+  return client.Publish(*tensor, name);
 }
 
 std::unique_ptr<tensord::Client> Connect(const char* socket) {
@@ -86,15 +87,7 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   auto client = Connect(argv[2]);
   if (command == "produce" && argc == 6) {
-    tensord::TensorSpec spec;
-    spec.dtype = tensord::dtypes::kFloat32;
-    spec.shape = {std::atoll(argv[4])};
-    std::string name = argv[3];
-    auto tensor = client->Allocate(name.substr(0, name.find('/')), spec);
-    if (!tensor.ok()) return Fail("allocate", tensor.status());
-    float* data = static_cast<float*>(tensor->mutable_data());
-    for (int64_t i = 0; i < spec.shape[0]; ++i) data[i] = std::strtof(argv[5], nullptr);
-    auto published = client->Publish(*tensor, name);
+    auto published = PublishFilled(*client, argv[3], std::atoll(argv[4]), std::strtof(argv[5], nullptr));
     if (!published.ok()) return Fail("publish", published.status());
     Say("published " + std::to_string(published->tensor_id));
     return 0;
@@ -194,7 +187,7 @@ int main(int argc, char** argv) {
     // the stream is down (the watcher would then rightly get only a RESET): publish probes
     // until it sees one.
     for (int k = 0; last_sync.load() < 0 && k < 600; ++k) {
-      if (!PublishProbe(*client, prefix + "sync-" + std::to_string(k)).ok()) ++failed;
+      if (!PublishFilled(*client, prefix + "sync-" + std::to_string(k), 1, 1.0f).ok()) ++failed;
       auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       while (last_sync.load() < 0 && std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
