@@ -7,7 +7,8 @@
 //            DLPack capsules and array views made from it hold their own references, so
 //            release() drops only the handle's.
 //   _Watcher a stream of binding changes.
-//   _Source  memory that put() copies (see py_source.h); _ArrayView memory for numpy.
+//   _Source  memory that put() copies (see py_source.h).
+//   _ArrayView the owner of a .numpy() array's memory.
 // Errors: tensord.Error subclasses (py_errors.h); BufferError for DLPack requests that cannot
 // be honoured; ValueError for a released tensor or a closed client.
 //
@@ -125,15 +126,7 @@ class PyTensor {
     return MakeLegacyCapsule(view);
   }
 
-  std::unique_ptr<ArrayView> MakeArrayView() const {
-    std::shared_ptr<TensorRef> ref = Ref();
-    if (!NumpyTypestr(info_.dtype)) {
-      std::string name = DtypeName(info_.dtype).value_or("this dtype");
-      throw py::type_error("numpy has no " + name + " dtype; use .torch() for " + name +
-                           " tensors");
-    }
-    return std::make_unique<ArrayView>(ref->ToDLPack(), readonly_);
-  }
+  py::object NumpyArray() const { return MakeNumpyArray(Ref()->ToDLPack(), readonly_); }
 
   uintptr_t DataPtr() const {
     return reinterpret_cast<uintptr_t>(Ref()->data());
@@ -571,8 +564,7 @@ PYBIND11_MODULE(_tensord, m) {
         "The socket a client uses when connect() is given none.");
   m.def("_consume_on_native_thread_for_test", &ConsumeOnNativeThreadForTest, py::arg("capsule"));
 
-  py::class_<ArrayView>(m, "_ArrayView")
-      .def_property_readonly("__array_interface__", &ArrayView::ArrayInterface);
+  py::class_<ArrayView>(m, "_ArrayView");
 
   py::class_<Source>(m, "_Source")
       .def_static("from_dlpack", &Source::FromDLPack, py::arg("capsule"))
@@ -589,7 +581,7 @@ PYBIND11_MODULE(_tensord, m) {
            py::arg("copy") = py::none())
       .def("__dlpack_device__", &PyTensor::Device)
       .def("_legacy_capsule_as", &PyTensor::LegacyCapsuleAs, py::arg("dtype"))
-      .def("_array_view", &PyTensor::MakeArrayView)
+      .def("_numpy", &PyTensor::NumpyArray)
       .def_property_readonly("_data_ptr", &PyTensor::DataPtr)
       .def("release", &PyTensor::Release,
            "Drops this handle's own reference now; views made from it keep theirs.")

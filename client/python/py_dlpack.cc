@@ -1,9 +1,13 @@
 #include "py_dlpack.h"
 
 #include <Python.h>
+#include <pybind11/numpy.h>
 
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "py_convert.h"
 #include "py_gil.h"
@@ -58,30 +62,24 @@ ArrayView::~ArrayView() {
   if (view_ != nullptr && view_->deleter != nullptr) view_->deleter(view_);
 }
 
-py::dict ArrayView::ArrayInterface() const {
-  const DLTensor& t = view_->dl_tensor;
+py::object MakeNumpyArray(DLManagedTensor* view, bool readonly) {
+  // Owned from here on: an early throw releases the view with the holder.
+  py::object base = py::cast(std::make_unique<ArrayView>(view));
+  const DLTensor& t = view->dl_tensor;
   std::optional<std::string> typestr = NumpyTypestr(t.dtype);
   if (!typestr) {
     std::string name = DtypeName(t.dtype).value_or("this dtype");
     throw py::type_error("numpy has no " + name + " dtype; use .torch() for " + name +
                          " tensors");
   }
-  const size_t item = ItemSize(t.dtype);
-  py::tuple shape(t.ndim);
-  py::tuple strides(t.ndim);
-  for (int i = 0; i < t.ndim; ++i) {
-    shape[i] = py::int_(t.shape[i]);
-    strides[i] = py::int_(t.strides[i] * static_cast<int64_t>(item));
-  }
-  const auto address =
-      reinterpret_cast<uintptr_t>(static_cast<char*>(t.data) + t.byte_offset);
-  py::dict d;
-  d["version"] = 3;
-  d["shape"] = shape;
-  d["typestr"] = *typestr;
-  d["data"] = py::make_tuple(py::int_(address), py::bool_(readonly_));
-  d["strides"] = strides;
-  return d;
+  const auto item = static_cast<py::ssize_t>(ItemSize(t.dtype));
+  std::vector<py::ssize_t> shape(t.shape, t.shape + t.ndim);
+  std::vector<py::ssize_t> strides(static_cast<size_t>(t.ndim));
+  for (int i = 0; i < t.ndim; ++i) strides[static_cast<size_t>(i)] = t.strides[i] * item;
+  void* data = static_cast<char*>(t.data) + t.byte_offset;
+  py::array array(py::dtype(*typestr), std::move(shape), std::move(strides), data, base);
+  if (readonly) array.attr("setflags")(py::arg("write") = false);
+  return array;
 }
 
 void ConsumeOnNativeThreadForTest(py::object capsule) {

@@ -23,23 +23,24 @@ inline constexpr const char* kUsedVersionedCapsuleName = "used_dltensor_versione
 pybind11::object MakeLegacyCapsule(DLManagedTensor* view);
 pybind11::object MakeVersionedCapsule(DLManagedTensorVersioned* view);
 
-// Memory for numpy's array interface (numpy keeps this object as the array's base, so the
-// lease lives exactly as long as the array and its views).
+// The owner of a numpy array's memory: numpy keeps this object as the array's base, so the
+// lease lives exactly as long as the array and its views.
 class ArrayView {
  public:
-  ArrayView(DLManagedTensor* view, bool readonly) : view_(view), readonly_(readonly) {}
+  explicit ArrayView(DLManagedTensor* view) : view_(view) {}
   ~ArrayView();
   ArrayView(const ArrayView&) = delete;
   ArrayView& operator=(const ArrayView&) = delete;
 
-  // {'version': 3, 'shape', 'typestr', 'data': (address, readonly), 'strides' (bytes)}.
-  // TypeError when numpy has no such dtype (bfloat16).
-  pybind11::dict ArrayInterface() const;
-
  private:
   DLManagedTensor* view_;
-  bool readonly_;
 };
+
+// A numpy array over `view`'s memory (no copy), its base an ArrayView that owns the view;
+// non-writeable when `readonly`. Built with numpy's C API (through pybind11) rather than
+// the array interface: no dict to build and parse per array. TypeError when numpy has no
+// such dtype (bfloat16); the view is released then.
+pybind11::object MakeNumpyArray(DLManagedTensor* view, bool readonly);
 
 // Test hook: consumes the capsule like a native consumer would (renames it) and calls the
 // view's deleter on a new native thread that has no Python thread state, with the GIL

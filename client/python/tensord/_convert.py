@@ -7,8 +7,8 @@ What Debian's numpy 1.24 and torch 1.13 do with a DLPack capsule (pinned by the 
   Neither accepts a versioned capsule nor a max_version argument, so both get legacy
   capsules, which cannot say "read-only".
 Workarounds here, all zero-copy:
-  .numpy()  builds the array from the raw memory through numpy's array interface, with an
-            object holding its own lease as the array's base: every dtype numpy has (bool
+  .numpy()  builds the array over the raw memory with numpy's C API, with an object
+            holding its own lease as the array's base: every dtype numpy has (bool
             included); a read-only mapping gives a non-writeable array; bfloat16 raises
             TypeError (numpy has no such dtype).
   .torch()  bool: the bytes as a uint8 tensor, then .view(torch.bool) (same storage).
@@ -29,9 +29,7 @@ def to_numpy(self):
     The array holds its own reference on the lease: it stays valid after release() and
     after the tensor object is gone. Read-only gets give a non-writeable array.
     """
-    import numpy
-
-    return numpy.asarray(self._array_view())
+    return self._numpy()
 
 
 def to_torch(self, *, reinterpret_unsigned=False):
