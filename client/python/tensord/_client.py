@@ -38,6 +38,11 @@ def _torch_source(obj):
     return obj, None
 
 
+# Types whose __dlpack__ refused the max_version argument: asked without it from then on,
+# so a put_many of numpy arrays does not raise and catch a TypeError per item.
+_NO_MAX_VERSION = set()
+
+
 def source_of(obj):
     """An _Source over obj's memory: __dlpack__ (max_version first, then without it for
     producers that do not accept it, like numpy 1.24 and torch 1.13), else the buffer
@@ -47,10 +52,15 @@ def source_of(obj):
     dlpack = getattr(obj, "__dlpack__", None)
     if dlpack is not None:
         try:
-            try:
-                capsule = dlpack(max_version=_tensord.DLPACK_VERSION)
-            except TypeError:
+            if type(obj) in _NO_MAX_VERSION:
                 capsule = dlpack()
+            else:
+                try:
+                    capsule = dlpack(max_version=_tensord.DLPACK_VERSION)
+                except TypeError as e:
+                    capsule = dlpack()
+                    if "max_version" in str(e):
+                        _NO_MAX_VERSION.add(type(obj))
             source = _tensord._Source.from_dlpack(capsule)
         except (BufferError, RuntimeError, TypeError) as e:
             # numpy refuses bool and read-only arrays over DLPack; the buffer protocol takes
