@@ -75,25 +75,68 @@ std::optional<std::string> NumpyTypestr(DLDataType dtype) {
 
 size_t ItemSize(DLDataType dtype) { return (size_t{dtype.bits} * dtype.lanes + 7) / 8; }
 
+namespace {
+
+// The keys of a description dict, made and interned once: a put_many or a listing builds
+// thousands of these dicts, and making 17 key strings for each cost more than the values.
+// Never freed (a dict may outlive the module during interpreter shutdown).
+struct InfoKeys {
+  PyObject* tensor_id = Intern("tensor_id");
+  PyObject* name = Intern("name");
+  PyObject* generation = Intern("generation");
+  PyObject* dtype = Intern("dtype");
+  PyObject* shape = Intern("shape");
+  PyObject* strides = Intern("strides");
+  PyObject* byte_offset = Intern("byte_offset");
+  PyObject* device = Intern("device");
+  PyObject* state = Intern("state");
+  PyObject* tags = Intern("tags");
+  PyObject* created = Intern("created");
+  PyObject* lease_count = Intern("lease_count");
+  PyObject* nbytes = Intern("nbytes");
+  PyObject* buffer_id = Intern("buffer_id");
+  PyObject* buffer_size = Intern("buffer_size");
+  PyObject* buffer_offset = Intern("buffer_offset");
+  PyObject* arena = Intern("arena");
+
+  static PyObject* Intern(const char* key) {
+    PyObject* s = PyUnicode_InternFromString(key);
+    if (s == nullptr) throw py::error_already_set();
+    return s;
+  }
+};
+
+const InfoKeys& Keys() {
+  static const InfoKeys* keys = new InfoKeys();  // first use holds the GIL
+  return *keys;
+}
+
+void Set(const py::dict& d, PyObject* key, const py::handle& value) {
+  if (PyDict_SetItem(d.ptr(), key, value.ptr()) != 0) throw py::error_already_set();
+}
+
+}  // namespace
+
 py::dict InfoToDict(const TensorInfo& info) {
+  const InfoKeys& k = Keys();
   py::dict d;
-  d["tensor_id"] = info.tensor_id;
-  d["name"] = info.name.empty() ? py::object(py::none()) : py::object(py::str(info.name));
-  d["generation"] = info.generation;
-  d["dtype"] = DtypeString(info.dtype);
-  d["shape"] = py::tuple(py::cast(info.shape));
-  d["strides"] = py::tuple(py::cast(info.strides));
-  d["byte_offset"] = info.byte_offset;
-  d["device"] = py::make_tuple(info.device.device_type, info.device.device_id);
-  d["state"] = StateName(info.state);
-  d["tags"] = py::cast(info.tags);
-  d["created"] = static_cast<double>(info.created_unix_ms) / 1000.0;
-  d["lease_count"] = info.lease_count;
-  d["nbytes"] = info.nbytes;
-  d["buffer_id"] = info.buffer_id;
-  d["buffer_size"] = info.buffer_size;
-  d["buffer_offset"] = info.buffer_offset;
-  d["arena"] = info.arena;
+  Set(d, k.tensor_id, py::int_(info.tensor_id));
+  Set(d, k.name, info.name.empty() ? py::object(py::none()) : py::object(py::str(info.name)));
+  Set(d, k.generation, py::int_(info.generation));
+  Set(d, k.dtype, py::str(DtypeString(info.dtype)));
+  Set(d, k.shape, py::tuple(py::cast(info.shape)));
+  Set(d, k.strides, py::tuple(py::cast(info.strides)));
+  Set(d, k.byte_offset, py::int_(info.byte_offset));
+  Set(d, k.device, py::make_tuple(info.device.device_type, info.device.device_id));
+  Set(d, k.state, py::str(StateName(info.state)));
+  Set(d, k.tags, py::cast(info.tags));
+  Set(d, k.created, py::float_(static_cast<double>(info.created_unix_ms) / 1000.0));
+  Set(d, k.lease_count, py::int_(info.lease_count));
+  Set(d, k.nbytes, py::int_(info.nbytes));
+  Set(d, k.buffer_id, py::int_(info.buffer_id));
+  Set(d, k.buffer_size, py::int_(info.buffer_size));
+  Set(d, k.buffer_offset, py::int_(info.buffer_offset));
+  Set(d, k.arena, py::bool_(info.arena));
   return d;
 }
 
