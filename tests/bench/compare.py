@@ -8,7 +8,9 @@ Runs, against daemons it starts on private sockets:
   - in Python processes: fresh-tensor handoffs N producers -> M consumers through tensord
     (single and batched, with and without an arena namespace), torch.multiprocessing
     queues (file_system and file_descriptor sharing) and a gRPC bytes copy; and a repeated
-    get of an unchanged tensor against a torch.mp file_system handoff of the same tensor;
+    get of an unchanged tensor against a torch.mp file_system handoff of the same tensor.
+    Every handoff peer runs --rounds times (default 3), the peers interleaved; a row shows
+    the median round and the range, and the targets compare medians;
 and prints one table with every figure and a "targets" section (--json: all of it as JSON).
 
 Run with Debian's /usr/bin/python3 (torch, numpy, grpcio), from the repository root:
@@ -62,7 +64,14 @@ def parse_args():
     p.add_argument("--skip-cpp", action="store_true", help="do not run tensord_bench")
     p.add_argument("--cpp-filter", default="", help="--benchmark_filter for tensord_bench")
     p.add_argument("--leases", type=int, default=1000000, help="live leases for the memory figure")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="runs of every handoff peer, interleaved; each row shows the median round "
+                        "and the range (default 3, 1 with --smoke)")
     args = p.parse_args()
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke else 3
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     args.tensord = args.tensord or os.path.join(args.build_dir, "server", "tensord")
     args.bench = args.bench or os.path.join(args.build_dir, "tests", "bench", "tensord_bench")
     args.pairs = [tuple(int(x) for x in pair.split("x")) for pair in args.pairs.split(",")]
@@ -332,19 +341,31 @@ def run_python(runner, log):
     for producers, consumers in args.pairs:
         for size in (small, large):
             plan = plans[size]
+            group = []
             for peer in HANDOFF_PEERS:
                 if peer.get("small_only") and size != small:
                     continue
                 if peer.get("via") == "take_many" and not has_take_many:
                     log(f"skipped {peer['label']}: this build's client has no take_many")
                     continue
-                log(f"handoff {peer['label']} {producers}->{consumers} {size_label(size)}")
-                figures = handoff(runner, peer, producers, consumers, size, plan["per_producer"],
-                                  plan["batch"], plan["window"])
+                group.append(peer)
+            runs = {peer["label"]: [] for peer in group}
+            for r in range(args.rounds):
+                # Rounds interleave the peers, each in a different place every round, so a
+                # slow spell of the machine lands on several peers, not on one peer's only run.
+                for peer in group[r % len(group):] + group[:r % len(group)]:
+                    log(f"handoff {peer['label']} {producers}->{consumers} {size_label(size)}"
+                        f" (round {r + 1} of {args.rounds})")
+                    runs[peer["label"]].append(handoff(runner, peer, producers, consumers, size,
+                                                       plan["per_producer"], plan["batch"], plan["window"]))
+            for peer in group:
+                rates = [f["rate"] for f in runs[peer["label"]]]
+                median = sorted(runs[peer["label"]], key=lambda f: f["rate"])[(len(rates) - 1) // 2]
                 batch = plan["batch"] if peer["kind"] == "tensord-batched" else 1
                 handoffs.append({"peer": peer["label"], "producers": producers, "consumers": consumers,
                                  "size": size, "batch": batch, "window": plan["window"], "via": via(peer),
-                                 **figures})
+                                 **median, "rate_min": min(rates), "rate_max": max(rates),
+                                 "round_rates": rates})
     repeats = {}
     for size in ((4 * KIB, 1 * MIB) if args.smoke else (4 * KIB, 256 * MIB)):
         log(f"repeated get vs torch.mp file_system {size_label(size)}")
@@ -420,30 +441,36 @@ def build_targets(cpp, handoffs, repeats, args):
             add("(info) first acquire in a new client, same floors", f"{new_client / (rtt + handoff_floor):.2f}x",
                 "-", None, f"acquire_first p50 {new_client:.1f} us: includes opening the session stream")
 
-    def rate(peer, producers, consumers, size):
+    def row(peer, producers, consumers, size):
         for h in handoffs:
             if (h["peer"], h["producers"], h["consumers"], h["size"]) == (peer, producers, consumers, size):
-                return h["rate"]
+                return h
         return None
+
+    def rate_text(h):
+        spread = f" [{h['rate_min']:,.0f}-{h['rate_max']:,.0f}]" if len(h["round_rates"]) > 1 else ""
+        return f"{h['rate']:,.0f}/s{spread}"
+
+    def versus(what, peer, torch_row, required):
+        h = row(peer, producers, consumers, small)
+        if torch_row and h:
+            ratio = h["rate"] / torch_row["rate"]
+            add(what, f"{ratio:.2f}x", "-" if required is None else f">= {required:g}x",
+                None if required is None else ratio >= required,
+                f"{rate_text(h)} vs {rate_text(torch_row)}")
+
     for producers, consumers in args.pairs:
-        torch_rate = rate("torch.mp file_system", producers, consumers, small)
+        torch_row = row("torch.mp file_system", producers, consumers, small)
+        n_m = f"{producers}->{consumers}"
         # torch.mp's Queue.put returns before the consumer has anything (a feeder thread
         # writes it), as publish(wait=False) does; the waited publish is shown as info.
-        single = rate("tensord single nowait (arena ns)", producers, consumers, small)
-        if torch_rate and single:
-            add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: single, publish(wait=False) vs torch.mp file_system",
-                f"{single / torch_rate:.2f}x", ">= 1x", single >= torch_rate,
-                f"{single:,.0f}/s vs {torch_rate:,.0f}/s")
-        waited = rate("tensord single (arena ns)", producers, consumers, small)
-        if torch_rate and waited:
-            add(f"(info) fresh 4 KiB handoffs/s {producers}->{consumers}: single, publish waits for its reply",
-                f"{waited / torch_rate:.2f}x", "-", None, f"{waited:,.0f}/s vs {torch_rate:,.0f}/s")
+        versus(f"fresh 4 KiB handoffs/s {n_m}: single, publish(wait=False) vs torch.mp file_system",
+               "tensord single nowait (arena ns)", torch_row, 1)
+        versus(f"(info) fresh 4 KiB handoffs/s {n_m}: single, publish waits for its reply",
+               "tensord single (arena ns)", torch_row, None)
         for how in ("take", "get"):
-            batched = rate(f"tensord batched {how} (arena ns)", producers, consumers, small)
-            if torch_rate and batched:
-                add(f"fresh 4 KiB handoffs/s {producers}->{consumers}: batched ({how}_many) vs torch.mp file_system",
-                    f"{batched / torch_rate:.2f}x", ">= 3x", batched >= 3 * torch_rate,
-                    f"{batched:,.0f}/s vs {torch_rate:,.0f}/s")
+            versus(f"fresh 4 KiB handoffs/s {n_m}: batched ({how}_many) vs torch.mp file_system",
+                   f"tensord batched {how} (arena ns)", torch_row, 3)
 
     for kind in ("acquire_unmapped", "acquire_first", "acquire_repeated"):
         suffix = "/cache:0" if kind == "acquire_repeated" else ""
@@ -523,15 +550,20 @@ def print_table(data):
                            f"{fmt(s['p99_us']):>10}")
     if data["handoffs"]:
         out.append("\nHandoffs of fresh tensors, producer processes -> consumer processes (Python; the consumer reads"
-                   "\none byte per 4 KiB page of each tensor; at most `window` tensors in flight per consumer)"
-                   "\n  peer                             N->M      size   batch  window    tensors/s      GB/s")
+                   "\none byte per 4 KiB page of each tensor; at most `window` tensors in flight"
+                   "\nper consumer; the median of the rounds, and the range)"
+                   "\n  peer                             N->M      size   batch  window    tensors/s      GB/s"
+                   "   range (tensors/s)")
         for h in data["handoffs"]:
             out.append(f"  {h['peer']:<33}{h['producers']}->{h['consumers']:<5}{size_label(h['size']):>8}"
-                       f"{h['batch']:>8}{h['window']:>8}{h['rate']:>13,.0f}{h['gbps']:>10.2f}")
+                       f"{h['batch']:>8}{h['window']:>8}{h['rate']:>13,.0f}{h['gbps']:>10.2f}"
+                       f"   {h['rate_min']:,.0f}-{h['rate_max']:,.0f}")
         out.append("  how each peer hands a tensor over:")
         for label, how in dict((h["peer"], h["via"]) for h in data["handoffs"]).items():
             out.append(f"    {label:<33}{how}")
-    out.append("\nTargets (ratios within this run)")
+    rounds = max((len(h["round_rates"]) for h in data["handoffs"]), default=1)
+    out.append("\nTargets (ratios within this run" + (
+        f"; a handoff rate is the median of {rounds} rounds, [the range]" if rounds > 1 else "") + ")")
     for t in data["targets"]:
         verdict = "info" if t["met"] is None else ("met" if t["met"] else "NOT met")
         out.append(f"  [{verdict:^7}] {t['target']}: {t['measured']} (required {t['required']}); {t['detail']}")
