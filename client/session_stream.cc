@@ -262,9 +262,12 @@ bool SessionStream::WaitUntil(const std::function<bool()>& done,
 }
 
 void SessionStream::PollReadyLocked() {
-  if (polling_) return;  // the poller will see the completions
+  // Only a write queued behind one in flight needs the poll; a message that went straight
+  // out leaves its completion for the next poll, and a poll that finds nothing costs a
+  // syscall.
+  if (polling_ || outbox_.empty()) return;  // the poller will see the completions
   polling_ = true;
-  while (PollOnce(gpr_time_0(GPR_CLOCK_MONOTONIC)) != Polled::kNothing) {
+  while (!outbox_.empty() && PollOnce(gpr_time_0(GPR_CLOCK_MONOTONIC)) != Polled::kNothing) {
   }
   polling_ = false;
   last_caller_poll_ = Clock::now();
