@@ -130,8 +130,8 @@ class SessionStream {
   // False on the deadline.
   bool WaitUntil(const std::function<bool()>& done, std::optional<Clock::time_point> deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Handles what has completed already (write completions, so queued writes go out) when
-  // nobody polls; never waits.
+  // While a write is queued and nobody polls: handles what has completed already (write
+  // completions, so the queued writes go out); never waits.
   void PollReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replies to waiters and the orphan and quiet-failure handlers, pushes to the push
   // handler, in the order of the message. True when a waiter got its reply.
