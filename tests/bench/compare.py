@@ -27,6 +27,7 @@ import platform
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -384,7 +385,7 @@ def run_python(runner, log):
                                                        plan["per_producer"], plan["batch"], plan["window"]))
             for peer in group:
                 rates = [f["rate"] for f in runs[peer["label"]]]
-                median = sorted(runs[peer["label"]], key=lambda f: f["rate"])[(len(rates) - 1) // 2]
+                median = runs[peer["label"]][rates.index(statistics.median_low(rates))]
                 batch = plan["batch"] if peer["kind"] == "tensord-batched" else 1
                 handoffs.append({"peer": peer["label"], "producers": producers, "consumers": consumers,
                                  "size": size, "batch": batch, "window": plan["window"], "via": via(peer),
@@ -458,13 +459,10 @@ def build_targets(cpp, first_acquire, handoffs, repeats, args):
     how = "(p50s)"
     if first_acquire and all(first_acquire.values()):
         # The interleaved repetitions: the median of each part's p50s.
-        def median(values):
-            return sorted(values)[(len(values) - 1) // 2]
-
         def listed(values):
             return "/".join(f"{v:.1f}" for v in values)
         rtt_runs, handoff_runs, first_runs = (first_acquire[part] for part in FIRST_ACQUIRE_PARTS)
-        rtt, handoff_floor, first = median(rtt_runs), median(handoff_runs), median(first_runs)
+        rtt, handoff_floor, first = (statistics.median_low(runs) for runs in (rtt_runs, handoff_runs, first_runs))
         how = (f"(medians of the p50s of {len(first_runs)} interleaved repetitions: {listed(first_runs)}; "
                f"{listed(rtt_runs)}; {listed(handoff_runs)})")
     if None not in (first, rtt, handoff_floor):

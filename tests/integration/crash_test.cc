@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/publish_filled.h"
 #include "tests/integration/test_client.h"
 
 namespace tensord {
@@ -25,17 +26,8 @@ using testing::ChildProcess;
 using testing::Connect;
 using testing::DaemonProcess;
 using testing::PeerArgs;
+using testing::PublishFilled;
 using namespace std::chrono_literals;
-
-Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_t count, float value) {
-  TensorSpec spec;
-  spec.shape = {count};
-  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
-  if (!tensor.ok()) return tensor.status();
-  float* data = static_cast<float*>(tensor->mutable_data());
-  for (int64_t i = 0; i < count; ++i) data[i] = value;
-  return client.Publish(*tensor, name);
-}
 
 size_t OpenFds(pid_t pid) {
   size_t n = 0;

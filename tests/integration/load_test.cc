@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/publish_filled.h"
 #include "tests/integration/test_client.h"
 #include "tests/integration/proc_info.h"
 
@@ -24,18 +25,9 @@ namespace {
 using testing::ChildProcess;
 using testing::Connect;
 using testing::DaemonProcess;
+using testing::PublishFilled;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-Result<TensorInfo> PublishFilled(Client& client, const std::string& name, int64_t count, float value) {
-  TensorSpec spec;
-  spec.shape = {count};
-  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
-  if (!tensor.ok()) return tensor.status();
-  float* data = static_cast<float*>(tensor->mutable_data());
-  for (int64_t i = 0; i < count; ++i) data[i] = value;
-  return client.Publish(*tensor, name);
-}
 
 // VmRSS of a process in bytes (0 if unreadable).
 uint64_t ResidentBytes(pid_t pid) {

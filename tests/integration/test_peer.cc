@@ -28,8 +28,11 @@
 #include <vector>
 
 #include "tensord/client.h"
+#include "tests/integration/publish_filled.h"
 
 namespace {
+
+using tensord::testing::PublishFilled;
 
 int Fail(const char* what, const tensord::Status& status) {
   std::printf("error %s: %s\n", what, status.ToString().c_str());
@@ -51,19 +54,6 @@ double Sum(const tensord::TensorRef& tensor) {
   double sum = 0;
   for (int64_t i = 0; i < tensor.info().shape[0]; ++i) sum += data[i];
   return sum;
-}
-
-// Publishes float32[count] filled with `value` as `name` (in the name's namespace).
-tensord::Result<tensord::TensorInfo> PublishFilled(tensord::Client& client, const std::string& name, int64_t count,
-                                                   float value) {
-  tensord::TensorSpec spec;
-  spec.dtype = tensord::dtypes::kFloat32;
-  spec.shape = {count};
-  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
-  if (!tensor.ok()) return tensor.status();
-  float* data = static_cast<float*>(tensor->mutable_data());
-  for (int64_t i = 0; i < count; ++i) data[i] = value;
-  return client.Publish(*tensor, name);
 }
 
 std::unique_ptr<tensord::Client> Connect(const char* socket) {
