@@ -18,6 +18,11 @@ namespace tensord::server {
 // one tensor must never hold a neighbour or the slot's next tensor.
 uint64_t ArenaAlignment();
 
+// A session's first arena in a namespace has this size (or its first slot's, if larger);
+// each next one is twice the largest it has, up to --arena-bytes. A client with a few small
+// tensors costs little; a busy producer soon gets arenas of full size.
+inline constexpr uint64_t kFirstArenaBytes = uint64_t{256} << 10;
+
 class ArenaSlots {
  public:
   explicit ArenaSlots(uint64_t size);

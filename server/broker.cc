@@ -56,16 +56,37 @@ absl::StatusOr<common::TensorLayout> ValidateAllocatableDesc(const v1::TensorDes
   return layout;
 }
 
+// Tags are kept in the daemon for the tensor's life: bounded per entry and in all.
+constexpr size_t kMaxTags = 64;
+constexpr size_t kMaxTagKeyBytes = 256;
+constexpr size_t kMaxTagValueBytes = 4096;
+constexpr size_t kMaxTagBytes = 16384;
+
 absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>& tags) {
-  if (tags.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most 64"));
+  if (tags.size() > kMaxTags) {
+    return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most ", kMaxTags));
   }
+  size_t total = 0;
   for (const auto& [key, value] : tags) {
-    if (key.empty() || key.size() > 256 || value.size() > 4096) {
-      return absl::InvalidArgumentError("tags: keys 1..256 bytes, values at most 4096 bytes");
+    if (key.empty() || key.size() > kMaxTagKeyBytes || value.size() > kMaxTagValueBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("tags: keys 1..", kMaxTagKeyBytes,
+                                                     " bytes, values at most ", kMaxTagValueBytes, " bytes"));
     }
+    total += key.size() + value.size();
+  }
+  if (total > kMaxTagBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tags: ", total, " bytes of keys and values, at most ",
+                                                   kMaxTagBytes, " in all"));
   }
   return absl::OkStatus();
+}
+
+// The daemon memory a tensor's metadata takes, charged to its producer's uid.
+uint64_t TensorMetadataBytes(const v1::TensorDesc& desc, std::string_view ns, std::string_view name,
+                             const std::map<std::string, std::string>& tags) {
+  uint64_t bytes = kTensorEntryBytes + desc.ByteSizeLong() + ns.size() + name.size();
+  for (const auto& [key, value] : tags) bytes += kTagEntryBytes + key.size() + value.size();
+  return bytes;
 }
 
 bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
@@ -78,7 +99,8 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> hos
     : options_(std::move(options)),
       instance_nonce_(NewInstanceNonce()),
       started_unix_ms_(NowUnixMs()),
-      host_backend_(std::move(host_backend)) {}
+      host_backend_(std::move(host_backend)),
+      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {}
 
 Broker::~Broker() {
   Shutdown();
@@ -106,6 +128,39 @@ absl::StatusOr<Session*> Broker::SessionLocked(uint64_t session_id) {
     return absl::UnauthenticatedError(absl::StrCat("session ", session_id, " is closed"));
   }
   return session;
+}
+
+bool Broker::MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const {
+  if (!tensor.ns.empty()) return MayRead(creds, tensor.ns);
+  return creds.uid == tensor.producer_uid || MayRead(creds, "");
+}
+
+uint64_t Broker::UidHostBytes(std::string_view ns, uint64_t size) const {
+  return options_.acls.contains(std::string(ns)) ? 0 : size;
+}
+
+absl::Status Broker::ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what) {
+  const uid_t uid = tensor.producer_uid;
+  const uint64_t metadata = TensorMetadataBytes(tensor.desc, tensor.ns, tensor.name, tensor.tags);
+  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(uid, UidResource::kTensors, 1, what));
+  if (absl::Status status = uid_quota_.Reserve(uid, UidResource::kMetadataBytes, metadata, what); !status.ok()) {
+    uid_quota_.Release(uid, UidResource::kTensors, 1);
+    return status;
+  }
+  if (absl::Status status = uid_quota_.Reserve(uid, UidResource::kHostBytes, host_bytes, what); !status.ok()) {
+    uid_quota_.Release(uid, UidResource::kMetadataBytes, metadata);
+    uid_quota_.Release(uid, UidResource::kTensors, 1);
+    return status;
+  }
+  tensor.uid_metadata_bytes = metadata;
+  tensor.uid_host_bytes = host_bytes;
+  return absl::OkStatus();
+}
+
+void Broker::UnchargeTensorLocked(const Tensor& tensor) {
+  uid_quota_.Release(tensor.producer_uid, UidResource::kTensors, 1);
+  uid_quota_.Release(tensor.producer_uid, UidResource::kMetadataBytes, tensor.uid_metadata_bytes);
+  uid_quota_.Release(tensor.producer_uid, UidResource::kHostBytes, tensor.uid_host_bytes);
 }
 
 bool Broker::MayRead(const common::PeerCredentials& creds, std::string_view ns) const {
@@ -169,7 +224,13 @@ absl::StatusOr<v1::Welcome> Broker::OpenSession(const common::PeerCredentials& c
         "tensord already serves ", sessions_.size(), " sessions, the limit (--max-sessions ",
         options_.max_sessions, "): try again when other clients have disconnected"));
   }
-  TENSORD_ASSIGN_OR_RETURN(Session * session, sessions_.Open(creds, std::move(client_name)));
+  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(creds.uid, UidResource::kSessions, 1, "opening a session"));
+  absl::StatusOr<Session*> opened = sessions_.Open(creds, std::move(client_name));
+  if (!opened.ok()) {
+    uid_quota_.Release(creds.uid, UidResource::kSessions, 1);
+    return opened.status();
+  }
+  Session* session = *opened;
   v1::Welcome welcome;
   welcome.set_protocol_version(common::kFdProtocolVersion);
   welcome.set_session_token(session->token);
@@ -189,6 +250,7 @@ void Broker::CloseSession(uint64_t session_id) {
     absl::MutexLock lock(&mu_);
     std::optional<Session> session = sessions_.Close(session_id);
     if (!session) return;
+    uid_quota_.Release(session->creds.uid, UidResource::kSessions, 1);
     for (uint64_t lease_id : session->leases) {
       std::optional<Lease> lease = leases_.Remove(lease_id, session_id);
       TENSORD_CHECK(lease.has_value());
@@ -200,13 +262,18 @@ void Broker::CloseSession(uint64_t session_id) {
         effects.cancel_timers.push_back(it->second.timer_id);
         effects.completions.emplace_back(std::move(it->second.done),
                                          absl::CancelledError("the session closed"));
-        it = waiters_.erase(it);
+        it = EraseWaiterLocked(it);
       } else {
         ++it;
       }
     }
     for (auto it = watchers_.begin(); it != watchers_.end();) {
-      it = it->second.session_id == session_id ? watchers_.erase(it) : std::next(it);
+      if (it->second.session_id != session_id) {
+        ++it;
+        continue;
+      }
+      ReleaseWatcherLocked(it->second);
+      it = watchers_.erase(it);
     }
     // Tensors this session was still creating die with it: their only hold was its lease.
     ReleaseArenasLocked(*session, effects);
@@ -333,6 +400,7 @@ void Broker::DropLeaseLocked(const Lease& lease, Effects& effects) {
 void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   if (!tensor.name.empty() || tensor.leases > 0) return;
   if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
+  UnchargeTensorLocked(tensor);
   uint64_t id = tensor.id;
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
@@ -431,9 +499,11 @@ void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
       Session* session = sessions_.Find(waiter.session_id);
       TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
       effects.cancel_timers.push_back(waiter.timer_id);
-      if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
+      absl::Status grantable = CheckGrantLocked(*session, waiter, tensor);
+      if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
+      if (!grantable.ok()) {
         // The waiter fails; the tensor stays for the next one (a take does not unbind).
-        effects.completions.emplace_back(std::move(waiter.done), std::move(cap));
+        effects.completions.emplace_back(std::move(waiter.done), std::move(grantable));
         it = EraseWaiterLocked(it);
         continue;
       }
@@ -484,6 +554,12 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     }
     if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
     tensor.producer_uid = (*session)->creds.uid;
+    const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()),
+                                          " tensor of ", layout->nbytes, " bytes");
+    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : UidHostBytes(tensor.ns, size), what);
+        !charged.ok()) {
+      return fail(charged);
+    }
     if (in_arena && PlaceInArenaLocked(**session, tensor)) {
       placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
     } else if (in_arena && arena_queue_.contains({session_id, tensor.ns})) {
@@ -492,18 +568,19 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
       arena_queue_[{session_id, ns}].push_back(QueuedAllocate{std::move(tensor), std::move(done)});
       return;
     } else if (in_arena) {
-      arena_queue_.try_emplace({session_id, tensor.ns});
-      size = options_.arena_bytes;
-      absl::Status reserved = ReserveArenaLocked(tensor.ns);
+      size = NextArenaBytesLocked(**session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
+      absl::Status reserved = ReserveArenaLocked(tensor.ns, size);
       if (!reserved.ok()) {
-        arena_queue_.erase({session_id, tensor.ns});
+        UnchargeTensorLocked(tensor);
         return fail(reserved);
       }
+      arena_queue_.try_emplace({session_id, tensor.ns});
     } else if (size > 0) {
-      absl::Status reserved = ReserveHostBytesLocked(
-          size, absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()), " tensor of ",
-                             layout->nbytes, " bytes"));
-      if (!reserved.ok()) return fail(reserved);
+      absl::Status reserved = ReserveHostBytesLocked(size, what);
+      if (!reserved.ok()) {
+        UnchargeTensorLocked(tensor);
+        return fail(reserved);
+      }
     }
   }
   if (placed) return std::move(done)(std::move(*placed));
@@ -524,9 +601,22 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
   });
 }
 
-absl::Status Broker::ReserveArenaLocked(std::string_view ns) {
-  return ReserveHostBytesLocked(options_.arena_bytes,
-                                absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
+uint64_t Broker::NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes) {
+  uint64_t bytes = kFirstArenaBytes;
+  if (auto arenas = session.arenas.find(ns); arenas != session.arenas.end()) {
+    for (uint64_t buffer_id : arenas->second) {
+      const Buffer* buffer = registry_.FindBuffer(buffer_id);
+      TENSORD_CHECK(buffer != nullptr);
+      bytes = std::max(bytes, buffer->size * 2);
+    }
+  }
+  while (bytes < slot_bytes) bytes *= 2;
+  // --arena-bytes and every slot are page multiples, and a slot is at most --arena-bytes.
+  return std::min(bytes, options_.arena_bytes);
+}
+
+absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes) {
+  return ReserveHostBytesLocked(bytes, absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
 }
 
 bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
@@ -567,6 +657,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
                             Completion<v1::AllocateResponse> done) {
   std::vector<std::pair<Completion<v1::AllocateResponse>, absl::StatusOr<v1::AllocateResponse>>> results;
   std::optional<QueuedAllocate> next_arena;  // overflow that needs yet another arena
+  uint64_t next_arena_bytes = 0;
   Effects effects;
   {
     absl::MutexLock lock(&mu_);
@@ -585,12 +676,16 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
                                              : memory.status();
     if (!failed.ok()) {
       host_bytes_in_use_ -= size;
-      for (QueuedAllocate& entry : batch) results.emplace_back(std::move(entry.done), failed);
+      for (QueuedAllocate& entry : batch) {
+        UnchargeTensorLocked(entry.tensor);
+        results.emplace_back(std::move(entry.done), failed);
+      }
     } else if (!arena) {
       // Other calls of the session may have taken the last lease under the cap meanwhile.
       absl::Status cap = CheckLeaseCapLocked(*session);
       if (!cap.ok()) {
         host_bytes_in_use_ -= size;
+        UnchargeTensorLocked(batch[0].tensor);
         if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
         results.emplace_back(std::move(batch[0].done), cap);
       } else {
@@ -610,6 +705,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       std::vector<QueuedAllocate> overflow;
       for (QueuedAllocate& entry : batch) {
         if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
+          UnchargeTensorLocked(entry.tensor);
           results.emplace_back(std::move(entry.done), cap);
         } else if (PlaceInArenaLocked(*session, entry.tensor)) {
           results.emplace_back(std::move(entry.done), RegisterLocked(*session, std::move(entry.tensor), nullptr, 0));
@@ -619,9 +715,14 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       }
       // The new arena is full: the first that did not fit makes the next, the rest wait for it.
       if (!overflow.empty()) {
-        absl::Status reserved = ReserveArenaLocked(ns);
+        next_arena_bytes =
+            NextArenaBytesLocked(*session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
+        absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes);
         if (!reserved.ok()) {
-          for (QueuedAllocate& entry : overflow) results.emplace_back(std::move(entry.done), reserved);
+          for (QueuedAllocate& entry : overflow) {
+            UnchargeTensorLocked(entry.tensor);
+            results.emplace_back(std::move(entry.done), reserved);
+          }
         } else {
           next_arena = std::move(overflow[0]);
           std::vector<QueuedAllocate>& waiting = arena_queue_[{session_id, ns}];
@@ -633,7 +734,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
   Deliver(effects);
   for (auto& [completion, result] : results) std::move(completion)(std::move(result));
   if (next_arena) {
-    PostAllocation(session_id, options_.arena_bytes, true, std::move(next_arena->tensor),
+    PostAllocation(session_id, next_arena_bytes, true, std::move(next_arena->tensor),
                    std::move(next_arena->done));
   }
 }
@@ -690,7 +791,6 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
     // The buffer's size is the memfd's own (clients refuse an fd smaller than the size the
     // broker states), and the quota counts the same bytes.
-    TENSORD_RETURN_IF_ERROR(ReserveHostBytesLocked(size, "exporting a memfd"));
     Tensor tensor;
     tensor.ns = request.ns();
     tensor.desc = request.desc();
@@ -701,6 +801,11 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     tensor.created_unix_ms = NowUnixMs();
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
+    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, UidHostBytes(tensor.ns, size), "exporting a memfd"));
+    if (absl::Status reserved = ReserveHostBytesLocked(size, "exporting a memfd"); !reserved.ok()) {
+      UnchargeTensorLocked(tensor);
+      return reserved;
+    }
     return RegisterLocked(*session, std::move(tensor),
                           std::make_unique<common::HostBuffer>(std::move(fd), size), size);
   }
@@ -757,6 +862,20 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
             buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
         buffer->reader_sealed = true;
       }
+    }
+    {
+      // The name (and a new description) stay in the daemon: charge the difference.
+      const uint64_t metadata = TensorMetadataBytes(new_layout ? request.desc() : tensor->desc,
+                                                    ns, name, tensor->tags);
+      if (metadata > tensor->uid_metadata_bytes) {
+        TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(tensor->producer_uid, UidResource::kMetadataBytes,
+                                                   metadata - tensor->uid_metadata_bytes,
+                                                   absl::StrCat("publishing tensor ", tensor->id)));
+      } else {
+        uid_quota_.Release(tensor->producer_uid, UidResource::kMetadataBytes,
+                           tensor->uid_metadata_bytes - metadata);
+      }
+      tensor->uid_metadata_bytes = metadata;
     }
     if (new_layout) {
       // Every check passed: from here on (reply, Stat, acquires) the new description holds.

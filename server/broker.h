@@ -12,8 +12,9 @@
 // Errors: INVALID_ARGUMENT (bad description, name), NOT_FOUND (no such name/tensor/lease),
 // DEADLINE_EXCEEDED (a wait expired), ALREADY_EXISTS / ABORTED (conditional publish),
 // FAILED_PRECONDITION (wrong state, missing seals), PERMISSION_DENIED (ACL),
-// RESOURCE_EXHAUSTED (quota, memory, and the caps on sessions, leases per session and
-// pending waits per session: the message names the cap and its value; nothing is made),
+// RESOURCE_EXHAUSTED (quota, memory, and the caps on sessions, leases per session, pending
+// waits per session and the per-uid limits of UidQuota: the message names the cap and its
+// value; nothing is made),
 // UNAUTHENTICATED (unknown session token, or a token used by other credentials),
 // CANCELLED (a wait was cancelled or the broker is stopping). Thread-safe.
 #pragma once
@@ -38,6 +39,7 @@
 #include "server/session_manager.h"
 #include "server/tensor_registry.h"
 #include "server/timer_queue.h"
+#include "server/uid_quota.h"
 #include "tensord/v1/broker.pb.h"
 #include "tensord/v1/fd_channel.pb.h"
 
@@ -58,7 +60,9 @@ struct BrokerOptions {
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
-  uint64_t arena_bytes = 0;  // 0: every tensor gets its own buffer
+  // Per-uid limits (0: none); they bind every uid but root and daemon_uid.
+  UidLimits uid_limits;
+  uint64_t arena_bytes = 0;  // the largest arena; 0: every tensor gets its own buffer
   uint64_t arena_max_tensor_bytes = 0;
   uid_t daemon_uid = 0;
   std::map<std::string, NamespaceAcl> acls;
@@ -141,6 +145,8 @@ class Broker {
   struct Waiter {
     enum class Kind { kAcquireName, kAcquireId, kTake };
     uint64_t session_id = 0;
+    uid_t uid = 0;
+    uint64_t metadata_bytes = 0;  // charged to uid
     Kind kind = Kind::kAcquireName;
     std::string target;  // name, or prefix ending in '/' for a take
     uint64_t tensor_id = 0;
@@ -154,6 +160,7 @@ class Broker {
     std::string prefix;
     common::PeerCredentials creds;
     std::shared_ptr<WatchSink> sink;
+    uint64_t metadata_bytes = 0;  // charged to creds.uid
   };
 
   struct Effects {
@@ -166,17 +173,37 @@ class Broker {
   };
 
 
+  // Checks the session's and its uid's caps for one more wait on `target`, and charges the
+  // uid for it; StartWait then registers it.
+  absl::Status ReserveWaitLocked(const Session& session, std::string_view target)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers a pending acquire/take (with its timer unless it waits forever); the caller
-  // has checked the session's wait cap.
+  // has reserved it (ReserveWaitLocked).
   uint64_t StartWait(Session& session, Waiter waiter, Completion<tensord::v1::AcquireResponse>& done,
                      std::optional<uint64_t> timeout_ms, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes a waiter, keeping its session's count of waits.
+  // Removes a waiter, keeping its session's count of waits and its uid's charges.
   std::map<uint64_t, Waiter>::iterator EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `session` may not hold one more lease / start one more wait.
   absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWaitCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a wait's session may be granted `tensor` now that it matched: access is checked
+  // again at the grant, since an unnamed tensor gets its namespace only when published.
+  absl::Status CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges the producer's uid for a tensor about to be registered: one tensor, its
+  // metadata, and `host_bytes` of a dedicated buffer outside an ACL'd namespace. Records the
+  // charges in `tensor`; nothing is charged on an error.
+  absl::Status ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnchargeTensorLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `tensor` may be read with `creds`: by its namespace's ACL, or, with no namespace
+  // yet, by its producer's uid only.
+  bool MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const;
+  // Host bytes of a dedicated buffer in `ns` that count against the producer's per-uid
+  // quota: those outside every namespace an ACL names.
+  uint64_t UidHostBytes(std::string_view ns, uint64_t size) const;
   // Grants a lease on `tensor` to `session`; `by_name`: acquired by its name, so the client
   // may cache it and must hear when the tensor retires.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor, bool by_name = false)
@@ -204,8 +231,12 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
-  // Reserves quota for one more arena (--arena-bytes) in namespace `ns`.
-  absl::Status ReserveArenaLocked(std::string_view ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The size of the session's next arena in `ns` for a slot of `slot_bytes`
+  // (kFirstArenaBytes, then doubling up to --arena-bytes).
+  uint64_t NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves quota for one more arena of `bytes` in namespace `ns`.
+  absl::Status ReserveArenaLocked(std::string_view ns, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts `tensor` in a free slot of one of the session's arenas for its namespace; false
   // when none has room.
   bool PlaceInArenaLocked(Session& session, Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -221,6 +252,8 @@ class Broker {
                       absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                       Completion<tensord::v1::AllocateResponse> done);
   void CompleteWaitWith(uint64_t wait_id, absl::Status status);
+  // Gives back what a watcher was charged to its uid.
+  void ReleaseWatcherLocked(const Watcher& watcher) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs what an operation collected, outside the mutex.
   void Deliver(Effects& effects);
 
@@ -251,6 +284,7 @@ class Broker {
   };
   std::map<std::pair<uint64_t, std::string>, std::vector<QueuedAllocate>> arena_queue_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
   uint64_t last_watcher_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;

@@ -31,10 +31,22 @@ bool WantsWait(const Request& request) {
 
 }  // namespace
 
+absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view target) {
+  TENSORD_RETURN_IF_ERROR(CheckWaitCapLocked(session));
+  const uid_t uid = session.creds.uid;
+  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(uid, UidResource::kWaits, 1, "waiting"));
+  absl::Status charged =
+      uid_quota_.Reserve(uid, UidResource::kMetadataBytes, kWaitEntryBytes + target.size(), "waiting");
+  if (!charged.ok()) uid_quota_.Release(uid, UidResource::kWaits, 1);
+  return charged;
+}
+
 uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::AcquireResponse>& done,
                            std::optional<uint64_t> timeout_ms, std::string_view what) {
   uint64_t id = ++last_wait_id_;
   waiter.session_id = session.id;
+  waiter.uid = session.creds.uid;
+  waiter.metadata_bytes = kWaitEntryBytes + waiter.target.size();  // as ReserveWaitLocked charged
   waiter.done = std::move(done);
   if (timeout_ms) {
     uint64_t ms = std::min(*timeout_ms, kMaxWaitMs);
@@ -56,7 +68,19 @@ std::map<uint64_t, Broker::Waiter>::iterator Broker::EraseWaiterLocked(
     TENSORD_CHECK(session->waits > 0);
     --session->waits;
   }
+  uid_quota_.Release(it->second.uid, UidResource::kWaits, 1);
+  uid_quota_.Release(it->second.uid, UidResource::kMetadataBytes, it->second.metadata_bytes);
   return waiters_.erase(it);
+}
+
+absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
+  if (waiter.kind == Waiter::Kind::kTake) {
+    return CheckAccess(session, common::NamespaceOf(tensor.name), true);
+  }
+  if (MayReadTensor(session.creds, tensor)) return absl::OkStatus();
+  // The namespace is not named: an id waiter need not learn where the tensor went.
+  return absl::PermissionDeniedError(absl::StrCat("tensor ", tensor.id, " was published where uid ",
+                                                  session.creds.uid, " may not read it"));
 }
 
 uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
@@ -101,25 +125,25 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
         result = absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(waiter.target)));
       }
     } else {
+      // An id names no namespace, so the answer is the same for a tensor that does not exist
+      // and one the caller may not read. A wait by id is for a tensor being created that the
+      // caller may read (its publish may still move it out of reach: checked at the grant);
+      // a wait for an id that does not exist could only ever be granted someone else's.
       Tensor* tensor = registry_.Find(waiter.tensor_id);
-      bool readable = tensor != nullptr &&
-                      (tensor->ns.empty() ? ((*session)->creds.uid == tensor->producer_uid ||
-                                             MayRead((*session)->creds, ""))
-                                          : MayRead((*session)->creds, tensor->ns));
-      if (tensor != nullptr && !readable) {
-        result = absl::PermissionDeniedError(absl::StrCat("uid ", (*session)->creds.uid,
-                                                          " may not read tensor ", tensor->id));
-      } else if (tensor != nullptr && tensor->state != v1::TENSOR_STATE_CREATING) {
+      if (tensor == nullptr || !MayReadTensor((*session)->creds, *tensor)) {
+        result = absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id,
+                                                  " exists that uid ", (*session)->creds.uid, " may read"));
+      } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
         absl::Status cap = CheckLeaseCapLocked(**session);
         result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
       } else if (!WantsWait(request)) {
-        result = absl::NotFoundError(absl::StrCat("no published tensor has id ", waiter.tensor_id));
+        result = absl::NotFoundError(absl::StrCat("tensor ", waiter.tensor_id, " is not published yet"));
       }
     }
     if (!result) {
       if (shutting_down_) {
         result = absl::CancelledError("tensord is shutting down");
-      } else if (absl::Status cap = CheckWaitCapLocked(**session); !cap.ok()) {
+      } else if (absl::Status cap = ReserveWaitLocked(**session, waiter.target); !cap.ok()) {
         result = cap;
       } else {
         std::optional<uint64_t> timeout;
@@ -165,7 +189,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
                                                   common::QuoteForError(target)));
       } else if (shutting_down_) {
         result = absl::CancelledError("tensord is shutting down");
-      } else if (absl::Status cap = CheckWaitCapLocked(**session); !cap.ok()) {
+      } else if (absl::Status cap = ReserveWaitLocked(**session, target); !cap.ok()) {
         result = cap;
       } else {
         Waiter waiter;
@@ -278,17 +302,22 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
   }
   absl::MutexLock lock(&mu_);
   TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-  Tensor* tensor = request.target_case() == v1::StatRequest::kName ? registry_.FindByName(request.name())
-                                                                  : registry_.Find(request.tensor_id());
-  if (tensor == nullptr) {
-    return absl::NotFoundError(request.target_case() == v1::StatRequest::kName
-                                   ? absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name()))
-                                   : absl::StrCat("no tensor has id ", request.tensor_id()));
-  }
-  bool own = tensor->producer_uid == session->creds.uid;
-  if (!own && !MayRead(session->creds, tensor->ns)) {
-    return absl::PermissionDeniedError(absl::StrCat("uid ", session->creds.uid,
-                                                    " may not read namespace ", common::QuoteForError(tensor->ns)));
+  // The same answer whether a tensor exists or not, where the caller may not read it: a
+  // name's namespace is checked before the name is looked up, and an id that names a tensor
+  // out of reach is answered as one that names none.
+  Tensor* tensor = nullptr;
+  if (request.target_case() == v1::StatRequest::kName) {
+    TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), false));
+    tensor = registry_.FindByName(request.name());
+    if (tensor == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
+    }
+  } else {
+    tensor = registry_.Find(request.tensor_id());
+    if (tensor == nullptr || !MayReadTensor(session->creds, *tensor)) {
+      return absl::NotFoundError(absl::StrCat("no tensor with id ", request.tensor_id(), " exists that uid ",
+                                              session->creds.uid, " may read"));
+    }
   }
   v1::StatResponse response;
   *response.mutable_tensor() = registry_.Describe(*tensor);
@@ -343,8 +372,16 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
       return absl::ResourceExhaustedError(absl::StrCat("tensord already has ", watchers_.size(),
                                                        " watchers, the limit: close some first"));
     }
+    const uid_t uid = session->creds.uid;
+    const uint64_t metadata = kWatcherEntryBytes + request.prefix().size();
+    TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(uid, UidResource::kWatchers, 1, "watching"));
+    if (absl::Status charged = uid_quota_.Reserve(uid, UidResource::kMetadataBytes, metadata, "watching");
+        !charged.ok()) {
+      uid_quota_.Release(uid, UidResource::kWatchers, 1);
+      return charged;
+    }
     id = ++last_watcher_id_;
-    watchers_.emplace(id, Watcher{session_id, request.prefix(), session->creds, sink});
+    watchers_.emplace(id, Watcher{session_id, request.prefix(), session->creds, sink, metadata});
     if (request.initial()) {
       // Pushed under the lock so no change can slip in between the snapshot and the stream.
       const auto& names = registry_.names();
@@ -365,12 +402,18 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
   return id;
 }
 
+void Broker::ReleaseWatcherLocked(const Watcher& watcher) {
+  uid_quota_.Release(watcher.creds.uid, UidResource::kWatchers, 1);
+  uid_quota_.Release(watcher.creds.uid, UidResource::kMetadataBytes, watcher.metadata_bytes);
+}
+
 void Broker::RemoveWatcher(uint64_t watcher_id) {
   std::shared_ptr<WatchSink> sink;  // released outside the lock
   absl::MutexLock lock(&mu_);
   auto it = watchers_.find(watcher_id);
   if (it == watchers_.end()) return;
   sink = std::move(it->second.sink);
+  ReleaseWatcherLocked(it->second);
   watchers_.erase(it);
 }
 
@@ -382,7 +425,10 @@ void Broker::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     for (const auto& [id, waiter] : waiters_) pending.push_back(id);
-    for (auto& [id, watcher] : watchers_) watch_sinks.push_back(std::move(watcher.sink));
+    for (auto& [id, watcher] : watchers_) {
+      watch_sinks.push_back(std::move(watcher.sink));
+      ReleaseWatcherLocked(watcher);
+    }
     watchers_.clear();
     for (const auto& [id, session] : sessions_.sessions()) {
       if (session.sink != nullptr) push_sinks.push_back(session.sink);

@@ -53,6 +53,10 @@ struct Tensor {
   int64_t created_unix_ms = 0;
   uint64_t producer_session = 0;
   uint32_t producer_uid = 0;
+  // What the producer's uid is charged for this tensor (UidQuota): its metadata, and the
+  // bytes of its dedicated buffer when outside an ACL'd namespace.
+  uint64_t uid_metadata_bytes = 0;
+  uint64_t uid_host_bytes = 0;
   uint32_t leases = 0;
   absl::flat_hash_map<uint64_t, uint32_t> holders;  // session id -> leases it holds here
   // Holders that acquired it by name: only they may cache the lease under that name, so

@@ -107,14 +107,14 @@ TEST_F(BrokerArenaTest, SmallTensorsInANamespaceShareOneArenaInWholePages) {
   EXPECT_TRUE(ra.arena());
   EXPECT_EQ(ra.buffer_id(), rb.buffer_id());
   EXPECT_EQ(ra.buffer_id(), rc.buffer_id());
-  EXPECT_EQ(ra.size(), kArenaBytes);
+  EXPECT_EQ(ra.size(), kFirstArenaBytes);
   EXPECT_EQ(ra.extent(), 64u);
   EXPECT_EQ(rb.extent(), 8000u);
   std::set<uint64_t> offsets{ra.offset(), rb.offset(), rc.offset()};
   const uint64_t page = ArenaAlignment();
   EXPECT_EQ(offsets, (std::set<uint64_t>{0, page, (page == 4096 ? 3 : 2) * page}));
   // The quota counts the arena once.
-  EXPECT_EQ(HostBytesInUse(), kArenaBytes);
+  EXPECT_EQ(HostBytesInUse(), kFirstArenaBytes);
   EXPECT_EQ(broker_->GetStatus().buffers(), 1u);
 }
 
@@ -182,16 +182,17 @@ TEST_F(BrokerArenaTest, ASlotIsReusedOnlyAfterItsTensorHasNoBindingAndNoLease) {
   EXPECT_EQ(c->tensor().buffer().offset(), a->tensor().buffer().offset());
 }
 
-TEST_F(BrokerArenaTest, AFullArenaMakesAnotherAndBothCountInTheQuota) {
+TEST_F(BrokerArenaTest, AFullArenaMakesAnotherTwiceAsLargeUpToTheLimitAndAllCountInTheQuota) {
   uint64_t session = Open();
+  std::vector<uint64_t> sizes;  // of each new arena, in order
   std::set<uint64_t> buffers;
-  for (int i = 0; i < 5; ++i) {  // 5 x 256 KiB: four fill the first arena
+  for (int i = 0; i < 9; ++i) {  // 9 x 256 KiB: arenas of 256 KiB, 512 KiB, 1 MiB, 1 MiB
     auto t = Allocate(session, "ns", (256 << 10) / 4);
     ASSERT_TRUE(t.ok()) << t.status();
-    buffers.insert(t->tensor().buffer().buffer_id());
+    if (buffers.insert(t->tensor().buffer().buffer_id()).second) sizes.push_back(t->tensor().buffer().size());
   }
-  EXPECT_EQ(buffers.size(), 2u);
-  EXPECT_EQ(HostBytesInUse(), 2 * kArenaBytes);
+  EXPECT_EQ(sizes, (std::vector<uint64_t>{kFirstArenaBytes, 2 * kFirstArenaBytes, kArenaBytes, kArenaBytes}));
+  EXPECT_EQ(HostBytesInUse(), kFirstArenaBytes * 3 + 2 * kArenaBytes);
 }
 
 // Allocations sent back to back (put_many) before the first arena exists wait for it.
@@ -205,7 +206,7 @@ TEST_F(BrokerArenaTest, PipelinedAllocationsShareTheArenaBeingMadeAndOverflowInt
     desc->mutable_dtype()->set_code(v1::DTYPE_CODE_UINT);
     desc->mutable_dtype()->set_bits(8);
     desc->mutable_dtype()->set_lanes(1);
-    desc->add_shape(i < 5 ? 256 << 10 : 4096);  // five of 256 KiB overflow a 1 MiB arena
+    desc->add_shape(i < 5 ? 256 << 10 : 4096);  // arenas of 256 KiB, 512 KiB, then 1 MiB
     desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
     broker_->Allocate(session, request, [&promises, i](absl::StatusOr<v1::AllocateResponse> r) {
       promises[i].set_value(std::move(r));
@@ -220,15 +221,15 @@ TEST_F(BrokerArenaTest, PipelinedAllocationsShareTheArenaBeingMadeAndOverflowInt
     arenas.insert(r->tensor().buffer().buffer_id());
     EXPECT_TRUE(slots.emplace(r->tensor().buffer().buffer_id(), r->tensor().buffer().offset()).second);
   }
-  EXPECT_EQ(arenas.size(), 2u);
-  EXPECT_EQ(HostBytesInUse(), 2 * kArenaBytes);
+  EXPECT_EQ(arenas.size(), 3u);
+  EXPECT_EQ(HostBytesInUse(), kFirstArenaBytes * 3 + kArenaBytes);
 }
 
 TEST_F(BrokerArenaTest, AnArenaNeedsQuotaForItsWholeSize) {
   Start([](BrokerOptions& options) {
     options.arena_bytes = 1 << 20;
     options.arena_max_tensor_bytes = 64 << 10;
-    options.max_host_bytes = 512 << 10;
+    options.max_host_bytes = kFirstArenaBytes / 2;
   });
   uint64_t session = Open();
   auto t = Allocate(session, "ns", 16);
@@ -249,7 +250,7 @@ TEST_F(BrokerArenaTest, AnArenaOutlivesItsProducerWhileATensorInItLives) {
   ASSERT_TRUE(lease.ok());
   broker_->CloseSession(producer);
   // The binding and the reader's lease keep the arena; the unpublished tensor is gone.
-  EXPECT_EQ(HostBytesInUse(), kArenaBytes);
+  EXPECT_EQ(HostBytesInUse(), kFirstArenaBytes);
   EXPECT_EQ(broker_->GetStatus().tensors(), 1u);
   v1::FetchFd fetch;
   fetch.add_buffer_ids(kept->tensor().buffer().buffer_id());
@@ -257,7 +258,7 @@ TEST_F(BrokerArenaTest, AnArenaOutlivesItsProducerWhileATensorInItLives) {
   v1::DeleteRequest del;
   del.set_name("ns/kept");
   ASSERT_TRUE(broker_->Delete(reader, del).ok());
-  EXPECT_EQ(HostBytesInUse(), kArenaBytes);
+  EXPECT_EQ(HostBytesInUse(), kFirstArenaBytes);
   Release(reader, lease->lease_id());
   EXPECT_EQ(HostBytesInUse(), 0u);
   EXPECT_EQ(broker_->GetStatus().buffers(), 0u);

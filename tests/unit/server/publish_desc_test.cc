@@ -97,7 +97,7 @@ TEST_F(PublishDescTest, ADescThatFitsTheSlotIsWhatEveryoneSeesFromThePublishOn) 
   EXPECT_THAT(acquired->tensor().desc().shape(), ::testing::ElementsAre(3, 500));
   EXPECT_EQ(acquired->tensor().nbytes(), 6000u);
   // The quota still counts the arena once, whatever its slots hold.
-  EXPECT_EQ(broker_->GetStatus().host_bytes_in_use(), 1u << 20);
+  EXPECT_EQ(broker_->GetStatus().host_bytes_in_use(), kFirstArenaBytes);
 }
 
 TEST_F(PublishDescTest, AnExtentPastTheSlotIsRefusedAndChangesNothing) {

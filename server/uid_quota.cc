@@ -1,0 +1,78 @@
+#include "server/uid_quota.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status.h"
+
+namespace tensord::server {
+
+namespace {
+
+std::string_view Noun(UidResource resource) {
+  switch (resource) {
+    case UidResource::kSessions: return "sessions";
+    case UidResource::kTensors: return "tensors";
+    case UidResource::kWaits: return "pending acquires and takes";
+    case UidResource::kWatchers: return "watchers";
+    case UidResource::kMetadataBytes: return "bytes of daemon memory for metadata";
+    case UidResource::kHostBytes: return "bytes of host memory outside ACL'd namespaces";
+  }
+  return "units";
+}
+
+}  // namespace
+
+UidQuota::UidQuota(UidLimits limits, std::vector<uid_t> exempt_uids)
+    : limits_(limits), exempt_uids_(std::move(exempt_uids)) {}
+
+bool UidQuota::Exempt(uid_t uid) const {
+  return std::find(exempt_uids_.begin(), exempt_uids_.end(), uid) != exempt_uids_.end();
+}
+
+std::string_view UidQuota::FlagName(UidResource resource) {
+  switch (resource) {
+    case UidResource::kSessions: return "--max-sessions-per-uid";
+    case UidResource::kTensors: return "--max-tensors-per-uid";
+    case UidResource::kWaits: return "--max-waits-per-uid";
+    case UidResource::kWatchers: return "--max-watchers-per-uid";
+    case UidResource::kMetadataBytes: return "--max-metadata-bytes-per-uid";
+    case UidResource::kHostBytes: return "--max-host-bytes-per-uid";
+  }
+  return "";
+}
+
+absl::Status UidQuota::Reserve(uid_t uid, UidResource resource, uint64_t amount, std::string_view what) {
+  Use& use = use_[uid];
+  uint64_t& held = use[static_cast<size_t>(resource)];
+  const uint64_t limit = limits_[resource];
+  if (limit != 0 && !Exempt(uid) && (amount > limit || held > limit - amount)) {
+    if (std::all_of(use.begin(), use.end(), [](uint64_t n) { return n == 0; })) use_.erase(uid);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        common::AbslView(what), " needs ", amount, " more ", common::AbslView(Noun(resource)), ": uid ", uid,
+        " holds ", held, " of the limit per uid (", common::AbslView(FlagName(resource)), " ", limit, ")"));
+  }
+  held += amount;
+  return absl::OkStatus();
+}
+
+void UidQuota::Release(uid_t uid, UidResource resource, uint64_t amount) {
+  if (amount == 0) return;
+  auto it = use_.find(uid);
+  TENSORD_CHECK(it != use_.end());
+  uint64_t& held = it->second[static_cast<size_t>(resource)];
+  TENSORD_CHECK(held >= amount);
+  held -= amount;
+  if (std::all_of(it->second.begin(), it->second.end(), [](uint64_t n) { return n == 0; })) {
+    use_.erase(it);
+  }
+}
+
+uint64_t UidQuota::InUse(uid_t uid, UidResource resource) const {
+  auto it = use_.find(uid);
+  return it == use_.end() ? 0 : it->second[static_cast<size_t>(resource)];
+}
+
+}  // namespace tensord::server
