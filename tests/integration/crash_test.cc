@@ -96,7 +96,7 @@ TEST(Crash, KilledConsumersAndProducersLeakNothing) {
       peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"hold", daemon.socket(), "ns/shared"})));
     }
     // Killed between Allocate and Publish, never published: a 2 MiB tensor in a dedicated
-    // buffer, and a 4 KiB one in the arena (16 MiB) that its session made.
+    // buffer, and a 4 KiB one in the (first, 256 KiB) arena that its session made.
     peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"allocate", daemon.socket(), "ns", "524288"})));
     peers.push_back(std::make_unique<ChildProcess>(PeerArgs({"allocate", daemon.socket(), "ns", "1024"})));
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -105,7 +105,7 @@ TEST(Crash, KilledConsumersAndProducersLeakNothing) {
     auto busy = client->GetStatus();
     ASSERT_TRUE(busy.ok());
     EXPECT_EQ(busy->leases, 6u);  // 4 consumers + 2 producers' own leases
-    EXPECT_EQ(busy->host_bytes_in_use, baseline.host_bytes + (2 << 20) + (16 << 20));
+    EXPECT_EQ(busy->host_bytes_in_use, baseline.host_bytes + (2 << 20) + (256 << 10));
     for (auto& peer : peers) {
       int status = peer->Kill(SIGKILL);
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
