@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -14,7 +17,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "toml++/toml.h"
 
@@ -34,28 +39,39 @@ constexpr Unit kUnits[] = {
     {"b", 1.0},
 };
 
-uint64_t ReadCgroupLimit() {
-  // cgroup v2: /proc/self/cgroup says "0::/path"; the limit is memory.max there.
-  std::ifstream cg("/proc/self/cgroup");
+// cgroup v1 says "no limit" with 2^63 rounded down to a page (9223372036854771712 with 4 KiB
+// pages); no real limit comes near this.
+constexpr uint64_t kCgroupNoLimit = uint64_t{1} << 62;
+
+// The limit in one memory.max or memory.limit_in_bytes; 0 when the file is missing, says
+// "max", or holds anything but a number of bytes.
+uint64_t ReadCgroupLimitFile(const std::string& path) {
+  std::ifstream file(path);
   std::string line;
-  uint64_t limit = 0;
-  while (std::getline(cg, line)) {
-    if (line.rfind("0::", 0) == 0) {
-      std::ifstream max_file("/sys/fs/cgroup" + line.substr(3) + "/memory.max");
-      std::string value;
-      if (max_file >> value && value != "max") {
-        uint64_t parsed = 0;
-        if (absl::SimpleAtoi(value, &parsed)) limit = parsed;
-      }
-    }
+  if (!std::getline(file, line)) return 0;
+  absl::string_view text = absl::StripAsciiWhitespace(line);
+  uint64_t bytes = 0;
+  if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit)) return 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), bytes);
+  if (error != std::errc() || end != text.data() + text.size() || bytes >= kCgroupNoLimit) return 0;
+  return bytes;
+}
+
+// Reads `file_name` in <mount><path> and in each of its ancestors up to <mount> itself,
+// keeping the smallest limit in `best`. The directories need not exist: in a container the
+// process's path may not be there and the mount's root is its own cgroup.
+void ReadCgroupLimitsUpTo(const std::string& mount, absl::string_view path, const char* file_name,
+                          CgroupMemoryLimit& best) {
+  std::string dir(absl::StripSuffix(path, "/"));
+  // A path the kernel would never write is not followed outside the mount.
+  if (!absl::StartsWith(dir, "/") || absl::StrContains(absl::StrCat(dir, "/"), "/../")) dir.clear();
+  while (true) {
+    std::string file = absl::StrCat(mount, dir, "/", file_name);
+    uint64_t bytes = ReadCgroupLimitFile(file);
+    if (bytes != 0 && (best.bytes == 0 || bytes < best.bytes)) best = {bytes, file};
+    if (dir.empty()) return;
+    dir.resize(dir.rfind('/'));
   }
-  if (limit == 0) {
-    std::ifstream v1("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-    uint64_t parsed = 0;
-    // cgroup v1 reports "no limit" as a huge number near 2^63.
-    if (v1 >> parsed && parsed < (uint64_t{1} << 62)) limit = parsed;
-  }
-  return limit;
 }
 
 // Caps are counts of things held in memory: 2^32 is far beyond what a node can hold.
@@ -137,10 +153,12 @@ absl::Status ApplyFile(const std::string& path, Config& config) {
     } else if (k == "max_host_bytes") {
       if (std::optional<int64_t> bytes = node.value<int64_t>(); bytes && *bytes > 0) {
         config.max_host_bytes = static_cast<uint64_t>(*bytes);
+        config.max_host_bytes_source = absl::StrCat("max_host_bytes in ", path);
       } else if (std::optional<std::string> text = node.value<std::string>()) {
         absl::StatusOr<uint64_t> size = ParseByteSize(*text);
         if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", size.status().message()));
         config.max_host_bytes = *size;
+        config.max_host_bytes_source = absl::StrCat("max_host_bytes in ", path);
       } else {
         return absl::InvalidArgumentError(absl::StrCat("config ", path, ": max_host_bytes must be a size"));
       }
@@ -214,10 +232,53 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
-uint64_t DefaultMaxHostBytes() {
+CgroupMemoryLimit FindCgroupMemoryLimit(std::string_view proc_self_cgroup,
+                                        const std::string& sys_fs_cgroup_root) {
+  CgroupMemoryLimit best;
+  absl::string_view text(proc_self_cgroup.data(), proc_self_cgroup.size());
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+    // "hierarchy-id:controller,list:/path"; the path may itself hold ':'.
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    absl::string_view path = absl::StripTrailingAsciiWhitespace(fields[2]);
+    if (fields[0] == "0" && fields[1].empty()) {
+      // Hybrid systems mount v2 at unified/; the memory controller is then v1's.
+      for (const char* mount : {"", "/unified"}) {
+        ReadCgroupLimitsUpTo(sys_fs_cgroup_root + mount, path, "memory.max", best);
+      }
+      continue;
+    }
+    std::vector<absl::string_view> controllers = absl::StrSplit(fields[1], ',');
+    if (std::find(controllers.begin(), controllers.end(), "memory") == controllers.end()) continue;
+    // The memory hierarchy is mounted at memory/, or at its controller list ("cpu,memory")
+    // with memory/ a symlink to it.
+    for (std::string mount : {absl::StrCat(sys_fs_cgroup_root, "/memory"),
+                              absl::StrCat(sys_fs_cgroup_root, "/", fields[1])}) {
+      std::error_code error;
+      if (std::filesystem::is_directory(mount, error)) {
+        ReadCgroupLimitsUpTo(mount, path, "memory.limit_in_bytes", best);
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+uint64_t DefaultMaxHostBytes(std::string* why) {
   uint64_t total = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
-  uint64_t cgroup = ReadCgroupLimit();
-  if (cgroup != 0 && cgroup < total) total = cgroup;
+  std::ifstream file("/proc/self/cgroup");
+  std::stringstream proc_self_cgroup;
+  proc_self_cgroup << file.rdbuf();
+  CgroupMemoryLimit cgroup = FindCgroupMemoryLimit(proc_self_cgroup.str(), "/sys/fs/cgroup");
+  if (cgroup.bytes != 0 && cgroup.bytes < total) {
+    if (why != nullptr) *why = absl::StrCat("half of the cgroup memory limit of ", cgroup.bytes, " bytes in ", cgroup.file);
+    return cgroup.bytes / 2;
+  }
+  if (why != nullptr) {
+    *why = absl::StrCat("half of the node's ", total, " bytes of memory (MemTotal); ",
+                        cgroup.bytes == 0 ? std::string("no cgroup memory limit")
+                                          : absl::StrCat("the cgroup memory limit in ", cgroup.file, " is larger"));
+  }
   return total / 2;
 }
 
@@ -284,6 +345,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     absl::StatusOr<uint64_t> bytes = ParseByteSize(host_text);
     if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--max-host-bytes: ", bytes.status().message()));
     config.max_host_bytes = *bytes;
+    config.max_host_bytes_source = max_host.empty() ? "TENSORD_MAX_HOST_BYTES" : "--max-host-bytes";
   }
   struct CountOption {
     const std::string& flag_value;
@@ -317,7 +379,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     target = *size;
   }
   if (absl::Status arenas = FinishArenaSettings(config); !arenas.ok()) return arenas;
-  if (config.max_host_bytes == 0) config.max_host_bytes = DefaultMaxHostBytes();
+  if (config.max_host_bytes == 0) config.max_host_bytes = DefaultMaxHostBytes(&config.max_host_bytes_source);
   return config;
 }
 

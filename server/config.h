@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,7 @@ struct Config {
   std::string socket;        // empty: the default path for our uid
   std::string socket_group;  // group of the sockets (mode 0660); empty: our primary group
   uint64_t max_host_bytes = 0;  // 0: half of the memory the daemon may use
+  std::string max_host_bytes_source;  // where max_host_bytes came from, for the log
   // Caps that keep one client from exhausting the daemon; exceeding one answers
   // RESOURCE_EXHAUSTED naming it. Sessions are fd-channel connections after HELLO.
   uint64_t max_sessions = kDefaultMaxSessions;
@@ -57,7 +59,25 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv);
 // "512MiB" -> 536870912. INVALID_ARGUMENT naming the text on anything else.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 
-// Half of min(MemTotal, the cgroup v2/v1 memory limit of this process).
-uint64_t DefaultMaxHostBytes();
+// The tightest cgroup memory limit on this process, and the file that set it.
+struct CgroupMemoryLimit {
+  uint64_t bytes = 0;  // 0: no limit found
+  std::string file;
+};
+
+// Reads the limits that bind the process whose /proc/self/cgroup is `proc_self_cgroup`,
+// with the cgroup filesystems mounted under `sys_fs_cgroup_root` (/sys/fs/cgroup): v2's
+// memory.max ("0::/path", in <root>/<path>) and v1's memory.limit_in_bytes ("N:memory:/path"
+// or a list naming memory, in <root>/memory/<path>), in the cgroup's directory and in each
+// ancestor up to the mount's root: a parent's limit binds its children. The root's own file
+// is read even when <path> is not there, as inside a container whose cgroup is mounted as
+// the root. "max", v1's "no limit" (2^63 less a page) and unreadable files count as none;
+// the smallest limit found wins.
+CgroupMemoryLimit FindCgroupMemoryLimit(std::string_view proc_self_cgroup,
+                                        const std::string& sys_fs_cgroup_root);
+
+// Half of min(MemTotal, this process's cgroup memory limit). `why`, when given, says which
+// of the two it was and where it was read, for the log.
+uint64_t DefaultMaxHostBytes(std::string* why = nullptr);
 
 }  // namespace tensord::server

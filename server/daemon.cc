@@ -169,9 +169,10 @@ absl::Status RunDaemon(const Config& config) {
     return started;
   }
   spdlog::info(
-      "tensord {} serving on {} (fd channel {}), host memory limit {} bytes, at most {} sessions, "
+      "tensord {} serving on {} (fd channel {}), host memory limit {} bytes ({}), at most {} sessions, "
       "{} leases and {} waits per session, {}{}",
-      TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes, config.max_sessions,
+      TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes,
+      config.max_host_bytes_source.empty() ? "set by the caller" : config.max_host_bytes_source, config.max_sessions,
       config.max_leases_per_session, config.max_waits_per_session,
       config.arena_bytes == 0
           ? std::string("arenas off")
