@@ -1,10 +1,20 @@
 // Daemon configuration: built-in defaults < TOML file (--config) < TENSORD_* environment
 // variables < command-line flags. The same keys everywhere: socket, socket_group,
-// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, log_level,
-// [acl.<namespace>] tables (config only).
+// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, arena_bytes,
+// arena_max_tensor, log_level, [acl.<namespace>] tables (config only).
 //
-// Sizes accept plain bytes or units: 512MiB, 4G, 1.5GiB (K/M/G/T are binary, like the
-// rest of Linux memory tooling; "KB"/"MB"/"GB" are decimal).
+// Values are checked, never guessed at; a bad one is INVALID_ARGUMENT naming where it came
+// from (the flag, the environment variable, or the file, line and key), the value and why:
+//  - a size is a decimal number with an optional unit: 512MiB, 4G, 1.5GiB, 2GB (K/M/G/T and
+//    KiB/MiB/GiB/TiB are binary, like the rest of Linux memory tooling; KB/MB/GB/TB decimal;
+//    units in any case). A fraction needs a unit and must come to a whole number of bytes;
+//    the result is from 1 byte to 2^63-1 (arena sizes may also be 0: off);
+//  - a count is a plain decimal integer from 1 to 2^32;
+//  - neither takes a sign, hexadecimal, leading zeros, an exponent or inner whitespace
+//    (whitespace around the value is ignored);
+//  - in the file, a count must be a TOML integer, a size a TOML integer (bytes) or string,
+//    text settings TOML strings; booleans, floats, arrays, tables and dates are refused, and
+//    so is any key the daemon does not know (a misspelt key would do nothing).
 #pragma once
 
 #include <sys/types.h>
@@ -56,7 +66,7 @@ struct Config {
 // usage to stdout and returning CANCELLED (the caller exits 0).
 absl::StatusOr<Config> LoadConfig(int argc, char** argv);
 
-// "512MiB" -> 536870912. INVALID_ARGUMENT naming the text on anything else.
+// "512MiB" -> 536870912, by the rules above. INVALID_ARGUMENT naming the text and the reason.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 
 // The tightest cgroup memory limit on this process, and the file that set it.

@@ -7,10 +7,46 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/status_matchers.h"
 
 namespace tensord::server {
 namespace {
+
+using common::testing::IsOk;
+using common::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// LoadConfig(tensord <args>).
+absl::StatusOr<Config> Load(std::vector<std::string> args) {
+  std::string name = "tensord";
+  std::vector<char*> argv = {name.data()};
+  for (std::string& arg : args) argv.push_back(arg.data());
+  return LoadConfig(static_cast<int>(argv.size()), argv.data());
+}
+
+// Writes `contents` to a TOML file named after the running test (and `suffix`) and returns
+// its path.
+std::string WriteToml(const std::string& contents, const std::string& suffix = "") {
+  std::string path = absl::StrCat(::testing::TempDir(), "/tensord_",
+                                  ::testing::UnitTest::GetInstance()->current_test_info()->name(), suffix, ".toml");
+  std::ofstream(path) << contents;
+  return path;
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 // A fake /sys/fs/cgroup under the test's temporary directory, removed at the end.
 class FakeCgroupRoot {
@@ -47,6 +83,143 @@ TEST(Config, ParseByteSizeUnderstandsUnits) {
   EXPECT_FALSE(ParseByteSize("99999999999T").ok());
 }
 
+TEST(Config, SizesKeepEveryDocumentedForm) {
+  EXPECT_EQ(*ParseByteSize("1"), 1u);
+  EXPECT_EQ(*ParseByteSize("64KiB"), 64u << 10);
+  EXPECT_EQ(*ParseByteSize("4g"), 4ull << 30);
+  EXPECT_EQ(*ParseByteSize("4gib"), 4ull << 30);
+  EXPECT_EQ(*ParseByteSize("16M"), 16u << 20);
+  EXPECT_EQ(*ParseByteSize("1T"), 1ull << 40);
+  EXPECT_EQ(*ParseByteSize("3KB"), 3000u);
+  EXPECT_EQ(*ParseByteSize("1TB"), 1000000000000u);
+  EXPECT_EQ(*ParseByteSize("1.5K"), 1536u);
+  EXPECT_EQ(*ParseByteSize("0.5GiB"), 512ull << 20);
+  EXPECT_EQ(*ParseByteSize("1.1MB"), 1100000u);
+  EXPECT_EQ(*ParseByteSize("2.000B"), 2u);
+  EXPECT_EQ(*ParseByteSize(" 4G\n"), 4ull << 30);  // around it, whitespace is ignored
+  EXPECT_EQ(*ParseByteSize("9223372036854775807"), uint64_t{INT64_MAX});
+  EXPECT_EQ(*ParseByteSize("8388607TiB"), 8388607ull << 40);
+  EXPECT_EQ(*ParseByteSize("0.0000000298023223876953125TiB"), 32768u);  // exact arithmetic
+}
+
+TEST(Config, SizesRefuseWhatUsedToBeGuessed) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"9999999TiB", "too large"},
+      {"9223372036854775808", "too large"},
+      {"8388608TiB", "too large"},
+      {"18446744073709551616", "too large"},
+      {"99999999999999999999999", "too large"},
+      {"16384PiB", "unknown unit"},
+      {"0.5", "a fraction needs a unit"},
+      {"1.5", "a fraction needs a unit"},
+      {"1e-300", "scientific notation"},
+      {"1e3", "scientific notation"},
+      {"1E9B", "scientific notation"},
+      {"0x10", "hexadecimal"},
+      {"0X10", "hexadecimal"},
+      {"010", "leading zeros"},
+      {"+1G", "no sign"},
+      {"-1G", "no sign"},
+      {"4 GiB", "whitespace"},
+      {"1 000", "whitespace"},
+      {"0", "at least 1 byte"},
+      {"0GiB", "at least 1 byte"},
+      {"0.0MiB", "at least 1 byte"},
+      {"0.1B", "not a whole number of bytes"},
+      {"1.0000001K", "not a whole number of bytes"},
+      {".5GiB", "a size is a decimal number"},
+      {"5.GiB", "a size is a decimal number"},
+      {"", "empty"},
+      {"lots", "a size is a decimal number"},
+      {"inf", "a size is a decimal number"},
+      {"nan", "a size is a decimal number"},
+      {"4Gibibytes", "unknown unit"},
+  };
+  for (const auto& [text, reason] : cases) {
+    EXPECT_THAT(ParseByteSize(text),
+                StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr(absl::StrCat("'", text, "'")), HasSubstr(reason))))
+        << text;
+  }
+}
+
+TEST(Config, CountsArePlainDecimalIntegers) {
+  EXPECT_THAT(Load({"--max-sessions", "1"}), IsOk());
+  EXPECT_THAT(Load({"--max-sessions", "4294967296"}), IsOk());
+  EXPECT_EQ(Load({"--max-sessions", " 7 "})->max_sessions, 7u);
+  const std::pair<const char*, const char*> cases[] = {
+      {"0", "from 1 to"},          {"4294967297", "too large"}, {"99999999999999999999999", "too large"},
+      {"0x10", "hexadecimal"},     {"010", "leading zeros"},    {"+5", "no sign"},
+      {"-5", "no sign"},           {"1e3", "scientific"},       {"1.0", "no fraction"},
+      {"0.5", "no fraction"},      {"5 5", "whitespace"},       {"5k", "whole decimal number"},
+      {"", "empty"},
+  };
+  for (const auto& [text, reason] : cases) {
+    EXPECT_THAT(Load({"--max-leases-per-session", text}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(absl::StrCat("--max-leases-per-session '", text, "'")), HasSubstr(reason))))
+        << text;
+  }
+}
+
+TEST(Config, BadValuesNameTheFlagTheVariableOrTheFileKey) {
+  EXPECT_THAT(Load({"--max-host-bytes", "9999999TiB"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-host-bytes '9999999TiB': too large")));
+  EXPECT_THAT(Load({"--max-host-bytes=0x10"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-host-bytes '0x10': hexadecimal")));
+  {
+    ScopedEnv env("TENSORD_MAX_HOST_BYTES", "0.5");
+    EXPECT_THAT(Load({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("environment TENSORD_MAX_HOST_BYTES (--max-host-bytes) '0.5'")));
+    // The flag wins, so the variable is not read.
+    EXPECT_THAT(Load({"--max-host-bytes", "1G"}), IsOk());
+  }
+  std::string path = WriteToml("socket = \"/x\"\nmax_host_bytes = \"1e-300\"\n");
+  EXPECT_THAT(Load({"--config", path}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(absl::StrCat("config ", path, ":2: max_host_bytes '1e-300'")),
+                             HasSubstr("scientific notation"))));
+  // An empty flag is refused (by CLI11); an empty variable counts as unset.
+  EXPECT_THAT(Load({"--max-sessions="}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-sessions")));
+  ScopedEnv empty("TENSORD_MAX_SESSIONS", "");
+  EXPECT_THAT(Load({}), IsOk());
+}
+
+TEST(Config, TomlValuesOfTheWrongTypeAreRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"max_host_bytes = true", "max_host_bytes true: a size must be a TOML integer (bytes) or a string"},
+      {"max_host_bytes = 1.5e9", "max_host_bytes 1500000000.0: a size must be a TOML integer"},
+      {"max_host_bytes = [1]", "max_host_bytes (an array): a size must be"},
+      {"max_host_bytes = { a = 1 }", "max_host_bytes (a table): a size must be"},
+      {"max_host_bytes = 0", "max_host_bytes 0: a size is at least 1 byte"},
+      {"max_host_bytes = -5", "max_host_bytes -5: a size is at least 1 byte"},
+      {"max_host_bytes = \"0x10\"", "max_host_bytes '0x10': hexadecimal"},
+      {"max_sessions = 1.0", "max_sessions 1.0: a count must be a TOML integer, like 4096, not a floating-point"},
+      {"max_sessions = true", "max_sessions true: a count must be a TOML integer"},
+      {"max_sessions = \"10\"", "max_sessions '10': a count must be a TOML integer, like 4096, not a string"},
+      {"max_sessions = 0", "max_sessions 0: a count is a whole number from 1 to"},
+      {"max_sessions = 4294967297", "max_sessions 4294967297: a count is a whole number from 1 to"},
+      {"arena_bytes = -1", "arena_bytes -1: a size is 0 (off) or at least 1 byte"},
+      {"arena_bytes = 1979-05-27", "arena_bytes (a date): a size must be"},
+      {"socket = 5", "socket 5: must be a TOML string, not an integer"},
+      {"log_level = false", "log_level false: must be a TOML string, not a boolean"},
+  };
+  int i = 0;
+  for (const auto& [line, message] : cases) {
+    std::string path = WriteToml(absl::StrCat("\n", line, "\n"), absl::StrCat("_", i++));
+    EXPECT_THAT(Load({"--config", path}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrCat("config ", path, ":2: ", message))))
+        << line;
+  }
+  // What the file may hold: integers and strings for sizes, integers for counts.
+  std::string path = WriteToml("max_host_bytes = 1073741824\narena_bytes = \"0\"\nmax_sessions = 9\n", "_good");
+  absl::StatusOr<Config> config = Load({"--config", path});
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->max_host_bytes, 1ull << 30);
+  EXPECT_EQ(config->max_host_bytes_source, "max_host_bytes in " + path);
+  EXPECT_EQ(config->arena_bytes, 0u);
+  EXPECT_EQ(config->max_sessions, 9u);
+}
+
 TEST(Config, FlagsBeatEnvironmentWhichBeatsTheFile) {
   std::string path = ::testing::TempDir() + "/tensord_config_test.toml";
   {
@@ -79,6 +252,8 @@ TEST(Config, UnknownKeysAndBadFilesAreErrorsNamingThem) {
   auto config = LoadConfig(2, const_cast<char**>(argv));
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("sockett"), std::string::npos);
+  EXPECT_THAT(config, StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr(absl::StrCat("config ", path, ":1: sockett: unknown key; the keys are socket, "))));
 }
 
 TEST(CgroupMemoryLimit, V2AncestorSmallerThanTheLeafWins) {
