@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/numeric/int128.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -335,24 +336,81 @@ absl::Status FinishArenaSettings(Config& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node* node, const std::string& key) {
+// Where a value from the file came from, for errors: "config /etc/tensord.toml:3: max_sessions".
+std::string FileWhere(const std::string& path, const toml::node& node, absl::string_view key) {
+  return absl::StrCat("config ", path, ":", node.source().begin.line, ": ", key);
+}
+
+// [acl."bad/ns"] as the file would have to write it, for errors.
+std::string AclTableName(const std::string& ns) {
+  bool bare = !ns.empty() && std::all_of(ns.begin(), ns.end(), [](char c) {
+    return absl::ascii_isalnum(c) || c == '_' || c == '-';
+  });
+  if (bare) return absl::StrCat("[acl.", ns, "]");
+  constexpr size_t kShown = 128;
+  return absl::StrCat("[acl.\"", absl::CHexEscape(absl::string_view(ns).substr(0, kShown)),
+                      ns.size() > kShown ? "..." : "", "\"]");
+}
+
+// A list of uids or gids: TOML integers from 0 to 2^32-2 (the kernel reads (uid_t)-1 as "no
+// id"). Names are not looked up.
+absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node& node, const std::string& where,
+                                                 absl::string_view kind) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr) {
+    return Invalid(absl::StrCat(where, " ", DescribeToml(node), ": must be a list of numeric ", kind,
+                                "s, like [1000, 1001], not ", TomlTypeName(node)));
+  }
+  constexpr int64_t kMaxId = 0xfffffffe;
   std::vector<uint32_t> ids;
-  if (node == nullptr) return ids;
-  const toml::array* array = node->as_array();
-  if (array == nullptr) return absl::InvalidArgumentError(absl::StrCat(key, ": expected a list of ids"));
-  for (const toml::node& item : *array) {
-    std::optional<int64_t> id = item.value<int64_t>();
-    if (!id || *id < 0 || *id > 0xffffffffLL) {
-      return absl::InvalidArgumentError(absl::StrCat(key, ": every entry must be a numeric id"));
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& item = *array->get(i);
+    const toml::value<int64_t>* id = item.as_integer();
+    if (id == nullptr || id->get() < 0 || id->get() > kMaxId) {
+      return Invalid(absl::StrCat(where, "[", i, "] ", DescribeToml(item), ": a ", kind,
+                                  " is an integer from 0 to ", kMaxId,
+                                  id == nullptr ? absl::StrCat(", not ", TomlTypeName(item)) : ""));
     }
-    ids.push_back(static_cast<uint32_t>(*id));
+    ids.push_back(static_cast<uint32_t>(id->get()));
   }
   return ids;
 }
 
-// Where a value from the file came from, for errors: "config /etc/tensord.toml:3: max_sessions".
-std::string FileWhere(const std::string& path, const toml::node& node, absl::string_view key) {
-  return absl::StrCat("config ", path, ":", node.source().begin.line, ": ", key);
+// The [acl.<namespace>] tables. A namespace that ValidateNamespace refuses could never
+// match a tensor's name: its table is an error, not a rule that silently grants nothing.
+absl::Status ApplyAcls(const std::string& path, const toml::node& node, Config& config) {
+  const toml::table* acls = node.as_table();
+  if (acls == nullptr) {
+    return Invalid(absl::StrCat(FileWhere(path, node, "acl"), " ", DescribeToml(node),
+                                ": must be [acl.<namespace>] tables, not ", TomlTypeName(node)));
+  }
+  for (const auto& [ns_key, entry] : *acls) {
+    std::string ns(ns_key.str());
+    std::string table = AclTableName(ns);
+    std::string where = absl::StrCat("config ", path, ":", entry.source().begin.line, ": ", table);
+    if (absl::Status valid = common::ValidateNamespace(ns); !valid.ok()) {
+      return Invalid(absl::StrCat(where, ": could never match a tensor: ", valid.message()));
+    }
+    const toml::table* fields = entry.as_table();
+    if (fields == nullptr) return Invalid(absl::StrCat(where, ": must be a table, not ", TomlTypeName(entry)));
+    NamespaceAcl acl;
+    for (const auto& [field_key, value] : *fields) {
+      std::string field(field_key.str());
+      std::string field_where = absl::StrCat("config ", path, ":", value.source().begin.line, ": ", table, " ", field);
+      bool uids = field == "read_uids" || field == "write_uids";
+      if (!uids && field != "read_gids" && field != "write_gids") {
+        return Invalid(absl::StrCat(field_where,
+                                    ": unknown key; an ACL has read_uids, write_uids, read_gids and write_gids"));
+      }
+      TENSORD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, TomlIdList(value, field_where, uids ? "uid" : "gid"));
+      if (field == "read_uids") acl.read_uids.assign(ids.begin(), ids.end());
+      if (field == "write_uids") acl.write_uids.assign(ids.begin(), ids.end());
+      if (field == "read_gids") acl.read_gids.assign(ids.begin(), ids.end());
+      if (field == "write_gids") acl.write_gids.assign(ids.begin(), ids.end());
+    }
+    config.acls[ns] = std::move(acl);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ApplyFile(const std::string& path, Config& config, std::map<std::string, std::string>& origins) {
@@ -370,25 +428,7 @@ absl::Status ApplyFile(const std::string& path, Config& config, std::map<std::st
       TENSORD_RETURN_IF_ERROR(ApplyToml(*setting, node, FileWhere(path, node, k), config));
       origins[k] = absl::StrCat(k, " in ", path);
     } else if (k == "acl") {
-      const toml::table* acls = node.as_table();
-      if (acls == nullptr) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": [acl] must be a table"));
-      for (const auto& [ns, entry] : *acls) {
-        const toml::table* acl_table = entry.as_table();
-        std::string prefix = absl::StrCat("config ", path, ": acl.", std::string(ns.str()));
-        if (acl_table == nullptr) return absl::InvalidArgumentError(prefix + " must be a table");
-        NamespaceAcl acl;
-        for (const auto& [field, value] : *acl_table) {
-          std::string f(field.str());
-          absl::StatusOr<std::vector<uint32_t>> ids = TomlIdList(&value, prefix + "." + f);
-          if (!ids.ok()) return ids.status();
-          if (f == "read_uids") acl.read_uids.assign(ids->begin(), ids->end());
-          else if (f == "write_uids") acl.write_uids.assign(ids->begin(), ids->end());
-          else if (f == "read_gids") acl.read_gids.assign(ids->begin(), ids->end());
-          else if (f == "write_gids") acl.write_gids.assign(ids->begin(), ids->end());
-          else return absl::InvalidArgumentError(absl::StrCat(prefix, ": unknown key '", f, "'"));
-        }
-        config.acls[std::string(ns.str())] = std::move(acl);
-      }
+      TENSORD_RETURN_IF_ERROR(ApplyAcls(path, node, config));
     } else {
       // A misspelt key would otherwise do nothing, silently.
       std::vector<std::string> known;

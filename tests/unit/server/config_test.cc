@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/status_matchers.h"
@@ -239,6 +240,50 @@ TEST(Config, FlagsBeatEnvironmentWhichBeatsTheFile) {
   ASSERT_EQ(config->acls.count("shared"), 1u);
   EXPECT_EQ(config->acls.at("shared").read_uids, std::vector<uid_t>{1000});
   EXPECT_EQ(config->acls.at("shared").write_gids, std::vector<gid_t>{50});
+}
+
+TEST(Config, AclForANamespaceThatCouldNeverMatchIsAnError) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[acl.\"bad/ns\"]\nread_uids = [1000]", "config %s:2: [acl.\"bad/ns\"]: could never match a tensor"},
+      {"[acl.\"..\"]", "config %s:2: [acl.\"..\"]: could never match a tensor"},
+      {"[acl.\"\"]", "config %s:2: [acl.\"\"]: could never match a tensor"},
+      {"[acl.\"a b\"]", "config %s:2: [acl.\"a b\"]: could never match a tensor"},
+      {"acl = 5", "config %s:2: acl 5: must be [acl.<namespace>] tables, not an integer"},
+      {"[acl]\nteam = [1]", "config %s:3: [acl.team]: must be a table, not an array"},
+  };
+  int i = 0;
+  for (const auto& [text, message] : cases) {
+    std::string path = WriteToml(absl::StrCat("\n", text, "\n"), absl::StrCat("_", i++));
+    EXPECT_THAT(Load({"--config", path}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrReplaceAll(message, {{"%s", path}}))))
+        << text;
+  }
+  // '.' is a name character: such a namespace is quoted in TOML and valid.
+  std::string path = WriteToml("[acl.\"team.a\"]\nwrite_gids = [0, 4294967294]\n", "_good");
+  absl::StatusOr<Config> config = Load({"--config", path});
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->acls.at("team.a").write_gids, (std::vector<gid_t>{0, 4294967294u}));
+}
+
+TEST(Config, AclIdsAreIntegersInRange) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"read_uids = [1000, -1]", "[acl.team] read_uids[1] -1: a uid is an integer from 0 to 4294967294"},
+      {"write_uids = [4294967295]", "[acl.team] write_uids[0] 4294967295: a uid is an integer from 0 to"},
+      {"read_gids = [4294967296]", "[acl.team] read_gids[0] 4294967296: a gid is an integer from 0 to"},
+      {"write_gids = [1.0]", "[acl.team] write_gids[0] 1.0: a gid is an integer from 0 to 4294967294, not a "
+                             "floating-point number"},
+      {"read_uids = [\"alice\"]", "[acl.team] read_uids[0] 'alice': a uid is an integer"},
+      {"read_uids = [true]", "[acl.team] read_uids[0] true: a uid is an integer"},
+      {"read_uids = 1000", "[acl.team] read_uids 1000: must be a list of numeric uids, like [1000, 1001]"},
+      {"readuids = [1000]", "[acl.team] readuids: unknown key; an ACL has read_uids, write_uids"},
+  };
+  int i = 0;
+  for (const auto& [text, message] : cases) {
+    std::string path = WriteToml(absl::StrCat("[acl.team]\n", text, "\n"), absl::StrCat("_", i++));
+    EXPECT_THAT(Load({"--config", path}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrCat("config ", path, ":2: ", message))))
+        << text;
+  }
 }
 
 TEST(Config, UnknownKeysAndBadFilesAreErrorsNamingThem) {
