@@ -1,14 +1,17 @@
 #include "server/config.h"
 
+#include <grp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "CLI/CLI.hpp"
@@ -426,7 +429,7 @@ absl::Status ApplyFile(const std::string& path, Config& config, std::map<std::st
     std::string k(key.str());
     if (const Setting* setting = FindSetting(k)) {
       TENSORD_RETURN_IF_ERROR(ApplyToml(*setting, node, FileWhere(path, node, k), config));
-      origins[k] = absl::StrCat(k, " in ", path);
+      origins[k] = FileWhere(path, node, k);
     } else if (k == "acl") {
       TENSORD_RETURN_IF_ERROR(ApplyAcls(path, node, config));
     } else {
@@ -499,6 +502,41 @@ uint64_t DefaultMaxHostBytes(std::string* why) {
   return total / 2;
 }
 
+absl::StatusOr<gid_t> LookUpGroup(std::string_view group_text) {
+  absl::string_view text(group_text.data(), group_text.size());
+  std::optional<gid_t> number;
+  if (IsDigits(text)) {
+    constexpr uint64_t kMaxGid = std::numeric_limits<gid_t>::max() - 1;
+    if (text.size() > 1 && text[0] == '0') return Invalid("leading zeros are not accepted in a numeric gid");
+    uint64_t value = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || value > kMaxGid) return Invalid(absl::StrCat("a gid is at most ", kMaxGid));
+    number = static_cast<gid_t>(value);
+  }
+  std::string name(text);
+  long hint = sysconf(_SC_GETGR_R_SIZE_MAX);
+  std::vector<char> buffer(hint > 0 ? static_cast<size_t>(hint) : 4096);
+  group entry{};
+  group* found = nullptr;
+  int error = 0;
+  // A group with many members needs a larger buffer; 1 MiB is plenty, and bounds the retries.
+  constexpr size_t kMaxBuffer = size_t{1} << 20;
+  while (true) {
+    error = number ? getgrgid_r(*number, &entry, buffer.data(), buffer.size(), &found)
+                   : getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+    if (error != ERANGE || buffer.size() >= kMaxBuffer) break;
+    buffer.resize(buffer.size() * 2);
+  }
+  // getgr*_r(3): these say "not found" on some systems.
+  if (error != 0 && error != ENOENT && error != ESRCH && error != EBADF && error != EPERM) {
+    return common::ErrnoToStatus("look up the group", error);
+  }
+  if (found == nullptr) {
+    return Invalid(number ? absl::StrCat("no group has gid ", *number) : std::string("no such group"));
+  }
+  return found->gr_gid;
+}
+
 absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   CLI::App app{"tensord: share tensors between processes on this node without copying them"};
   std::string config_file;
@@ -528,7 +566,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   }
 
   Config config;
-  // key -> where its value came from, for the log.
+  // key -> where its value came from, as errors and the log name it.
   std::map<std::string, std::string> origins;
   if (config_file.empty()) {
     if (const char* env = std::getenv("TENSORD_CONFIG"); env != nullptr) config_file = env;
@@ -543,10 +581,19 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     } else if (const char* env = std::getenv(setting.Env().c_str()); env != nullptr && *env != '\0') {
       std::string where = absl::StrCat("environment ", setting.Env(), " (", setting.Flag(), ")");
       TENSORD_RETURN_IF_ERROR(ApplyText(setting, env, where, config));
-      origins[setting.key] = setting.Env();
+      origins[setting.key] = where;
     }
   }
   TENSORD_RETURN_IF_ERROR(FinishArenaSettings(config));
+  // Checked here, where it is known where the group came from; the daemon looks it up again.
+  if (!config.socket_group.empty()) {
+    absl::StatusOr<gid_t> gid = LookUpGroup(config.socket_group);
+    if (!gid.ok()) {
+      return absl::Status(gid.status().code(), absl::StrCat(origins["socket_group"], " ",
+                                                            common::QuoteForError(config.socket_group), ": ",
+                                                            gid.status().message()));
+    }
+  }
   if (auto origin = origins.find("max_host_bytes"); origin != origins.end()) {
     config.max_host_bytes_source = origin->second;
   } else {

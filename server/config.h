@@ -66,6 +66,13 @@ struct Config {
 // usage to stdout and returning CANCELLED (the caller exits 0).
 absl::StatusOr<Config> LoadConfig(int argc, char** argv);
 
+// The gid of an existing group, given by name or by number (decimal digits only: a gid from
+// 0 to 2^32-2, since (gid_t)-1 tells chown to leave the group alone). Thread-safe (the
+// getgr*_r calls). INVALID_ARGUMENT saying why when no such group exists or the number does
+// not fit gid_t; the errno's code when the group database cannot be read. The message does
+// not repeat `group`: the caller says where it came from.
+absl::StatusOr<gid_t> LookUpGroup(std::string_view group);
+
 // "512MiB" -> 536870912, by the rules above. INVALID_ARGUMENT naming the text and the reason.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 

@@ -216,7 +216,7 @@ TEST(Config, TomlValuesOfTheWrongTypeAreRefused) {
   absl::StatusOr<Config> config = Load({"--config", path});
   ASSERT_THAT(config, IsOk());
   EXPECT_EQ(config->max_host_bytes, 1ull << 30);
-  EXPECT_EQ(config->max_host_bytes_source, "max_host_bytes in " + path);
+  EXPECT_EQ(config->max_host_bytes_source, absl::StrCat("config ", path, ":1: max_host_bytes"));
   EXPECT_EQ(config->arena_bytes, 0u);
   EXPECT_EQ(config->max_sessions, 9u);
 }
@@ -284,6 +284,36 @@ TEST(Config, AclIdsAreIntegersInRange) {
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrCat("config ", path, ":2: ", message))))
         << text;
   }
+}
+
+TEST(Config, SocketGroupMustNameAnExistingGroup) {
+  EXPECT_THAT(LookUpGroup("root"), common::testing::IsOkAndHolds(0u));
+  EXPECT_THAT(LookUpGroup("0"), common::testing::IsOkAndHolds(0u));
+  EXPECT_EQ(Load({"--socket-group", "root"})->socket_group, "root");
+  EXPECT_THAT(Load({"--socket-group", "0"}), IsOk());
+  const std::pair<const char*, const char*> cases[] = {
+      {"99999999999", "a gid is at most 4294967294"},
+      {"99999999999999999999999", "a gid is at most 4294967294"},  // std::stoul threw here
+      {"4294967295", "a gid is at most 4294967294"},                // chown's "leave it alone"
+      {"4294967294", "no group has gid 4294967294"},
+      {"007", "leading zeros"},
+      {"no-such-group-for-tensord", "no such group"},
+  };
+  for (const auto& [text, reason] : cases) {
+    EXPECT_THAT(Load({"--socket-group", text}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrCat("--socket-group '", text, "': ", reason))))
+        << text;
+  }
+  {
+    ScopedEnv env("TENSORD_SOCKET_GROUP", "no-such-group-for-tensord");
+    EXPECT_THAT(Load({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("environment TENSORD_SOCKET_GROUP (--socket-group) "
+                                             "'no-such-group-for-tensord': no such group")));
+  }
+  std::string path = WriteToml("socket_group = \"99999999999\"\n");
+  EXPECT_THAT(Load({"--config", path}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("config ", path, ":1: socket_group '99999999999': a gid is at most"))));
 }
 
 TEST(Config, UnknownKeysAndBadFilesAreErrorsNamingThem) {
