@@ -221,6 +221,26 @@ const std::vector<Setting>& Settings() {
        absl::StrCat("leases one session may hold (default ", kDefaultMaxLeasesPerSession, ")")},
       {"max_waits_per_session", Kind::kCount, nullptr, &Config::max_waits_per_session, "N",
        absl::StrCat("acquires and takes one session may have waiting (default ", kDefaultMaxWaitsPerSession, ")")},
+      {"max_sessions_per_uid", Kind::kCount, nullptr, &Config::max_sessions_per_uid, "N",
+       absl::StrCat("sessions one uid may have at once (default ", kDefaultMaxSessionsPerUid, ")")},
+      {"max_connections_per_uid", Kind::kCount, nullptr, &Config::max_connections_per_uid, "N",
+       absl::StrCat("connections one uid may have open: fd-channel ones, before and after HELLO, and gRPC ones "
+                    "(default ", kDefaultMaxConnectionsPerUid, ")")},
+      {"max_grpc_connections", Kind::kCount, nullptr, &Config::max_grpc_connections, "N",
+       absl::StrCat("gRPC connections served at once, all uids together (default ", kDefaultMaxGrpcConnections, ")")},
+      {"max_tensors_per_uid", Kind::kCount, nullptr, &Config::max_tensors_per_uid, "N",
+       absl::StrCat("tensors one uid may hold in the daemon (default ", kDefaultMaxTensorsPerUid, ")")},
+      {"max_waits_per_uid", Kind::kCount, nullptr, &Config::max_waits_per_uid, "N",
+       absl::StrCat("acquires and takes one uid may have waiting, all its sessions together (default ",
+                    kDefaultMaxWaitsPerUid, ")")},
+      {"max_watchers_per_uid", Kind::kCount, nullptr, &Config::max_watchers_per_uid, "N",
+       absl::StrCat("watches one uid may have open (default ", kDefaultMaxWatchersPerUid, ")")},
+      {"max_metadata_bytes_per_uid", Kind::kSize, nullptr, &Config::max_metadata_bytes_per_uid, "SIZE",
+       "bytes of names, descriptions, tags and waits one uid's tensors and requests may keep in the daemon "
+       "(default 256MiB)"},
+      {"max_host_bytes_per_uid", Kind::kSize, nullptr, &Config::max_host_bytes_per_uid, "SIZE",
+       "host memory one uid may hold in buffers outside namespaces that have an ACL (default: a quarter of "
+       "--max-host-bytes, which it may not exceed)"},
       {"arena_bytes", Kind::kSizeOrZero, nullptr, &Config::arena_bytes, "SIZE",
        "size of each arena that small tensors allocated in a namespace share (default 16MiB; 0: off)"},
       {"arena_max_tensor", Kind::kSizeOrZero, nullptr, &Config::arena_max_tensor_bytes, "SIZE",
@@ -342,6 +362,25 @@ absl::Status FinishArenaSettings(Config& config) {
 // Where a value from the file came from, for errors: "config /etc/tensord.toml:3: max_sessions".
 std::string FileWhere(const std::string& path, const toml::node& node, absl::string_view key) {
   return absl::StrCat("config ", path, ":", node.source().begin.line, ": ", key);
+}
+
+// Resolves max_host_bytes's default and, from it, max_host_bytes_per_uid's; `origins` says
+// where the given ones came from.
+absl::Status FinishHostBytes(const std::map<std::string, std::string>& origins, Config& config) {
+  if (auto origin = origins.find("max_host_bytes"); origin != origins.end()) {
+    config.max_host_bytes_source = origin->second;
+  } else {
+    config.max_host_bytes = DefaultMaxHostBytes(&config.max_host_bytes_source);
+  }
+  auto per_uid = origins.find("max_host_bytes_per_uid");
+  if (per_uid == origins.end()) {
+    config.max_host_bytes_per_uid = std::max<uint64_t>(1, config.max_host_bytes / 4);
+  } else if (config.max_host_bytes_per_uid > config.max_host_bytes) {
+    return Invalid(absl::StrCat(per_uid->second, " (", config.max_host_bytes_per_uid,
+                                " bytes) is larger than the host memory quota of all uids, max_host_bytes (",
+                                config.max_host_bytes, " bytes, ", config.max_host_bytes_source, ")"));
+  }
+  return absl::OkStatus();
 }
 
 // [acl."bad/ns"] as the file would have to write it, for errors.
@@ -539,6 +578,7 @@ absl::StatusOr<gid_t> LookUpGroup(std::string_view group_text) {
 
 absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   CLI::App app{"tensord: share tensors between processes on this node without copying them"};
+  app.get_formatter()->column_width(40);
   std::string config_file;
   app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)");
   const std::vector<Setting>& settings = Settings();
@@ -552,8 +592,9 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
       "or as a key in the --config TOML file (max_sessions = 4096, ...); flags win over the\n"
       "environment, which wins over the file. Per-namespace access lists are file-only:\n"
       "  [acl.<namespace>] read_uids = [...] write_uids = [...] read_gids = [...] write_gids = [...]\n"
+      "The per-uid limits (--max-*-per-uid) do not bind root or the daemon's own uid.\n"
       "Sizes: a whole number of bytes, or a decimal number with a unit: 512MiB, 4G, 1.5GiB (K, M, G, T\n"
-      "and KiB...TiB are binary; KB, MB, GB, TB decimal). Counts (N): a whole number from 1.\n"
+      "and KiB...TiB are binary; KB, MB, GB, TB decimal). Counts (N): a whole number from 1 to 2^32.\n"
       "No signs, hexadecimal, leading zeros or exponents; in the file a count is a TOML integer and\n"
       "a size a TOML integer or string.");
   try {
@@ -594,11 +635,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
                                                             gid.status().message()));
     }
   }
-  if (auto origin = origins.find("max_host_bytes"); origin != origins.end()) {
-    config.max_host_bytes_source = origin->second;
-  } else {
-    config.max_host_bytes = DefaultMaxHostBytes(&config.max_host_bytes_source);
-  }
+  TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
   return config;
 }
 

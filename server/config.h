@@ -1,7 +1,9 @@
 // Daemon configuration: built-in defaults < TOML file (--config) < TENSORD_* environment
 // variables < command-line flags. The same keys everywhere: socket, socket_group,
-// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, arena_bytes,
-// arena_max_tensor, log_level, [acl.<namespace>] tables (config only).
+// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, the per-uid
+// limits and max_grpc_connections below, arena_bytes, arena_max_tensor, log_level,
+// [acl.<namespace>] tables (config only). LoadConfig resolves every default, so a Config it
+// returns holds the final numbers.
 //
 // Values are checked, never guessed at; a bad one is INVALID_ARGUMENT naming where it came
 // from (the flag, the environment variable, or the file, line and key), the value and why:
@@ -32,6 +34,13 @@ namespace tensord::server {
 inline constexpr uint64_t kDefaultMaxSessions = 4096;
 inline constexpr uint64_t kDefaultMaxLeasesPerSession = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultMaxWaitsPerSession = 1024;
+inline constexpr uint64_t kDefaultMaxSessionsPerUid = 1024;
+inline constexpr uint64_t kDefaultMaxConnectionsPerUid = 1024;
+inline constexpr uint64_t kDefaultMaxGrpcConnections = 8192;
+inline constexpr uint64_t kDefaultMaxTensorsPerUid = 262144;
+inline constexpr uint64_t kDefaultMaxWaitsPerUid = 8192;
+inline constexpr uint64_t kDefaultMaxWatchersPerUid = 256;
+inline constexpr uint64_t kDefaultMaxMetadataBytesPerUid = uint64_t{256} << 20;
 // Small tensors allocated in a namespace are carved out of arenas of this size.
 inline constexpr uint64_t kDefaultArenaBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kDefaultArenaMaxTensorBytes = uint64_t{1} << 20;
@@ -53,6 +62,21 @@ struct Config {
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
+  // Per-uid caps, so that one uid cannot starve the others. They do not bind root or the
+  // daemon's own uid.
+  uint64_t max_sessions_per_uid = kDefaultMaxSessionsPerUid;
+  // fd-channel connections (before and after HELLO) and gRPC connections of one uid.
+  uint64_t max_connections_per_uid = kDefaultMaxConnectionsPerUid;
+  uint64_t max_tensors_per_uid = kDefaultMaxTensorsPerUid;
+  uint64_t max_waits_per_uid = kDefaultMaxWaitsPerUid;
+  uint64_t max_watchers_per_uid = kDefaultMaxWatchersPerUid;
+  // Names, descriptions, tags and waits that one uid's tensors and requests keep in the daemon.
+  uint64_t max_metadata_bytes_per_uid = kDefaultMaxMetadataBytesPerUid;
+  // Host memory one uid holds in buffers outside namespaces that have an ACL; 0 before
+  // LoadConfig resolves it: a quarter of max_host_bytes. Never above max_host_bytes.
+  uint64_t max_host_bytes_per_uid = 0;
+  // gRPC connections of all uids together.
+  uint64_t max_grpc_connections = kDefaultMaxGrpcConnections;
   // Arenas: tensors of at most arena_max_tensor_bytes allocated in a namespace share
   // arena_bytes memfds (0 turns arenas off). Both are page multiples.
   uint64_t arena_bytes = kDefaultArenaBytes;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
@@ -35,6 +36,12 @@ std::string WriteToml(const std::string& contents, const std::string& suffix = "
                                   ::testing::UnitTest::GetInstance()->current_test_info()->name(), suffix, ".toml");
   std::ofstream(path) << contents;
   return path;
+}
+
+// `field` of a configuration that must have loaded.
+uint64_t Field(const absl::StatusOr<Config>& config, uint64_t Config::*field) {
+  EXPECT_THAT(config, IsOk());
+  return config.ok() ? *config.*field : 0;
 }
 
 // Sets an environment variable for one scope.
@@ -477,6 +484,85 @@ TEST(Config, BadCapsAreErrorsNamingTheSetting) {
   auto from_file = LoadConfig(2, const_cast<char**>(argv));
   ASSERT_FALSE(from_file.ok());
   EXPECT_NE(from_file.status().message().find("max_leases_per_session"), std::string::npos);
+}
+
+TEST(Config, PerUidLimitsHaveDefaults) {
+  absl::StatusOr<Config> config = Load({});
+  ASSERT_THAT(config, IsOk());
+  EXPECT_EQ(config->max_sessions_per_uid, 1024u);
+  EXPECT_EQ(config->max_connections_per_uid, 1024u);
+  EXPECT_EQ(config->max_grpc_connections, 8192u);
+  EXPECT_EQ(config->max_tensors_per_uid, 262144u);
+  EXPECT_EQ(config->max_waits_per_uid, 8192u);
+  EXPECT_EQ(config->max_watchers_per_uid, 256u);
+  EXPECT_EQ(config->max_metadata_bytes_per_uid, 256ull << 20);
+  EXPECT_EQ(config->max_host_bytes_per_uid, DefaultMaxHostBytes() / 4);
+  // A quarter of the quota, wherever the quota came from.
+  EXPECT_EQ(Load({"--max-host-bytes", "4GiB"})->max_host_bytes_per_uid, 1ull << 30);
+  EXPECT_EQ(Load({"--max-host-bytes", "3"})->max_host_bytes_per_uid, 1u);
+}
+
+// Each new limit, set in the file, the environment and a flag, and given a bad value.
+TEST(Config, PerUidLimitsComeFromFlagsEnvironmentAndFile) {
+  struct Case {
+    const char* key;
+    uint64_t Config::*field;
+    const char* file_value;  // TOML
+    uint64_t from_file;
+    const char* env_value;
+    uint64_t from_env;
+    const char* flag_value;
+    uint64_t from_flag;
+    const char* bad;
+  };
+  const Case cases[] = {
+      {"max_sessions_per_uid", &Config::max_sessions_per_uid, "10", 10, "20", 20, "30", 30, "1.5"},
+      {"max_connections_per_uid", &Config::max_connections_per_uid, "11", 11, "21", 21, "31", 31, "0"},
+      {"max_grpc_connections", &Config::max_grpc_connections, "12", 12, "22", 22, "32", 32, "0x20"},
+      {"max_tensors_per_uid", &Config::max_tensors_per_uid, "13", 13, "23", 23, "33", 33, "4294967297"},
+      {"max_waits_per_uid", &Config::max_waits_per_uid, "14", 14, "24", 24, "34", 34, "-1"},
+      {"max_watchers_per_uid", &Config::max_watchers_per_uid, "15", 15, "25", 25, "35", 35, "1e3"},
+      {"max_metadata_bytes_per_uid", &Config::max_metadata_bytes_per_uid, "\"1MiB\"", 1 << 20, "2MiB", 2 << 20,
+       "3000", 3000, "0.5"},
+      {"max_host_bytes_per_uid", &Config::max_host_bytes_per_uid, "1048576", 1 << 20, "2M", 2 << 20, "3KB", 3000,
+       "9999999TiB"},
+  };
+  for (const Case& c : cases) {
+    std::string path = WriteToml(absl::StrCat("max_host_bytes = \"1GiB\"\n", c.key, " = ", c.file_value, "\n"),
+                                 absl::StrCat("_", c.key));
+    std::string flag = absl::StrCat("--", absl::StrReplaceAll(c.key, {{"_", "-"}}));
+    std::string env = absl::StrCat("TENSORD_", absl::AsciiStrToUpper(c.key));
+    EXPECT_EQ(Field(Load({"--config", path}), c.field), c.from_file) << c.key;
+    {
+      ScopedEnv from_env(env.c_str(), c.env_value);
+      EXPECT_EQ(Field(Load({"--config", path}), c.field), c.from_env) << c.key;
+      EXPECT_EQ(Field(Load({"--config", path, flag, c.flag_value}), c.field), c.from_flag) << c.key;
+    }
+    EXPECT_THAT(Load({flag, c.bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(absl::StrCat(flag, " '", c.bad, "': "))))
+        << c.key;
+    ScopedEnv bad_env(env.c_str(), c.bad);
+    EXPECT_THAT(Load({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr(absl::StrCat("environment ", env, " (", flag, ") '", c.bad, "': "))))
+        << c.key;
+  }
+  std::string path = WriteToml("max_watchers_per_uid = 2.0\n", "_bad");
+  EXPECT_THAT(Load({"--config", path}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("config ", path, ":1: max_watchers_per_uid 2.0: a count must be"))));
+}
+
+TEST(Config, PerUidHostBytesAboveTheQuotaIsAnErrorNamingBoth) {
+  EXPECT_EQ(Load({"--max-host-bytes", "1GiB", "--max-host-bytes-per-uid", "1GiB"})->max_host_bytes_per_uid, 1ull << 30);
+  EXPECT_THAT(Load({"--max-host-bytes", "1GiB", "--max-host-bytes-per-uid", "2GiB"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--max-host-bytes-per-uid (2147483648 bytes) is larger than the host memory quota of "
+                                 "all uids, max_host_bytes (1073741824 bytes, --max-host-bytes)")));
+  ScopedEnv env("TENSORD_MAX_HOST_BYTES_PER_UID", "8388607TiB");
+  EXPECT_THAT(Load({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                 AllOf(HasSubstr("environment TENSORD_MAX_HOST_BYTES_PER_UID (--max-host-bytes-per-uid) "
+                                                 "(9223370937343148032 bytes) is larger than"),
+                                       HasSubstr("half of"))));
 }
 
 TEST(Config, ArenaSettingsComeFromFlagsEnvironmentAndFile) {
