@@ -143,7 +143,7 @@ absl::StatusOr<uint64_t> ParseCount(absl::string_view text) {
   uint64_t count = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
   if (error == std::errc::result_out_of_range || count > kMaxCount) return Invalid(absl::StrCat("too large; ", form));
-  if (count == 0) return Invalid(absl::StrCat("0; ", form));
+  if (count == 0) return Invalid(absl::StrCat("too small; ", form));
   return count;
 }
 
@@ -534,7 +534,7 @@ uint64_t DefaultMaxHostBytes(std::string* why) {
     return cgroup.bytes / 2;
   }
   if (why != nullptr) {
-    *why = absl::StrCat("half of the node's ", total, " bytes of memory (MemTotal); ",
+    *why = absl::StrCat("half of MemTotal, ", total, " bytes; ",
                         cgroup.bytes == 0 ? std::string("no cgroup memory limit")
                                           : absl::StrCat("the cgroup memory limit in ", cgroup.file, " is larger"));
   }
