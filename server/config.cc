@@ -182,6 +182,17 @@ void ReadCgroupLimitsUpTo(const std::string& mount, absl::string_view path, cons
   }
 }
 
+constexpr char kHelpFooter[] =
+    "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"
+    "or as a key in the --config TOML file (max_sessions = 4096, ...); flags win over the\n"
+    "environment, which wins over the file. Per-namespace access lists are file-only:\n"
+    "  [acl.<namespace>] read_uids = [...] write_uids = [...] read_gids = [...] write_gids = [...]\n"
+    "The per-uid limits (--max-*-per-uid) do not bind root or the daemon's own uid.\n"
+    "Sizes: a whole number of bytes, or a decimal number with a unit: 512MiB, 4G, 1.5GiB (K, M, G, T\n"
+    "and KiB...TiB are binary; KB, MB, GB, TB decimal). Counts (N): a whole number from 1 to 2^32.\n"
+    "No signs, hexadecimal, leading zeros or exponents; in the file a count is a TOML integer and\n"
+    "a size a TOML integer or string.";
+
 // How a setting is written and checked. Every setting has a TOML key, a flag (the key with
 // '-' for '_') and an environment variable (TENSORD_ and the key in upper case).
 enum class Kind {
@@ -383,6 +394,18 @@ absl::Status FinishHostBytes(const std::map<std::string, std::string>& origins, 
   return absl::OkStatus();
 }
 
+// Checked when the configuration loads, where it is known where the group came from; the
+// daemon looks it up again when it creates the sockets.
+absl::Status CheckSocketGroup(const Config& config, const std::map<std::string, std::string>& origins) {
+  if (config.socket_group.empty()) return absl::OkStatus();
+  absl::StatusOr<gid_t> gid = LookUpGroup(config.socket_group);
+  if (gid.ok()) return absl::OkStatus();
+  auto origin = origins.find("socket_group");
+  return absl::Status(gid.status().code(), absl::StrCat(origin != origins.end() ? origin->second : "socket_group", " ",
+                                                        common::QuoteForError(config.socket_group), ": ",
+                                                        gid.status().message()));
+}
+
 // [acl."bad/ns"] as the file would have to write it, for errors.
 std::string AclTableName(const std::string& ns) {
   bool bare = !ns.empty() && std::all_of(ns.begin(), ns.end(), [](char c) {
@@ -580,23 +603,15 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   CLI::App app{"tensord: share tensors between processes on this node without copying them"};
   app.get_formatter()->column_width(40);
   std::string config_file;
-  app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)");
+  app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)")
+      ->type_name("FILE");
   const std::vector<Setting>& settings = Settings();
   std::vector<std::string> flag_values(settings.size());
   std::vector<CLI::Option*> flags(settings.size());
   for (size_t i = 0; i < settings.size(); ++i) {
     flags[i] = app.add_option(settings[i].Flag(), flag_values[i], settings[i].help)->type_name(settings[i].type_name);
   }
-  app.footer(
-      "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"
-      "or as a key in the --config TOML file (max_sessions = 4096, ...); flags win over the\n"
-      "environment, which wins over the file. Per-namespace access lists are file-only:\n"
-      "  [acl.<namespace>] read_uids = [...] write_uids = [...] read_gids = [...] write_gids = [...]\n"
-      "The per-uid limits (--max-*-per-uid) do not bind root or the daemon's own uid.\n"
-      "Sizes: a whole number of bytes, or a decimal number with a unit: 512MiB, 4G, 1.5GiB (K, M, G, T\n"
-      "and KiB...TiB are binary; KB, MB, GB, TB decimal). Counts (N): a whole number from 1 to 2^32.\n"
-      "No signs, hexadecimal, leading zeros or exponents; in the file a count is a TOML integer and\n"
-      "a size a TOML integer or string.");
+  app.footer(kHelpFooter);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -626,15 +641,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     }
   }
   TENSORD_RETURN_IF_ERROR(FinishArenaSettings(config));
-  // Checked here, where it is known where the group came from; the daemon looks it up again.
-  if (!config.socket_group.empty()) {
-    absl::StatusOr<gid_t> gid = LookUpGroup(config.socket_group);
-    if (!gid.ok()) {
-      return absl::Status(gid.status().code(), absl::StrCat(origins["socket_group"], " ",
-                                                            common::QuoteForError(config.socket_group), ": ",
-                                                            gid.status().message()));
-    }
-  }
+  TENSORD_RETURN_IF_ERROR(CheckSocketGroup(config, origins));
   TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
   return config;
 }
