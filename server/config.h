@@ -108,8 +108,9 @@ struct CgroupMemoryLimit {
 
 // Reads the limits that bind the process whose /proc/self/cgroup is `proc_self_cgroup`,
 // with the cgroup filesystems mounted under `sys_fs_cgroup_root` (/sys/fs/cgroup): v2's
-// memory.max ("0::/path", in <root>/<path>) and v1's memory.limit_in_bytes ("N:memory:/path"
-// or a list naming memory, in <root>/memory/<path>), in the cgroup's directory and in each
+// memory.max ("0::/path", in <root>/<path>, or <root>/unified/<path> on hybrid systems) and
+// v1's memory.limit_in_bytes ("N:memory:/path" or a list naming memory, "N:cpu,memory:/path",
+// in <root>/memory/<path>, else <root>/cpu,memory/<path>), in the cgroup's directory and in each
 // ancestor up to the mount's root: a parent's limit binds its children. The root's own file
 // is read even when <path> is not there, as inside a container whose cgroup is mounted as
 // the root. "max", v1's "no limit" (2^63 less a page) and unreadable files count as none;
