@@ -1,87 +1,355 @@
 #include "server/config.h"
 
+#include <grp.h>
 #include <unistd.h>
 
-#include <cctype>
-#include <cmath>
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <optional>
 #include <sstream>
-#include <string_view>
-#include <tuple>
 
 #include "CLI/CLI.hpp"
+#include "absl/numeric/int128.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/names.h"
+#include "common/status.h"
 #include "toml++/toml.h"
 
 namespace tensord::server {
 namespace {
 
 struct Unit {
-  const char* suffix;
-  double factor;
+  const char* name;  // lower case; units are matched without regard to case
+  uint64_t factor;
 };
 
-// Longest suffixes first so "MiB" wins over "B".
 constexpr Unit kUnits[] = {
-    {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
-    {"kb", 1e3},     {"mb", 1e6},        {"gb", 1e9},           {"tb", 1e12},
-    {"k", 1024.0},   {"m", 1048576.0},   {"g", 1073741824.0},   {"t", 1099511627776.0},
-    {"b", 1.0},
+    {"b", 1},
+    {"k", uint64_t{1} << 10},  {"kib", uint64_t{1} << 10}, {"kb", 1000},
+    {"m", uint64_t{1} << 20},  {"mib", uint64_t{1} << 20}, {"mb", 1000 * 1000},
+    {"g", uint64_t{1} << 30},  {"gib", uint64_t{1} << 30}, {"gb", 1000 * 1000 * 1000},
+    {"t", uint64_t{1} << 40},  {"tib", uint64_t{1} << 40}, {"tb", uint64_t{1000} * 1000 * 1000 * 1000},
 };
 
-uint64_t ReadCgroupLimit() {
-  // cgroup v2: /proc/self/cgroup says "0::/path"; the limit is memory.max there.
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line;
-  uint64_t limit = 0;
-  while (std::getline(cg, line)) {
-    if (line.rfind("0::", 0) == 0) {
-      std::ifstream max_file("/sys/fs/cgroup" + line.substr(3) + "/memory.max");
-      std::string value;
-      if (max_file >> value && value != "max") {
-        uint64_t parsed = 0;
-        if (absl::SimpleAtoi(value, &parsed)) limit = parsed;
-      }
-    }
-  }
-  if (limit == 0) {
-    std::ifstream v1("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-    uint64_t parsed = 0;
-    // cgroup v1 reports "no limit" as a huge number near 2^63.
-    if (v1 >> parsed && parsed < (uint64_t{1} << 62)) limit = parsed;
-  }
-  return limit;
-}
+constexpr char kSizeForm[] =
+    "a size is a decimal number of bytes with an optional unit (B, K, KiB, KB, M, MiB, MB, G, GiB, GB, T, "
+    "TiB, TB), like 512MiB, 4G or 1.5GiB";
 
 // Caps are counts of things held in memory: 2^32 is far beyond what a node can hold.
 constexpr uint64_t kMaxCount = uint64_t{1} << 32;
 
-uint64_t& CountField(Config& config, const std::string& key) {
-  if (key == "max_sessions") return config.max_sessions;
-  if (key == "max_leases_per_session") return config.max_leases_per_session;
-  return config.max_waits_per_session;
+absl::Status Invalid(absl::string_view reason) { return absl::InvalidArgumentError(reason); }
+
+bool IsDigits(absl::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), absl::ascii_isdigit);
 }
 
-absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& what) {
-  uint64_t value = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &value) || value < 1 || value > kMaxCount) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", text, "': expected a whole number from 1 to ", kMaxCount));
+absl::string_view TakeDigits(absl::string_view& text) {
+  size_t n = 0;
+  while (n < text.size() && absl::ascii_isdigit(text[n])) ++n;
+  absl::string_view digits = text.substr(0, n);
+  text.remove_prefix(n);
+  return digits;
+}
+
+// The mistakes that used to be guessed at, each refused with its own reason: a sign,
+// hexadecimal, leading zeros (octal to some readers), scientific notation, inner whitespace.
+absl::Status RefuseCommonMistakes(absl::string_view text, absl::string_view form) {
+  if (text.empty()) return Invalid(absl::StrCat("empty; ", form));
+  if (text[0] == '+' || text[0] == '-') return Invalid(absl::StrCat("no sign is accepted; ", form));
+  if (absl::StartsWithIgnoreCase(text, "0x")) return Invalid(absl::StrCat("hexadecimal is not accepted; ", form));
+  absl::string_view rest = text;
+  absl::string_view whole = TakeDigits(rest);
+  if (whole.size() > 1 && whole[0] == '0') {
+    return Invalid(absl::StrCat("leading zeros are not accepted (octal is not either); ", form));
   }
-  return value;
+  if (absl::ConsumePrefix(&rest, ".")) TakeDigits(rest);
+  if (!whole.empty() && rest.size() > 1 && (rest[0] == 'e' || rest[0] == 'E') &&
+      (absl::ascii_isdigit(rest[1]) || rest[1] == '+' || rest[1] == '-')) {
+    return Invalid(absl::StrCat("scientific notation is not accepted; ", form));
+  }
+  if (std::any_of(text.begin(), text.end(), absl::ascii_isspace)) {
+    return Invalid(absl::StrCat("no whitespace is accepted inside; ", form));
+  }
+  return absl::OkStatus();
 }
 
-// An arena setting: a size like 16MiB, or 0 (arenas off).
-absl::StatusOr<uint64_t> ParseArenaSize(const std::string& text, std::string_view what) {
-  if (absl::StripAsciiWhitespace(text) == "0") return 0;
-  absl::StatusOr<uint64_t> size = ParseByteSize(text);
-  if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": ", size.status().message()));
-  return *size;
+// The grammar of sizes: digits, optionally '.' and digits, optionally a unit; the result a
+// whole number of bytes from 1 to 2^63-1. Errors give the reason only; callers say where
+// the text came from.
+absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (absl::Status mistake = RefuseCommonMistakes(text, kSizeForm); !mistake.ok()) return mistake;
+  absl::string_view rest = text;
+  absl::string_view whole = TakeDigits(rest);
+  absl::string_view fraction;
+  bool has_point = absl::ConsumePrefix(&rest, ".");
+  if (has_point) fraction = TakeDigits(rest);
+  if (whole.empty() || (has_point && fraction.empty())) return Invalid(kSizeForm);
+  uint64_t factor = 1;
+  if (!rest.empty()) {
+    std::string unit = absl::AsciiStrToLower(rest);
+    const Unit* found = std::find_if(std::begin(kUnits), std::end(kUnits),
+                                     [&](const Unit& u) { return unit == u.name; });
+    if (found == std::end(kUnits)) return Invalid(absl::StrCat("unknown unit '", rest, "'; ", kSizeForm));
+    factor = found->factor;
+  } else if (has_point) {
+    return Invalid("a fraction needs a unit, like 1.5GiB: a number alone is a whole number of bytes");
+  }
+  // Buffers are sized in off_t: a size above its largest value could never be allocated, and
+  // a quota that large (9999999TiB) is a typo, not a limit.
+  constexpr char kTooLarge[] = "too large: a size is at most 9223372036854775807 bytes (8 EiB, the largest off_t)";
+  if (whole.size() > 20) return Invalid(kTooLarge);
+  absl::uint128 bytes = 0;
+  for (char digit : whole) bytes = bytes * 10 + static_cast<uint64_t>(digit - '0');
+  bytes *= factor;
+  // Exact arithmetic: 1.5GiB is 1610612736 bytes, and 0.1B is refused rather than rounded.
+  while (!fraction.empty() && fraction.back() == '0') fraction.remove_suffix(1);
+  if (!fraction.empty()) {
+    // 10^26 times a TiB still fits 128 bits; no whole number of bytes needs more places.
+    if (fraction.size() > 26) return Invalid("more than 26 decimal places: not a whole number of bytes");
+    absl::uint128 numerator = 0, denominator = 1;
+    for (char digit : fraction) {
+      numerator = numerator * 10 + static_cast<uint64_t>(digit - '0');
+      denominator *= 10;
+    }
+    numerator *= factor;
+    if (numerator % denominator != 0) return Invalid("not a whole number of bytes");
+    bytes += numerator / denominator;
+  }
+  if (bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Invalid(kTooLarge);
+  if (bytes == 0) return Invalid("0 bytes: a size is at least 1 byte");
+  return absl::Uint128Low64(bytes);
+}
+
+absl::StatusOr<uint64_t> ParseCount(absl::string_view text) {
+  static const std::string form = absl::StrCat("a count is a whole decimal number from 1 to ", kMaxCount);
+  text = absl::StripAsciiWhitespace(text);
+  if (absl::Status mistake = RefuseCommonMistakes(text, form); !mistake.ok()) return mistake;
+  if (absl::StrContains(text, '.')) return Invalid(absl::StrCat("a count has no fraction; ", form));
+  if (!IsDigits(text)) return Invalid(form);
+  uint64_t count = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
+  if (error == std::errc::result_out_of_range || count > kMaxCount) return Invalid(absl::StrCat("too large; ", form));
+  if (count == 0) return Invalid(absl::StrCat("too small; ", form));
+  return count;
+}
+
+// cgroup v1 says "no limit" with 2^63 rounded down to a page (9223372036854771712 with 4 KiB
+// pages); no real limit comes near this.
+constexpr uint64_t kCgroupNoLimit = uint64_t{1} << 62;
+
+// The limit in one memory.max or memory.limit_in_bytes; 0 when the file is missing, says
+// "max", or holds anything but a number of bytes.
+uint64_t ReadCgroupLimitFile(const std::string& path) {
+  std::ifstream file(path);
+  std::string line;
+  if (!std::getline(file, line)) return 0;
+  absl::string_view text = absl::StripAsciiWhitespace(line);
+  uint64_t bytes = 0;
+  if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit)) return 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), bytes);
+  if (error != std::errc() || end != text.data() + text.size() || bytes >= kCgroupNoLimit) return 0;
+  return bytes;
+}
+
+// Reads `file_name` in <mount><path> and in each of its ancestors up to <mount> itself,
+// keeping the smallest limit in `best`. The directories need not exist: in a container the
+// process's path may not be there and the mount's root is its own cgroup.
+void ReadCgroupLimitsUpTo(const std::string& mount, absl::string_view path, const char* file_name,
+                          CgroupMemoryLimit& best) {
+  std::string dir(absl::StripSuffix(path, "/"));
+  // A path the kernel would never write is not followed outside the mount.
+  if (!absl::StartsWith(dir, "/") || absl::StrContains(absl::StrCat(dir, "/"), "/../")) dir.clear();
+  while (true) {
+    std::string file = absl::StrCat(mount, dir, "/", file_name);
+    uint64_t bytes = ReadCgroupLimitFile(file);
+    if (bytes != 0 && (best.bytes == 0 || bytes < best.bytes)) best = {bytes, file};
+    if (dir.empty()) return;
+    dir.resize(dir.rfind('/'));
+  }
+}
+
+constexpr char kHelpFooter[] =
+    "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"
+    "or as a key in the --config TOML file (max_sessions = 4096, ...); flags win over the\n"
+    "environment, which wins over the file. Per-namespace access lists are file-only:\n"
+    "  [acl.<namespace>] read_uids = [...] write_uids = [...] read_gids = [...] write_gids = [...]\n"
+    "The per-uid limits (--max-*-per-uid) do not bind root or the daemon's own uid.\n"
+    "Sizes: a whole number of bytes, or a decimal number with a unit: 512MiB, 4G, 1.5GiB (K, M, G, T\n"
+    "and KiB...TiB are binary; KB, MB, GB, TB decimal). Counts (N): a whole number from 1 to 2^32.\n"
+    "No signs, hexadecimal, leading zeros or exponents; in the file a count is a TOML integer and\n"
+    "a size a TOML integer or string.";
+
+// How a setting is written and checked. Every setting has a TOML key, a flag (the key with
+// '-' for '_') and an environment variable (TENSORD_ and the key in upper case).
+enum class Kind {
+  kText,
+  kSize,         // ParseSize, or a TOML integer >= 1
+  kSizeOrZero,   // the same, or 0 (arenas: off)
+  kCount,        // ParseCount, or a TOML integer from 1 to kMaxCount; never a TOML string
+};
+
+struct Setting {
+  std::string key;
+  Kind kind;
+  std::string Config::*text = nullptr;  // kText
+  uint64_t Config::*number = nullptr;   // every other kind
+  std::string type_name;
+  std::string help;
+
+  std::string Flag() const {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return flag;
+  }
+  std::string Env() const { return "TENSORD_" + absl::AsciiStrToUpper(key); }
+};
+
+// In the order --help lists them.
+const std::vector<Setting>& Settings() {
+  static const std::vector<Setting> settings = {
+      {"socket", Kind::kText, &Config::socket, nullptr, "PATH", "gRPC socket path (the fd channel is <socket>.fd)"},
+      {"socket_group", Kind::kText, &Config::socket_group, nullptr, "GROUP",
+       "group that may connect (sockets are mode 0660): a name or a numeric gid"},
+      {"max_host_bytes", Kind::kSize, nullptr, &Config::max_host_bytes, "SIZE",
+       "host memory quota, e.g. 4G (default: half of the node's memory or of the cgroup memory limit, if smaller)"},
+      {"max_sessions", Kind::kCount, nullptr, &Config::max_sessions, "N",
+       absl::StrCat("sessions (connected clients) served at once (default ", kDefaultMaxSessions, ")")},
+      {"max_leases_per_session", Kind::kCount, nullptr, &Config::max_leases_per_session, "N",
+       absl::StrCat("leases one session may hold (default ", kDefaultMaxLeasesPerSession, ")")},
+      {"max_waits_per_session", Kind::kCount, nullptr, &Config::max_waits_per_session, "N",
+       absl::StrCat("acquires and takes one session may have waiting (default ", kDefaultMaxWaitsPerSession, ")")},
+      {"max_sessions_per_uid", Kind::kCount, nullptr, &Config::max_sessions_per_uid, "N",
+       absl::StrCat("sessions one uid may have at once (default ", kDefaultMaxSessionsPerUid, ")")},
+      {"max_connections_per_uid", Kind::kCount, nullptr, &Config::max_connections_per_uid, "N",
+       absl::StrCat("connections one uid may have open: fd-channel ones, before and after HELLO, and gRPC ones "
+                    "(default ", kDefaultMaxConnectionsPerUid, ")")},
+      {"max_grpc_connections", Kind::kCount, nullptr, &Config::max_grpc_connections, "N",
+       absl::StrCat("gRPC connections served at once, all uids together (default ", kDefaultMaxGrpcConnections, ")")},
+      {"max_tensors_per_uid", Kind::kCount, nullptr, &Config::max_tensors_per_uid, "N",
+       absl::StrCat("tensors one uid may hold in the daemon (default ", kDefaultMaxTensorsPerUid, ")")},
+      {"max_waits_per_uid", Kind::kCount, nullptr, &Config::max_waits_per_uid, "N",
+       absl::StrCat("acquires and takes one uid may have waiting, all its sessions together (default ",
+                    kDefaultMaxWaitsPerUid, ")")},
+      {"max_watchers_per_uid", Kind::kCount, nullptr, &Config::max_watchers_per_uid, "N",
+       absl::StrCat("watches one uid may have open (default ", kDefaultMaxWatchersPerUid, ")")},
+      {"max_metadata_bytes_per_uid", Kind::kSize, nullptr, &Config::max_metadata_bytes_per_uid, "SIZE",
+       "bytes of names, descriptions, tags and waits one uid's tensors and requests may keep in the daemon "
+       "(default 256MiB)"},
+      {"max_host_bytes_per_uid", Kind::kSize, nullptr, &Config::max_host_bytes_per_uid, "SIZE",
+       "host memory one uid may hold in buffers outside namespaces that have an ACL (default: a quarter of "
+       "--max-host-bytes, which it may not exceed)"},
+      {"arena_bytes", Kind::kSizeOrZero, nullptr, &Config::arena_bytes, "SIZE",
+       "size of each arena that small tensors allocated in a namespace share (default 16MiB; 0: off)"},
+      {"arena_max_tensor", Kind::kSizeOrZero, nullptr, &Config::arena_max_tensor_bytes, "SIZE",
+       "largest tensor that goes into an arena (default 1MiB)"},
+      {"log_level", Kind::kText, &Config::log_level, nullptr, "LEVEL",
+       "trace, debug, info, warn, error, critical or off"},
+  };
+  return settings;
+}
+
+const Setting* FindSetting(absl::string_view key) {
+  for (const Setting& setting : Settings()) {
+    if (setting.key == key) return &setting;
+  }
+  return nullptr;
+}
+
+// A text value from a flag or the environment; `where` names it for the error.
+absl::Status ApplyText(const Setting& setting, const std::string& text, const std::string& where, Config& config) {
+  if (setting.kind == Kind::kText) {
+    config.*setting.text = text;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> number;
+  if (setting.kind == Kind::kCount) {
+    number = ParseCount(text);
+  } else if (setting.kind == Kind::kSizeOrZero && absl::StripAsciiWhitespace(text) == "0") {
+    number = 0;
+  } else {
+    number = ParseSize(text);
+  }
+  if (!number.ok()) {
+    return Invalid(absl::StrCat(where, " ", common::QuoteForError(text), ": ", number.status().message()));
+  }
+  config.*setting.number = *number;
+  return absl::OkStatus();
+}
+
+std::string TomlTypeName(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a floating-point number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "nothing";
+  }
+}
+
+// A TOML value as an error message shows it: strings quoted, arrays and tables by type.
+std::string DescribeToml(const toml::node& node) {
+  if (const toml::value<std::string>* text = node.as_string()) return common::QuoteForError(text->get());
+  if (const toml::value<int64_t>* integer = node.as_integer()) return absl::StrCat(integer->get());
+  if (const toml::value<bool>* boolean = node.as_boolean()) return boolean->get() ? "true" : "false";
+  if (const toml::value<double>* number = node.as_floating_point()) {
+    std::ostringstream out;
+    out << *number;  // as TOML writes it: 1.0, 1e-300
+    return out.str();
+  }
+  return absl::StrCat("(", TomlTypeName(node), ")");
+}
+
+// A value from the file. The TOML type must fit the setting: a string for text, an integer
+// for a count, an integer (bytes) or a string (with units) for a size; never a boolean, a
+// float, an array or a table, which used to be converted silently.
+absl::Status ApplyToml(const Setting& setting, const toml::node& node, const std::string& where, Config& config) {
+  auto refuse = [&](absl::string_view reason) {
+    return Invalid(absl::StrCat(where, " ", DescribeToml(node), ": ", reason));
+  };
+  if (setting.kind == Kind::kText) {
+    if (!node.is_string()) return refuse(absl::StrCat("must be a TOML string, not ", TomlTypeName(node)));
+    config.*setting.text = node.as_string()->get();
+    return absl::OkStatus();
+  }
+  if (const toml::value<int64_t>* integer = node.as_integer()) {
+    int64_t value = integer->get();
+    if (setting.kind == Kind::kCount && (value < 1 || static_cast<uint64_t>(value) > kMaxCount)) {
+      return refuse(absl::StrCat("a count is a whole number from 1 to ", kMaxCount));
+    }
+    if (value < (setting.kind == Kind::kSizeOrZero ? 0 : 1)) {
+      return refuse(setting.kind == Kind::kSizeOrZero ? "a size is 0 (off) or at least 1 byte"
+                                                      : "a size is at least 1 byte");
+    }
+    config.*setting.number = static_cast<uint64_t>(value);
+    return absl::OkStatus();
+  }
+  if (setting.kind == Kind::kCount) {
+    return refuse(absl::StrCat("a count must be a TOML integer, like 4096, not ", TomlTypeName(node)));
+  }
+  if (!node.is_string()) {
+    return refuse(absl::StrCat("a size must be a TOML integer (bytes) or a string like \"4GiB\", not ",
+                               TomlTypeName(node)));
+  }
+  return ApplyText(setting, node.as_string()->get(), where, config);
 }
 
 // Arenas are memfds carved in whole pages: sizes round up to a page; a tensor bound above
@@ -102,22 +370,115 @@ absl::Status FinishArenaSettings(Config& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node* node, const std::string& key) {
+// Where a value from the file came from, for errors: "config /etc/tensord.toml:3: max_sessions".
+std::string FileWhere(const std::string& path, const toml::node& node, absl::string_view key) {
+  return absl::StrCat("config ", path, ":", node.source().begin.line, ": ", key);
+}
+
+// Resolves max_host_bytes's default and, from it, max_host_bytes_per_uid's; `origins` says
+// where the given ones came from.
+absl::Status FinishHostBytes(const std::map<std::string, std::string>& origins, Config& config) {
+  if (auto origin = origins.find("max_host_bytes"); origin != origins.end()) {
+    config.max_host_bytes_source = origin->second;
+  } else {
+    config.max_host_bytes = DefaultMaxHostBytes(&config.max_host_bytes_source);
+  }
+  auto per_uid = origins.find("max_host_bytes_per_uid");
+  if (per_uid == origins.end()) {
+    config.max_host_bytes_per_uid = std::max<uint64_t>(1, config.max_host_bytes / 4);
+  } else if (config.max_host_bytes_per_uid > config.max_host_bytes) {
+    return Invalid(absl::StrCat(per_uid->second, " (", config.max_host_bytes_per_uid,
+                                " bytes) is larger than the host memory quota of all uids, max_host_bytes (",
+                                config.max_host_bytes, " bytes, ", config.max_host_bytes_source, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Checked when the configuration loads, where it is known where the group came from; the
+// daemon looks it up again when it creates the sockets.
+absl::Status CheckSocketGroup(const Config& config, const std::map<std::string, std::string>& origins) {
+  if (config.socket_group.empty()) return absl::OkStatus();
+  absl::StatusOr<gid_t> gid = LookUpGroup(config.socket_group);
+  if (gid.ok()) return absl::OkStatus();
+  auto origin = origins.find("socket_group");
+  return absl::Status(gid.status().code(), absl::StrCat(origin != origins.end() ? origin->second : "socket_group", " ",
+                                                        common::QuoteForError(config.socket_group), ": ",
+                                                        gid.status().message()));
+}
+
+// [acl."bad/ns"] as the file would have to write it, for errors.
+std::string AclTableName(const std::string& ns) {
+  bool bare = !ns.empty() && std::all_of(ns.begin(), ns.end(), [](char c) {
+    return absl::ascii_isalnum(c) || c == '_' || c == '-';
+  });
+  if (bare) return absl::StrCat("[acl.", ns, "]");
+  constexpr size_t kShown = 128;
+  return absl::StrCat("[acl.\"", absl::CHexEscape(absl::string_view(ns).substr(0, kShown)),
+                      ns.size() > kShown ? "..." : "", "\"]");
+}
+
+// A list of uids or gids: TOML integers from 0 to 2^32-2 (the kernel reads (uid_t)-1 as "no
+// id"). Names are not looked up.
+absl::StatusOr<std::vector<uint32_t>> TomlIdList(const toml::node& node, const std::string& where,
+                                                 absl::string_view kind) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr) {
+    return Invalid(absl::StrCat(where, " ", DescribeToml(node), ": must be a list of numeric ", kind,
+                                "s, like [1000, 1001], not ", TomlTypeName(node)));
+  }
+  constexpr int64_t kMaxId = 0xfffffffe;
   std::vector<uint32_t> ids;
-  if (node == nullptr) return ids;
-  const toml::array* array = node->as_array();
-  if (array == nullptr) return absl::InvalidArgumentError(absl::StrCat(key, ": expected a list of ids"));
-  for (const toml::node& item : *array) {
-    std::optional<int64_t> id = item.value<int64_t>();
-    if (!id || *id < 0 || *id > 0xffffffffLL) {
-      return absl::InvalidArgumentError(absl::StrCat(key, ": every entry must be a numeric id"));
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& item = *array->get(i);
+    const toml::value<int64_t>* id = item.as_integer();
+    if (id == nullptr || id->get() < 0 || id->get() > kMaxId) {
+      return Invalid(absl::StrCat(where, "[", i, "] ", DescribeToml(item), ": a ", kind,
+                                  " is an integer from 0 to ", kMaxId,
+                                  id == nullptr ? absl::StrCat(", not ", TomlTypeName(item)) : ""));
     }
-    ids.push_back(static_cast<uint32_t>(*id));
+    ids.push_back(static_cast<uint32_t>(id->get()));
   }
   return ids;
 }
 
-absl::Status ApplyFile(const std::string& path, Config& config) {
+// The [acl.<namespace>] tables. A namespace that ValidateNamespace refuses could never
+// match a tensor's name: its table is an error, not a rule that silently grants nothing.
+absl::Status ApplyAcls(const std::string& path, const toml::node& node, Config& config) {
+  const toml::table* acls = node.as_table();
+  if (acls == nullptr) {
+    return Invalid(absl::StrCat(FileWhere(path, node, "acl"), " ", DescribeToml(node),
+                                ": must be [acl.<namespace>] tables, not ", TomlTypeName(node)));
+  }
+  for (const auto& [ns_key, entry] : *acls) {
+    std::string ns(ns_key.str());
+    std::string table = AclTableName(ns);
+    std::string where = absl::StrCat("config ", path, ":", entry.source().begin.line, ": ", table);
+    if (absl::Status valid = common::ValidateNamespace(ns); !valid.ok()) {
+      return Invalid(absl::StrCat(where, ": could never match a tensor: ", valid.message()));
+    }
+    const toml::table* fields = entry.as_table();
+    if (fields == nullptr) return Invalid(absl::StrCat(where, ": must be a table, not ", TomlTypeName(entry)));
+    NamespaceAcl acl;
+    for (const auto& [field_key, value] : *fields) {
+      std::string field(field_key.str());
+      std::string field_where = absl::StrCat("config ", path, ":", value.source().begin.line, ": ", table, " ", field);
+      bool uids = field == "read_uids" || field == "write_uids";
+      if (!uids && field != "read_gids" && field != "write_gids") {
+        return Invalid(absl::StrCat(field_where,
+                                    ": unknown key; an ACL has read_uids, write_uids, read_gids and write_gids"));
+      }
+      TENSORD_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, TomlIdList(value, field_where, uids ? "uid" : "gid"));
+      if (field == "read_uids") acl.read_uids.assign(ids.begin(), ids.end());
+      if (field == "write_uids") acl.write_uids.assign(ids.begin(), ids.end());
+      if (field == "read_gids") acl.read_gids.assign(ids.begin(), ids.end());
+      if (field == "write_gids") acl.write_gids.assign(ids.begin(), ids.end());
+    }
+    config.acls[ns] = std::move(acl);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyFile(const std::string& path, Config& config, std::map<std::string, std::string>& origins) {
   toml::table table;
   try {
     // Debian's toml++ is built with exceptions: a parse error is thrown, caught right here.
@@ -128,63 +489,17 @@ absl::Status ApplyFile(const std::string& path, Config& config) {
   }
   for (const auto& [key, node] : table) {
     std::string k(key.str());
-    if (k == "socket" || k == "socket_group" || k == "log_level") {
-      std::optional<std::string> value = node.value<std::string>();
-      if (!value) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", k, " must be a string"));
-      if (k == "socket") config.socket = *value;
-      if (k == "socket_group") config.socket_group = *value;
-      if (k == "log_level") config.log_level = *value;
-    } else if (k == "max_host_bytes") {
-      if (std::optional<int64_t> bytes = node.value<int64_t>(); bytes && *bytes > 0) {
-        config.max_host_bytes = static_cast<uint64_t>(*bytes);
-      } else if (std::optional<std::string> text = node.value<std::string>()) {
-        absl::StatusOr<uint64_t> size = ParseByteSize(*text);
-        if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", size.status().message()));
-        config.max_host_bytes = *size;
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("config ", path, ": max_host_bytes must be a size"));
-      }
-    } else if (k == "arena_bytes" || k == "arena_max_tensor") {
-      // A size, or 0 (arena_bytes only): arenas off.
-      uint64_t& target = k == "arena_bytes" ? config.arena_bytes : config.arena_max_tensor_bytes;
-      if (std::optional<int64_t> bytes = node.value<int64_t>(); bytes && *bytes >= 0) {
-        target = static_cast<uint64_t>(*bytes);
-      } else if (std::optional<std::string> text = node.value<std::string>()) {
-        absl::StatusOr<uint64_t> size = ParseArenaSize(*text, k);
-        if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", size.status().message()));
-        target = *size;
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", k, " must be a size"));
-      }
-    } else if (k == "max_sessions" || k == "max_leases_per_session" || k == "max_waits_per_session") {
-      std::optional<int64_t> count = node.value<int64_t>();
-      if (!count || *count < 1 || static_cast<uint64_t>(*count) > kMaxCount) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("config ", path, ": ", k, " must be a whole number from 1 to ", kMaxCount));
-      }
-      CountField(config, k) = static_cast<uint64_t>(*count);
+    if (const Setting* setting = FindSetting(k)) {
+      TENSORD_RETURN_IF_ERROR(ApplyToml(*setting, node, FileWhere(path, node, k), config));
+      origins[k] = FileWhere(path, node, k);
     } else if (k == "acl") {
-      const toml::table* acls = node.as_table();
-      if (acls == nullptr) return absl::InvalidArgumentError(absl::StrCat("config ", path, ": [acl] must be a table"));
-      for (const auto& [ns, entry] : *acls) {
-        const toml::table* acl_table = entry.as_table();
-        std::string prefix = absl::StrCat("config ", path, ": acl.", std::string(ns.str()));
-        if (acl_table == nullptr) return absl::InvalidArgumentError(prefix + " must be a table");
-        NamespaceAcl acl;
-        for (const auto& [field, value] : *acl_table) {
-          std::string f(field.str());
-          absl::StatusOr<std::vector<uint32_t>> ids = TomlIdList(&value, prefix + "." + f);
-          if (!ids.ok()) return ids.status();
-          if (f == "read_uids") acl.read_uids.assign(ids->begin(), ids->end());
-          else if (f == "write_uids") acl.write_uids.assign(ids->begin(), ids->end());
-          else if (f == "read_gids") acl.read_gids.assign(ids->begin(), ids->end());
-          else if (f == "write_gids") acl.write_gids.assign(ids->begin(), ids->end());
-          else return absl::InvalidArgumentError(absl::StrCat(prefix, ": unknown key '", f, "'"));
-        }
-        config.acls[std::string(ns.str())] = std::move(acl);
-      }
+      TENSORD_RETURN_IF_ERROR(ApplyAcls(path, node, config));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": unknown key '", k, "'"));
+      // A misspelt key would otherwise do nothing, silently.
+      std::vector<std::string> known;
+      for (const Setting& setting : Settings()) known.push_back(setting.key);
+      known.push_back("[acl.<namespace>]");
+      return Invalid(absl::StrCat(FileWhere(path, node, k), ": unknown key; the keys are ", absl::StrJoin(known, ", ")));
     }
   }
   config.config_file = path;
@@ -194,64 +509,109 @@ absl::Status ApplyFile(const std::string& path, Config& config) {
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
-  std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  double factor = 1.0;
-  absl::string_view number = lower;
-  for (const Unit& unit : kUnits) {
-    if (absl::ConsumeSuffix(&number, unit.suffix)) {
-      factor = unit.factor;
-      break;
-    }
-  }
-  number = absl::StripAsciiWhitespace(number);
-  double value = 0;
-  if (number.empty() || !absl::SimpleAtod(number, &value) || !(value > 0) || !std::isfinite(value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("size '", text, "': expected a positive number of bytes like 512MiB or 4G"));
-  }
-  double bytes = value * factor;
-  if (bytes >= 1.8e19) return absl::InvalidArgumentError(absl::StrCat("size '", text, "' is too large"));
-  return static_cast<uint64_t>(bytes);
+  absl::StatusOr<uint64_t> size = ParseSize(text);
+  if (!size.ok()) return Invalid(absl::StrCat("size ", common::QuoteForError(text), ": ", size.status().message()));
+  return size;
 }
 
-uint64_t DefaultMaxHostBytes() {
+CgroupMemoryLimit FindCgroupMemoryLimit(std::string_view proc_self_cgroup,
+                                        const std::string& sys_fs_cgroup_root) {
+  CgroupMemoryLimit best;
+  absl::string_view text(proc_self_cgroup.data(), proc_self_cgroup.size());
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+    // "hierarchy-id:controller,list:/path"; the path may itself hold ':'.
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    absl::string_view path = absl::StripTrailingAsciiWhitespace(fields[2]);
+    if (fields[0] == "0" && fields[1].empty()) {
+      // Hybrid systems mount v2 at unified/; the memory controller is then v1's.
+      for (const char* mount : {"", "/unified"}) {
+        ReadCgroupLimitsUpTo(sys_fs_cgroup_root + mount, path, "memory.max", best);
+      }
+      continue;
+    }
+    std::vector<absl::string_view> controllers = absl::StrSplit(fields[1], ',');
+    if (std::find(controllers.begin(), controllers.end(), "memory") == controllers.end()) continue;
+    // The memory hierarchy is mounted at memory/, or at its controller list ("cpu,memory")
+    // with memory/ a symlink to it.
+    for (std::string mount : {absl::StrCat(sys_fs_cgroup_root, "/memory"),
+                              absl::StrCat(sys_fs_cgroup_root, "/", fields[1])}) {
+      std::error_code error;
+      if (std::filesystem::is_directory(mount, error)) {
+        ReadCgroupLimitsUpTo(mount, path, "memory.limit_in_bytes", best);
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+uint64_t DefaultMaxHostBytes(std::string* why) {
   uint64_t total = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
-  uint64_t cgroup = ReadCgroupLimit();
-  if (cgroup != 0 && cgroup < total) total = cgroup;
+  std::ifstream file("/proc/self/cgroup");
+  std::stringstream proc_self_cgroup;
+  proc_self_cgroup << file.rdbuf();
+  CgroupMemoryLimit cgroup = FindCgroupMemoryLimit(proc_self_cgroup.str(), "/sys/fs/cgroup");
+  if (cgroup.bytes != 0 && cgroup.bytes < total) {
+    if (why != nullptr) *why = absl::StrCat("half of the cgroup memory limit of ", cgroup.bytes, " bytes in ", cgroup.file);
+    return cgroup.bytes / 2;
+  }
+  if (why != nullptr) {
+    *why = absl::StrCat("half of MemTotal, ", total, " bytes; ",
+                        cgroup.bytes == 0 ? std::string("no cgroup memory limit")
+                                          : absl::StrCat("the cgroup memory limit in ", cgroup.file, " is larger"));
+  }
   return total / 2;
+}
+
+absl::StatusOr<gid_t> LookUpGroup(std::string_view group_text) {
+  absl::string_view text(group_text.data(), group_text.size());
+  std::optional<gid_t> number;
+  if (IsDigits(text)) {
+    constexpr uint64_t kMaxGid = std::numeric_limits<gid_t>::max() - 1;
+    if (text.size() > 1 && text[0] == '0') return Invalid("leading zeros are not accepted in a numeric gid");
+    uint64_t value = 0;
+    auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || value > kMaxGid) return Invalid(absl::StrCat("a gid is at most ", kMaxGid));
+    number = static_cast<gid_t>(value);
+  }
+  std::string name(text);
+  long hint = sysconf(_SC_GETGR_R_SIZE_MAX);
+  std::vector<char> buffer(hint > 0 ? static_cast<size_t>(hint) : 4096);
+  group entry{};
+  group* found = nullptr;
+  int error = 0;
+  // A group with many members needs a larger buffer; 1 MiB is plenty, and bounds the retries.
+  constexpr size_t kMaxBuffer = size_t{1} << 20;
+  while (true) {
+    error = number ? getgrgid_r(*number, &entry, buffer.data(), buffer.size(), &found)
+                   : getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+    if (error != ERANGE || buffer.size() >= kMaxBuffer) break;
+    buffer.resize(buffer.size() * 2);
+  }
+  // getgr*_r(3): these say "not found" on some systems.
+  if (error != 0 && error != ENOENT && error != ESRCH && error != EBADF && error != EPERM) {
+    return common::ErrnoToStatus("look up the group", error);
+  }
+  if (found == nullptr) {
+    return Invalid(number ? absl::StrCat("no group has gid ", *number) : std::string("no such group"));
+  }
+  return found->gr_gid;
 }
 
 absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   CLI::App app{"tensord: share tensors between processes on this node without copying them"};
-  std::string config_file, socket, socket_group, max_host, log_level;
-  std::string max_sessions, max_leases, max_waits;
-  app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)");
-  app.add_option("--socket", socket, "gRPC socket path (the fd channel is <socket>.fd)");
-  app.add_option("--socket-group", socket_group, "group that may connect (sockets are mode 0660)");
-  app.add_option("--max-host-bytes", max_host, "host memory quota, e.g. 4G (default: half of available memory)");
-  app.add_option("--max-sessions", max_sessions,
-                 absl::StrCat("sessions (connected clients) served at once (default ", kDefaultMaxSessions, ")"))
-      ->type_name("N");
-  app.add_option("--max-leases-per-session", max_leases,
-                 absl::StrCat("leases one session may hold (default ", kDefaultMaxLeasesPerSession, ")"))
-      ->type_name("N");
-  app.add_option("--max-waits-per-session", max_waits,
-                 absl::StrCat("acquires and takes one session may have waiting (default ",
-                              kDefaultMaxWaitsPerSession, ")"))
-      ->type_name("N");
-  std::string arena_bytes, arena_max_tensor;
-  app.add_option("--arena-bytes", arena_bytes,
-                 "size of each arena that small tensors allocated in a namespace share (default 16MiB; 0: off)")
-      ->type_name("SIZE");
-  app.add_option("--arena-max-tensor", arena_max_tensor,
-                 "largest tensor that goes into an arena (default 1MiB)")
-      ->type_name("SIZE");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off");
-  app.footer(
-      "Each flag may also be set as TENSORD_<FLAG> in the environment (TENSORD_MAX_SESSIONS, ...)\n"
-      "or as a key in the --config TOML file (max_sessions = 4096, ...); flags win over the\n"
-      "environment, which wins over the file. Per-namespace access lists are file-only:\n"
-      "  [acl.<namespace>] read_uids = [...] write_uids = [...] read_gids = [...] write_gids = [...]");
+  app.get_formatter()->column_width(40);
+  std::string config_file;
+  app.add_option("--config", config_file, "TOML file with the same keys (socket, max_host_bytes, ...)")
+      ->type_name("FILE");
+  const std::vector<Setting>& settings = Settings();
+  std::vector<std::string> flag_values(settings.size());
+  std::vector<CLI::Option*> flags(settings.size());
+  for (size_t i = 0; i < settings.size(); ++i) {
+    flags[i] = app.add_option(settings[i].Flag(), flag_values[i], settings[i].help)->type_name(settings[i].type_name);
+  }
+  app.footer(kHelpFooter);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -262,62 +622,27 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   }
 
   Config config;
+  // key -> where its value came from, as errors and the log name it.
+  std::map<std::string, std::string> origins;
   if (config_file.empty()) {
     if (const char* env = std::getenv("TENSORD_CONFIG"); env != nullptr) config_file = env;
   }
-  if (!config_file.empty()) {
-    if (absl::Status status = ApplyFile(config_file, config); !status.ok()) return status;
-  }
-  auto pick = [](const std::string& flag, const char* env_name, std::string& target) {
-    if (!flag.empty()) {
-      target = flag;
-    } else if (const char* env = std::getenv(env_name); env != nullptr && *env != '\0') {
-      target = env;
+  if (!config_file.empty()) TENSORD_RETURN_IF_ERROR(ApplyFile(config_file, config, origins));
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const Setting& setting = settings[i];
+    // An empty flag is a value (refused for numbers); an empty variable is taken as unset.
+    if (flags[i]->count() > 0) {
+      TENSORD_RETURN_IF_ERROR(ApplyText(setting, flag_values[i], setting.Flag(), config));
+      origins[setting.key] = setting.Flag();
+    } else if (const char* env = std::getenv(setting.Env().c_str()); env != nullptr && *env != '\0') {
+      std::string where = absl::StrCat("environment ", setting.Env(), " (", setting.Flag(), ")");
+      TENSORD_RETURN_IF_ERROR(ApplyText(setting, env, where, config));
+      origins[setting.key] = where;
     }
-  };
-  pick(socket, "TENSORD_SOCKET", config.socket);
-  pick(socket_group, "TENSORD_SOCKET_GROUP", config.socket_group);
-  pick(log_level, "TENSORD_LOG_LEVEL", config.log_level);
-  std::string host_text;
-  pick(max_host, "TENSORD_MAX_HOST_BYTES", host_text);
-  if (!host_text.empty()) {
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(host_text);
-    if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--max-host-bytes: ", bytes.status().message()));
-    config.max_host_bytes = *bytes;
   }
-  struct CountOption {
-    const std::string& flag_value;
-    const char* flag;
-    const char* env;
-    uint64_t& target;
-  };
-  for (const CountOption& option : {
-           CountOption{max_sessions, "--max-sessions", "TENSORD_MAX_SESSIONS", config.max_sessions},
-           CountOption{max_leases, "--max-leases-per-session", "TENSORD_MAX_LEASES_PER_SESSION",
-                       config.max_leases_per_session},
-           CountOption{max_waits, "--max-waits-per-session", "TENSORD_MAX_WAITS_PER_SESSION",
-                       config.max_waits_per_session}}) {
-    std::string text;
-    pick(option.flag_value, option.env, text);
-    if (text.empty()) continue;
-    absl::StatusOr<uint64_t> count = ParseCount(text, option.flag);
-    if (!count.ok()) return count.status();
-    option.target = *count;
-  }
-  for (auto [flag_value, flag, env, target] :
-       {std::tuple<const std::string&, const char*, const char*, uint64_t&>{
-            arena_bytes, "--arena-bytes", "TENSORD_ARENA_BYTES", config.arena_bytes},
-        std::tuple<const std::string&, const char*, const char*, uint64_t&>{
-            arena_max_tensor, "--arena-max-tensor", "TENSORD_ARENA_MAX_TENSOR", config.arena_max_tensor_bytes}}) {
-    std::string text;
-    pick(flag_value, env, text);
-    if (text.empty()) continue;
-    absl::StatusOr<uint64_t> size = ParseArenaSize(text, flag);
-    if (!size.ok()) return size.status();
-    target = *size;
-  }
-  if (absl::Status arenas = FinishArenaSettings(config); !arenas.ok()) return arenas;
-  if (config.max_host_bytes == 0) config.max_host_bytes = DefaultMaxHostBytes();
+  TENSORD_RETURN_IF_ERROR(FinishArenaSettings(config));
+  TENSORD_RETURN_IF_ERROR(CheckSocketGroup(config, origins));
+  TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
   return config;
 }
 

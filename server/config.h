@@ -1,10 +1,22 @@
 // Daemon configuration: built-in defaults < TOML file (--config) < TENSORD_* environment
 // variables < command-line flags. The same keys everywhere: socket, socket_group,
-// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, log_level,
-// [acl.<namespace>] tables (config only).
+// max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, the per-uid
+// limits and max_grpc_connections below, arena_bytes, arena_max_tensor, log_level,
+// [acl.<namespace>] tables (config only). LoadConfig resolves every default, so a Config it
+// returns holds the final numbers.
 //
-// Sizes accept plain bytes or units: 512MiB, 4G, 1.5GiB (K/M/G/T are binary, like the
-// rest of Linux memory tooling; "KB"/"MB"/"GB" are decimal).
+// Values are checked, never guessed at; a bad one is INVALID_ARGUMENT naming where it came
+// from (the flag, the environment variable, or the file, line and key), the value and why:
+//  - a size is a decimal number with an optional unit: 512MiB, 4G, 1.5GiB, 2GB (K/M/G/T and
+//    KiB/MiB/GiB/TiB are binary, like the rest of Linux memory tooling; KB/MB/GB/TB decimal;
+//    units in any case). A fraction needs a unit and must come to a whole number of bytes;
+//    the result is from 1 byte to 2^63-1 (arena sizes may also be 0: off);
+//  - a count is a plain decimal integer from 1 to 2^32;
+//  - neither takes a sign, hexadecimal, leading zeros, an exponent or inner whitespace
+//    (whitespace around the value is ignored);
+//  - in the file, a count must be a TOML integer, a size a TOML integer (bytes) or string,
+//    text settings TOML strings; booleans, floats, arrays, tables and dates are refused, and
+//    so is any key the daemon does not know (a misspelt key would do nothing).
 #pragma once
 
 #include <sys/types.h>
@@ -12,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +34,13 @@ namespace tensord::server {
 inline constexpr uint64_t kDefaultMaxSessions = 4096;
 inline constexpr uint64_t kDefaultMaxLeasesPerSession = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultMaxWaitsPerSession = 1024;
+inline constexpr uint64_t kDefaultMaxSessionsPerUid = 1024;
+inline constexpr uint64_t kDefaultMaxConnectionsPerUid = 1024;
+inline constexpr uint64_t kDefaultMaxGrpcConnections = 8192;
+inline constexpr uint64_t kDefaultMaxTensorsPerUid = 262144;
+inline constexpr uint64_t kDefaultMaxWaitsPerUid = 8192;
+inline constexpr uint64_t kDefaultMaxWatchersPerUid = 256;
+inline constexpr uint64_t kDefaultMaxMetadataBytesPerUid = uint64_t{256} << 20;
 // Small tensors allocated in a namespace are carved out of arenas of this size.
 inline constexpr uint64_t kDefaultArenaBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kDefaultArenaMaxTensorBytes = uint64_t{1} << 20;
@@ -36,11 +56,27 @@ struct Config {
   std::string socket;        // empty: the default path for our uid
   std::string socket_group;  // group of the sockets (mode 0660); empty: our primary group
   uint64_t max_host_bytes = 0;  // 0: half of the memory the daemon may use
+  std::string max_host_bytes_source;  // where max_host_bytes came from, for the log
   // Caps that keep one client from exhausting the daemon; exceeding one answers
   // RESOURCE_EXHAUSTED naming it. Sessions are fd-channel connections after HELLO.
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
+  // Per-uid caps, so that one uid cannot starve the others. They do not bind root or the
+  // daemon's own uid.
+  uint64_t max_sessions_per_uid = kDefaultMaxSessionsPerUid;
+  // fd-channel connections (before and after HELLO) and gRPC connections of one uid.
+  uint64_t max_connections_per_uid = kDefaultMaxConnectionsPerUid;
+  uint64_t max_tensors_per_uid = kDefaultMaxTensorsPerUid;
+  uint64_t max_waits_per_uid = kDefaultMaxWaitsPerUid;
+  uint64_t max_watchers_per_uid = kDefaultMaxWatchersPerUid;
+  // Names, descriptions, tags and waits that one uid's tensors and requests keep in the daemon.
+  uint64_t max_metadata_bytes_per_uid = kDefaultMaxMetadataBytesPerUid;
+  // Host memory one uid holds in buffers outside namespaces that have an ACL; 0 before
+  // LoadConfig resolves it: a quarter of max_host_bytes. Never above max_host_bytes.
+  uint64_t max_host_bytes_per_uid = 0;
+  // gRPC connections of all uids together.
+  uint64_t max_grpc_connections = kDefaultMaxGrpcConnections;
   // Arenas: tensors of at most arena_max_tensor_bytes allocated in a namespace share
   // arena_bytes memfds (0 turns arenas off). Both are page multiples.
   uint64_t arena_bytes = kDefaultArenaBytes;
@@ -54,10 +90,36 @@ struct Config {
 // usage to stdout and returning CANCELLED (the caller exits 0).
 absl::StatusOr<Config> LoadConfig(int argc, char** argv);
 
-// "512MiB" -> 536870912. INVALID_ARGUMENT naming the text on anything else.
+// The gid of an existing group, given by name or by number (decimal digits only: a gid from
+// 0 to 2^32-2, since (gid_t)-1 tells chown to leave the group alone). Thread-safe (the
+// getgr*_r calls). INVALID_ARGUMENT saying why when no such group exists or the number does
+// not fit gid_t; the errno's code when the group database cannot be read. The message does
+// not repeat `group`: the caller says where it came from.
+absl::StatusOr<gid_t> LookUpGroup(std::string_view group);
+
+// "512MiB" -> 536870912, by the rules above. INVALID_ARGUMENT naming the text and the reason.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 
-// Half of min(MemTotal, the cgroup v2/v1 memory limit of this process).
-uint64_t DefaultMaxHostBytes();
+// The tightest cgroup memory limit on this process, and the file that set it.
+struct CgroupMemoryLimit {
+  uint64_t bytes = 0;  // 0: no limit found
+  std::string file;
+};
+
+// Reads the limits that bind the process whose /proc/self/cgroup is `proc_self_cgroup`,
+// with the cgroup filesystems mounted under `sys_fs_cgroup_root` (/sys/fs/cgroup): v2's
+// memory.max ("0::/path", in <root>/<path>, or <root>/unified/<path> on hybrid systems) and
+// v1's memory.limit_in_bytes ("N:memory:/path" or a list naming memory, "N:cpu,memory:/path",
+// in <root>/memory/<path>, else <root>/cpu,memory/<path>), in the cgroup's directory and in each
+// ancestor up to the mount's root: a parent's limit binds its children. The root's own file
+// is read even when <path> is not there, as inside a container whose cgroup is mounted as
+// the root. "max", v1's "no limit" (2^63 less a page) and unreadable files count as none;
+// the smallest limit found wins.
+CgroupMemoryLimit FindCgroupMemoryLimit(std::string_view proc_self_cgroup,
+                                        const std::string& sys_fs_cgroup_root);
+
+// Half of min(MemTotal, this process's cgroup memory limit). `why`, when given, says which
+// of the two it was and where it was read, for the log.
+uint64_t DefaultMaxHostBytes(std::string* why = nullptr);
 
 }  // namespace tensord::server

@@ -1,7 +1,6 @@
 #include "server/daemon.h"
 
 #include <fcntl.h>
-#include <grp.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/memory/host_backend.h"
+#include "common/names.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -77,12 +77,14 @@ absl::Status PrepareDirectory(const std::string& socket) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<gid_t> ResolveGroup(const std::string& name) {
-  if (name.empty()) return static_cast<gid_t>(-1);
-  if (std::all_of(name.begin(), name.end(), ::isdigit)) return static_cast<gid_t>(std::stoul(name));
-  group* entry = getgrnam(name.c_str());
-  if (entry == nullptr) return absl::InvalidArgumentError(absl::StrCat("--socket-group: no group named '", name, "'"));
-  return entry->gr_gid;
+absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
+  if (group.empty()) return static_cast<gid_t>(-1);  // chown leaves the group alone
+  absl::StatusOr<gid_t> gid = LookUpGroup(group);
+  if (!gid.ok()) {
+    return absl::Status(gid.status().code(), absl::StrCat("socket group ", common::QuoteForError(group), ": ",
+                                                          gid.status().message()));
+  }
+  return gid;
 }
 
 }  // namespace
@@ -169,9 +171,10 @@ absl::Status RunDaemon(const Config& config) {
     return started;
   }
   spdlog::info(
-      "tensord {} serving on {} (fd channel {}), host memory limit {} bytes, at most {} sessions, "
+      "tensord {} serving on {} (fd channel {}), host memory limit {} bytes ({}), at most {} sessions, "
       "{} leases and {} waits per session, {}{}",
-      TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes, config.max_sessions,
+      TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes,
+      config.max_host_bytes_source.empty() ? "set by the caller" : config.max_host_bytes_source, config.max_sessions,
       config.max_leases_per_session, config.max_waits_per_session,
       config.arena_bytes == 0
           ? std::string("arenas off")
