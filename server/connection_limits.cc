@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/status.h"
 
 namespace tensord::server {
 
@@ -16,20 +17,24 @@ uint64_t ConnectionLimits::of_uid(uid_t uid) const {
   return it == per_uid_.end() ? 0 : it->second;
 }
 
-absl::Status ConnectionLimits::Admit(uid_t uid) {
+absl::Status ConnectionLimits::CheckRoom(uid_t uid) const {
   if (caps_.total != 0 && total_ >= caps_.total) {
     return absl::ResourceExhaustedError(absl::StrCat(socket_name_, ": ", total_,
                                                      " connections are open, the limit (", caps_.total_flag,
                                                      " ", caps_.total, ")"));
   }
-  uint64_t& mine = per_uid_[uid];
+  const uint64_t mine = of_uid(uid);
   if (caps_.per_uid != 0 && mine >= caps_.per_uid && !Exempt(uid)) {
-    if (mine == 0) per_uid_.erase(uid);
     return absl::ResourceExhaustedError(absl::StrCat(
         socket_name_, ": uid ", uid, " has ", mine, " connections open, the limit per uid (--max-connections-per-uid ",
         caps_.per_uid, ")"));
   }
-  ++mine;
+  return absl::OkStatus();
+}
+
+absl::Status ConnectionLimits::Admit(uid_t uid) {
+  TENSORD_RETURN_IF_ERROR(CheckRoom(uid));
+  ++per_uid_[uid];
   ++total_;
   return absl::OkStatus();
 }

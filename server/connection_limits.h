@@ -31,6 +31,8 @@ class ConnectionLimits {
       : socket_name_(std::move(socket_name)), caps_(std::move(caps)) {}
 
   absl::Status Admit(uid_t uid);
+  // What Admit would answer now, counting nothing.
+  absl::Status CheckRoom(uid_t uid) const;
   void Leave(uid_t uid);
 
   uint64_t total() const { return total_; }

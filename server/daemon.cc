@@ -40,6 +40,20 @@ namespace {
 
 constexpr mode_t kSocketMode = 0660;
 constexpr uint64_t kFdChannelSlack = 64;
+// A client says HELLO as soon as it connects; a connection silent this long is closed.
+constexpr std::chrono::milliseconds kHelloTimeout{5000};
+
+// The cap on gRPC connections: the configured one, but never more than half the open-file
+// limit, so connections alone cannot leave the daemon without fds for memory and sessions.
+uint64_t GrpcConnectionCap(uint64_t configured) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return configured;
+  uint64_t half = static_cast<uint64_t>(limit.rlim_cur) / 2;
+  if (configured != 0 && configured <= half) return configured;
+  spdlog::warn("gRPC connections capped at {}, half the open-file limit ({}), below --max-grpc-connections {}",
+               half, limit.rlim_cur, configured);
+  return half;
+}
 
 // A process sharing many tensors holds many fds in flight: use the hard limit.
 void RaiseFileLimit() {
@@ -123,6 +137,12 @@ absl::Status RunDaemon(const Config& config) {
   options.max_sessions = config.max_sessions;
   options.max_leases_per_session = config.max_leases_per_session;
   options.max_waits_per_session = config.max_waits_per_session;
+  options.uid_limits[UidResource::kSessions] = config.max_sessions_per_uid;
+  options.uid_limits[UidResource::kTensors] = config.max_tensors_per_uid;
+  options.uid_limits[UidResource::kWaits] = config.max_waits_per_uid;
+  options.uid_limits[UidResource::kWatchers] = config.max_watchers_per_uid;
+  options.uid_limits[UidResource::kMetadataBytes] = config.max_metadata_bytes_per_uid;
+  options.uid_limits[UidResource::kHostBytes] = config.max_host_bytes_per_uid;
   options.arena_bytes = config.arena_bytes;
   options.arena_max_tensor_bytes = config.arena_max_tensor_bytes;
   options.daemon_uid = getuid();
@@ -155,7 +175,14 @@ absl::Status RunDaemon(const Config& config) {
   if (server == nullptr) return absl::UnavailableError("cannot start the gRPC server");
   async_server.Start(server.get());
   auto stop_server = [&] { async_server.Shutdown(std::chrono::milliseconds(0)); };
-  if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get()); !listening.ok()) {
+  const std::vector<uid_t> trusted_uids = {0, getuid()};
+  ConnectionCaps grpc_caps;
+  grpc_caps.total = GrpcConnectionCap(config.max_grpc_connections);
+  grpc_caps.total_flag = "--max-grpc-connections";
+  grpc_caps.per_uid = config.max_connections_per_uid;
+  grpc_caps.exempt_uids = trusted_uids;
+  if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get(), grpc_caps);
+      !listening.ok()) {
     stop_server();
     return listening;
   }
@@ -163,7 +190,13 @@ absl::Status RunDaemon(const Config& config) {
   // socket is already there (a client racing a restart never meets a stale gRPC socket and
   // gRPC's reconnect backoff).
   // Pending connections before HELLO get a little room above the session cap.
-  FdServer fd_server(&broker, config.max_sessions + kFdChannelSlack);
+  ConnectionCaps fd_caps;
+  fd_caps.total = config.max_sessions + kFdChannelSlack;
+  fd_caps.total_flag = "--max-sessions plus room for connections before HELLO:";
+  fd_caps.per_uid = config.max_connections_per_uid;
+  fd_caps.exempt_uids = trusted_uids;
+  FdServer fd_server(&broker, fd_caps, kHelloTimeout,
+                     [&listener](uid_t uid) { return listener.CheckRoomFor(uid); });
   if (absl::Status started = fd_server.Start(common::FdChannelPath(socket), kSocketMode, group);
       !started.ok()) {
     listener.Stop();

@@ -7,8 +7,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <optional>
+
 #include <cerrno>
 #include <cstring>
+#include <deque>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -29,7 +33,17 @@ struct Connection {
   common::UniqueFd fd;
   common::PeerCredentials creds;
   uint64_t session_id = 0;  // 0 until HELLO
+  uint64_t serial = 0;      // tells a reused fd number from the connection a deadline was for
 };
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Milliseconds until `deadline` for epoll_wait: -1 when there is none, at least 0.
+int MillisUntil(std::optional<SteadyClock::time_point> deadline) {
+  if (!deadline) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - SteadyClock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+}
 
 // Sends a reply without blocking. False when the peer cannot take it (then it is dropped).
 bool Reply(const Connection& connection, const v1::FdResponse& response,
@@ -51,7 +65,8 @@ bool ReplyError(const Connection& connection, uint64_t seq, const absl::Status& 
 }
 
 // Handles one datagram. False: close the connection.
-bool Handle(Broker* broker, Connection& connection, common::ReceivedMessage received) {
+bool Handle(Broker* broker, const FdServer::HelloCheck& hello_check, Connection& connection,
+            common::ReceivedMessage received) {
   v1::FdRequest request;
   if (absl::Status parsed = common::ParseFdMessage(received, &request); !parsed.ok()) {
     ReplyError(connection, 0, parsed);
@@ -82,6 +97,12 @@ bool Handle(Broker* broker, Connection& connection, common::ReceivedMessage rece
                        "fd channel: protocol version ", request.hello().protocol_version(),
                        " is not supported; this tensord speaks ", common::kFdProtocolVersion)));
         return false;
+      }
+      if (hello_check) {
+        if (absl::Status room = hello_check(connection.creds.uid); !room.ok()) {
+          ReplyError(connection, request.seq(), room);
+          return false;
+        }
       }
       absl::StatusOr<v1::Welcome> welcome =
           broker->OpenSession(connection.creds, request.hello().client_name());
@@ -157,24 +178,51 @@ void FdServer::Stop() {
 
 void FdServer::Run() {
   absl::flat_hash_map<int, Connection> connections;
+  ConnectionLimits limits("fd channel", caps_);
+  // Connections before HELLO, oldest first (one timeout for all keeps deadlines in order).
+  struct HelloDeadline {
+    SteadyClock::time_point at;
+    int fd;
+    uint64_t serial;
+  };
+  std::deque<HelloDeadline> hello_deadlines;
+  uint64_t last_serial = 0;
   auto close_connection = [&](int fd) {
     auto it = connections.find(fd);
     if (it == connections.end()) return;
     epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
     uint64_t session = it->second.session_id;
+    limits.Leave(it->second.creds.uid);
     connections.erase(it);  // closes the socket
     if (session != 0) broker_->CloseSession(session);
+  };
+  auto expire_hellos = [&] {
+    const SteadyClock::time_point now = SteadyClock::now();
+    while (!hello_deadlines.empty() && hello_deadlines.front().at <= now) {
+      HelloDeadline due = hello_deadlines.front();
+      hello_deadlines.pop_front();
+      auto it = connections.find(due.fd);
+      if (it == connections.end() || it->second.serial != due.serial || it->second.session_id != 0) continue;
+      ReplyError(it->second, 0, absl::DeadlineExceededError(absl::StrCat(
+          "fd channel: no HELLO within ", hello_timeout_.count(), " ms of connecting")));
+      spdlog::debug("fd channel: pid {} uid {} sent no HELLO in time; closed", it->second.creds.pid,
+                    it->second.creds.uid);
+      close_connection(due.fd);
+    }
   };
   Acceptor acceptor;
   epoll_event events[64];
   bool running = true;
   while (running) {
-    int n = epoll_wait(epoll_fd_.get(), events, 64, -1);
+    std::optional<SteadyClock::time_point> next_deadline;
+    if (!hello_deadlines.empty()) next_deadline = hello_deadlines.front().at;
+    int n = epoll_wait(epoll_fd_.get(), events, 64, MillisUntil(next_deadline));
     if (n < 0) {
       if (errno == EINTR) continue;
       spdlog::error("fd channel: epoll_wait: {}", std::strerror(errno));
       break;
     }
+    expire_hellos();
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;
       if (fd == wake_fd_.get()) {
@@ -195,12 +243,13 @@ void FdServer::Run() {
             continue;
           }
           connection.creds = *creds;
-          if (connections.size() >= max_connections_) {
-            ReplyError(connection, 0, absl::ResourceExhaustedError(absl::StrCat(
-                "fd channel: ", connections.size(), " connections are open, the limit (--max-sessions plus ",
-                "room for connections before HELLO: ", max_connections_, ")")));
+          if (absl::Status admitted = limits.Admit(creds->uid); !admitted.ok()) {
+            ReplyError(connection, 0, admitted);
+            spdlog::debug("fd channel: pid {} refused: {}", creds->pid, std::string(admitted.message()));
             continue;  // closed here
           }
+          connection.serial = ++last_serial;
+          hello_deadlines.push_back({SteadyClock::now() + hello_timeout_, connection.fd.get(), connection.serial});
           int client_fd = connection.fd.get();
           epoll_event event{};
           event.events = EPOLLIN | EPOLLRDHUP;
@@ -217,7 +266,7 @@ void FdServer::Run() {
           // (MSG_CTRUNC), so a peer cannot make us hold hundreds of its fds.
           absl::StatusOr<common::ReceivedMessage> received = common::ReceiveFdMessage(fd, kMaxRequestFds);
           if (received.ok()) {
-            keep = Handle(broker_, it->second, std::move(*received));
+            keep = Handle(broker_, hello_check_, it->second, std::move(*received));
           } else if (received.status().code() == absl::StatusCode::kUnavailable &&
                      received.status().message().find("would block") != std::string_view::npos) {
             keep = true;

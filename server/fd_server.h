@@ -6,25 +6,36 @@
 // A peer that sends garbage, the wrong protocol version, unexpected fds, or anything before
 // HELLO gets an error reply and is disconnected. Replies are sent without blocking: a peer
 // that does not read its replies is disconnected rather than allowed to stall the loop.
-// Connections beyond `max_connections` (sessions plus those still before HELLO) are
-// answered RESOURCE_EXHAUSTED and closed at once.
+// Connections beyond the caps (ConnectionLimits: in all, sessions plus those still before
+// HELLO, and per uid) are answered RESOURCE_EXHAUSTED and closed at once, and a connection
+// that has not said HELLO within `hello_timeout` is answered DEADLINE_EXCEEDED and closed,
+// so idle connections cannot hold the slots other clients need.
 // Thread-safe: Start/Stop from one thread.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "common/unique_fd.h"
 #include "server/broker.h"
+#include "server/connection_limits.h"
 
 namespace tensord::server {
 
 class FdServer {
  public:
-  FdServer(Broker* broker, uint64_t max_connections)
-      : broker_(broker), max_connections_(max_connections) {}
+  // Asked at HELLO whether the uid's client may open what it needs next (its gRPC
+  // connection); an error refuses the session with that status.
+  using HelloCheck = std::function<absl::Status(uid_t)>;
+
+  FdServer(Broker* broker, ConnectionCaps caps, std::chrono::milliseconds hello_timeout,
+           HelloCheck hello_check = {})
+      : broker_(broker), caps_(std::move(caps)), hello_timeout_(hello_timeout),
+        hello_check_(std::move(hello_check)) {}
   ~FdServer() { Stop(); }
   FdServer(const FdServer&) = delete;
   FdServer& operator=(const FdServer&) = delete;
@@ -39,7 +50,9 @@ class FdServer {
   void Run();
 
   Broker* const broker_;
-  const uint64_t max_connections_;
+  const ConnectionCaps caps_;
+  const std::chrono::milliseconds hello_timeout_;
+  const HelloCheck hello_check_;
   common::UniqueFd listen_fd_;
   common::UniqueFd epoll_fd_;
   common::UniqueFd wake_fd_;  // eventfd: tells the loop to stop

@@ -8,11 +8,21 @@
 // accepted sockets are moved to numbers that rotate through a large range (thousands of
 // connections go by before one is reused).
 //
+// Connections count against caps in all and per uid (ConnectionLimits), so one user's idle
+// connections cannot take every file descriptor of the daemon. gRPC closes a connection it
+// owns without telling us, so a connection is known gone when its fd number no longer holds
+// the socket it was (its inode); the counts are swept that way when a cap is reached. A
+// connection over a cap is sent an HTTP/2 GOAWAY (ENHANCE_YOUR_CALM) whose debug text names
+// the cap, and closed. A gRPC client reads that only if it has not written yet (it then
+// sees the write fail), so the fd channel asks CheckRoomFor before it opens a session: a
+// client of the library is refused at HELLO with RESOURCE_EXHAUSTED naming the cap.
+//
 // Thread-safety: Start and Stop from one thread; Lookup from any.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +35,7 @@
 #include "common/unique_fd.h"
 #include "grpcpp/server.h"
 #include "server/broker_service.h"
+#include "server/connection_limits.h"
 
 namespace tensord::server {
 
@@ -37,14 +48,28 @@ class GrpcListener final : public PeerDirectory {
 
   // Listens at `path` (mode and group as given) and feeds connections to `server`, which
   // must be started and outlive Stop().
-  absl::Status Start(const std::string& path, mode_t mode, gid_t group, grpc::Server* server);
+  absl::Status Start(const std::string& path, mode_t mode, gid_t group, grpc::Server* server,
+                     ConnectionCaps caps);
   // Stops accepting and removes the socket file; connections already handed over stay.
   void Stop();
 
   std::optional<common::PeerCredentials> Lookup(std::string_view peer) const override;
+  // RESOURCE_EXHAUSTED when a new connection of `uid` would be over a cap now.
+  absl::Status CheckRoomFor(uid_t uid);
 
  private:
+  struct Peer {
+    common::PeerCredentials creds;
+    ino_t inode = 0;  // of the socket, to tell when gRPC has closed it
+  };
+
   void Run();
+  // Admits a connection of `uid` under the caps, sweeping closed connections first when a
+  // cap is reached (at most every 100 ms).
+  absl::Status Admit(uid_t uid);
+  // Forgets connections whose fd no longer holds their socket.
+  void SweepClosedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Track(int fd, const common::PeerCredentials& creds, ino_t inode);
   // Moves `fd` to the next free number of the rotating range; the fd itself when the
   // range is full or too small for the open-file limit.
   int MoveToRotatingNumber(int fd);
@@ -58,7 +83,9 @@ class GrpcListener final : public PeerDirectory {
   int rotate_first_ = 0, rotate_end_ = 0, rotate_next_ = 0;
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<int, common::PeerCredentials> peers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  std::optional<ConnectionLimits> limits_ ABSL_GUARDED_BY(mu_);  // set by Start
+  std::chrono::steady_clock::time_point last_sweep_ ABSL_GUARDED_BY(mu_){};
 };
 
 }  // namespace tensord::server
