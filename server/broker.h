@@ -198,6 +198,10 @@ class Broker {
   absl::Status ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnchargeTensorLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges (or refunds) the producer's uid for `tensor`'s metadata once published with
+  // `desc` under `name` in `ns`; nothing changes on an error.
+  absl::Status RechargeMetadataLocked(Tensor& tensor, const tensord::v1::TensorDesc& desc, std::string_view ns,
+                                      std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `tensor` may be read with `creds`: by its namespace's ACL, or, with no namespace
   // yet, by its producer's uid only.
   bool MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const;

@@ -1,0 +1,129 @@
+// The Broker's policy checks: who may read and write what (ACLs, identity from the session),
+// and what a request costs against the limits (host bytes, leases and waits per session,
+// the per-uid charges of UidQuota).
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "server/broker.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+// The daemon memory a tensor's metadata takes, charged to its producer's uid.
+uint64_t TensorMetadataBytes(const v1::TensorDesc& desc, std::string_view ns, std::string_view name,
+                             const std::map<std::string, std::string>& tags) {
+  uint64_t bytes = kTensorEntryBytes + desc.ByteSizeLong() + ns.size() + name.size();
+  for (const auto& [key, value] : tags) bytes += kTagEntryBytes + key.size() + value.size();
+  return bytes;
+}
+
+bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+bool Broker::MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const {
+  if (!tensor.ns.empty()) return MayRead(creds, tensor.ns);
+  return creds.uid == tensor.producer_uid || MayRead(creds, "");
+}
+
+uint64_t Broker::UidHostBytes(std::string_view ns, uint64_t size) const {
+  return options_.acls.contains(std::string(ns)) ? 0 : size;
+}
+
+absl::Status Broker::ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what) {
+  const uid_t uid = tensor.producer_uid;
+  const uint64_t metadata = TensorMetadataBytes(tensor.desc, tensor.ns, tensor.name, tensor.tags);
+  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(uid, UidResource::kTensors, 1, what));
+  if (absl::Status status = uid_quota_.Reserve(uid, UidResource::kMetadataBytes, metadata, what); !status.ok()) {
+    uid_quota_.Release(uid, UidResource::kTensors, 1);
+    return status;
+  }
+  if (absl::Status status = uid_quota_.Reserve(uid, UidResource::kHostBytes, host_bytes, what); !status.ok()) {
+    uid_quota_.Release(uid, UidResource::kMetadataBytes, metadata);
+    uid_quota_.Release(uid, UidResource::kTensors, 1);
+    return status;
+  }
+  tensor.uid_metadata_bytes = metadata;
+  tensor.uid_host_bytes = host_bytes;
+  return absl::OkStatus();
+}
+
+void Broker::UnchargeTensorLocked(const Tensor& tensor) {
+  uid_quota_.Release(tensor.producer_uid, UidResource::kTensors, 1);
+  uid_quota_.Release(tensor.producer_uid, UidResource::kMetadataBytes, tensor.uid_metadata_bytes);
+  uid_quota_.Release(tensor.producer_uid, UidResource::kHostBytes, tensor.uid_host_bytes);
+}
+
+bool Broker::MayRead(const common::PeerCredentials& creds, std::string_view ns) const {
+  if (creds.uid == 0 || creds.uid == options_.daemon_uid) return true;
+  auto it = options_.acls.find(std::string(ns));
+  if (it == options_.acls.end()) return false;
+  return Contains(it->second.read_uids, creds.uid) || Contains(it->second.read_gids, creds.gid) ||
+         Contains(it->second.write_uids, creds.uid) || Contains(it->second.write_gids, creds.gid);
+}
+
+absl::Status Broker::CheckAccess(const Session& session, std::string_view ns, bool write) const {
+  const common::PeerCredentials& creds = session.creds;
+  if (creds.uid == 0 || creds.uid == options_.daemon_uid) return absl::OkStatus();
+  auto it = options_.acls.find(std::string(ns));
+  bool allowed = false;
+  if (it != options_.acls.end()) {
+    const NamespaceAcl& acl = it->second;
+    allowed = write ? (Contains(acl.write_uids, creds.uid) || Contains(acl.write_gids, creds.gid))
+                    : MayRead(creds, ns);
+  }
+  if (allowed) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("uid ", creds.uid, " (gid ", creds.gid,
+                                                  ") may not ", write ? "write" : "read",
+                                                  " namespace ", common::QuoteForError(ns)));
+}
+
+absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view what) {
+  if (bytes > options_.max_host_bytes || host_bytes_in_use_ > options_.max_host_bytes - bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        std::string(what), " needs ", bytes, " bytes of host memory: ", host_bytes_in_use_,
+        " bytes are in use of the limit of ", options_.max_host_bytes, " (--max-host-bytes)"));
+  }
+  host_bytes_in_use_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Broker::CheckLeaseCapLocked(const Session& session) const {
+  if (session.leases.size() < options_.max_leases_per_session) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "session ", session.id, " holds ", session.leases.size(), " leases, the limit (--max-leases-per-session ",
+      options_.max_leases_per_session, "): release some first"));
+}
+
+absl::Status Broker::CheckWaitCapLocked(const Session& session) const {
+  if (session.waits < options_.max_waits_per_session) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "session ", session.id, " has ", session.waits, " acquires and takes waiting, the limit "
+      "(--max-waits-per-session ", options_.max_waits_per_session, "): cancel some or wait less"));
+}
+
+absl::Status Broker::RechargeMetadataLocked(Tensor& tensor, const v1::TensorDesc& desc, std::string_view ns,
+                                            std::string_view name) {
+  const uint64_t metadata = TensorMetadataBytes(desc, ns, name, tensor.tags);
+  if (metadata > tensor.uid_metadata_bytes) {
+    TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(tensor.producer_uid, UidResource::kMetadataBytes,
+                                               metadata - tensor.uid_metadata_bytes,
+                                               absl::StrCat("publishing tensor ", tensor.id)));
+  } else {
+    uid_quota_.Release(tensor.producer_uid, UidResource::kMetadataBytes, tensor.uid_metadata_bytes - metadata);
+  }
+  tensor.uid_metadata_bytes = metadata;
+  return absl::OkStatus();
+}
+
+}  // namespace tensord::server
