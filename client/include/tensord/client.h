@@ -237,7 +237,10 @@ class TENSORD_EXPORT Client {
  public:
   // Connects to the broker: opens the fd channel (the session) and the gRPC channel.
   // UNAVAILABLE with the socket path when no broker answers; PERMISSION_DENIED when the
-  // daemon runs as a uid that is neither root, us, nor a trusted one.
+  // daemon runs as a uid that is neither root, us, nor a trusted one, or when the gRPC socket
+  // is not served by the daemon on the fd channel (the same process, or the same uid where
+  // pids are not visible): the session token is never sent to it. The client makes the gRPC connection
+  // again when the broker closes it, and a new session when the broker ends the old one.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options = {});
   ~Client();
   Client(const Client&) = delete;
