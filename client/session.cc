@@ -1,6 +1,7 @@
 #include "client/session.h"
 
 #include <errno.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -49,6 +50,12 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
                                                        const std::string& socket_path) {
   std::shared_ptr<Session> s(new Session(options, socket_path));
   const std::string name = options.client_name.empty() ? DefaultClientName() : options.client_name;
+  absl::Status directory =
+      common::CheckSocketDirectory(socket_path, ::geteuid(), options.trusted_daemon_uids);
+  if (!directory.ok()) {
+    if (directory.code() != absl::StatusCode::kUnavailable) return directory;
+    return absl::UnavailableError(Unavailable(socket_path, std::string(directory.message())));
+  }
   absl::StatusOr<std::unique_ptr<FdConnection>> fd =
       FdConnection::Connect(common::FdChannelPath(socket_path), name, options.trusted_daemon_uids);
   if (!fd.ok()) {

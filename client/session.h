@@ -16,8 +16,9 @@
 // frees it inline. dead() turns true when the broker hangs up the fd channel; the owner then
 // connects a new Session. Thread-safe.
 //
-// Errors of Open(): PERMISSION_DENIED for a daemon uid we do not trust or a gRPC socket not
-// served by the fd channel's daemon; UNAVAILABLE naming the socket when no broker answers.
+// Errors of Open(): PERMISSION_DENIED for a socket directory the rule refuses
+// (common/socket_paths.h), a daemon uid we do not trust, or a gRPC socket not served by the
+// fd channel's daemon; UNAVAILABLE naming the socket when no broker answers.
 #pragma once
 
 #include <atomic>
@@ -52,8 +53,8 @@ namespace tensord::internal {
 
 class Session final : public ReleaseSink {
  public:
-  // Connects: fd channel (uid check, HELLO/WELCOME), gRPC connection (peer check), Session
-  // stream, sender.
+  // Connects: socket directory check, fd channel (uid check, HELLO/WELCOME), gRPC connection
+  // (peer check), Session stream, sender.
   static absl::StatusOr<std::shared_ptr<Session>> Open(const ClientOptions& options,
                                                        const std::string& socket_path);
   ~Session() override;

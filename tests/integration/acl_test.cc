@@ -615,7 +615,10 @@ std::string PrivateDirOf(uid_t uid, gid_t gid) {
 
 TEST(AclDaemon, ClientsRefuseADaemonRunningAsAnUnexpectedUid) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as uid " << kNobody;
-  std::string dir = PrivateDirOf(kNobody, kNogroup);
+  // Root's and made like /tmp (sticky, writable by all): uid 65534 can serve there, and the
+  // clients' directory rule lets everyone connect, so what refuses is the daemon uid check.
+  std::string dir = MakeTempDir();
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0);
   std::string socket = dir + "/tensord.sock";
   ChildProcess daemon(AsUser(kNobody, kNogroup, {}, {TENSORD_BIN, "--socket", socket, "--log-level", "warn"}));
   if (!Serving(socket)) {
@@ -629,7 +632,7 @@ TEST(AclDaemon, ClientsRefuseADaemonRunningAsAnUnexpectedUid) {
   ChildProcess root_peer(PeerArgs({"produce", socket, "ns/x", "4", "1"}));
   std::string refused = root_peer.WaitForLine("error");
   EXPECT_NE(refused.find("PERMISSION_DENIED"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("uid 65534"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("runs as uid 65534"), std::string::npos) << refused;
   root_peer.Wait();
   // ...while a client of that uid does.
   ChildProcess own_peer(AsUser(kNobody, kNogroup, {}, PeerArgs({"produce", socket, "ns/x", "4", "1"})));
@@ -772,6 +775,49 @@ std::string VictimHolds(const std::vector<std::string>& env) {
   std::string line = victim.WaitForLine("");
   while (!line.empty() && line.rfind("held", 0) != 0 && line.rfind("error", 0) != 0) line = victim.WaitForLine("");
   return line;  // the destructor kills a victim that holds (it sleeps)
+}
+
+TEST_F(AclTest, APerUserDirectoryAnotherUidPlantedIsRefusedBeforeAnyConnection) {
+  // The attack: with XDG_RUNTIME_DIR unset, uid 65533's per-user socket is
+  // /tmp/tensord-65533/tensord.sock. uid 65534 made that directory first, linked the real
+  // daemon's fd channel into it (which hands out a genuine session) and serves a gRPC socket
+  // of its own there, to collect the session token sent on every call.
+  const std::string dir = "/tmp/tensord-" + std::to_string(kStranger);
+  struct stat existing{};
+  if (lstat(dir.c_str(), &existing) == 0) GTEST_SKIP() << dir << " exists already; not touching it";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  RemovedAtEnd cleanup{dir};
+  ASSERT_EQ(chown(dir.c_str(), kNobody, kNogroup), 0);
+  FakeGrpcSocket fake(dir + "/tensord.sock", kNobody, kNogroup);
+  ASSERT_EQ(symlink((socket_ + ".fd").c_str(), (dir + "/tensord.sock.fd").c_str()), 0);
+
+  std::string line = VictimHolds({});
+  EXPECT_NE(line.find("PERMISSION_DENIED"), std::string::npos) << line;
+  EXPECT_NE(line.find("socket directory " + dir + " is a directory owned by uid 65534 with mode 0755"),
+            std::string::npos) << line;
+  EXPECT_NE(line.find("TENSORD_SOCKET"), std::string::npos) << line;  // what to do
+  FakeGrpcSocket::Received received = fake.Drain();
+  EXPECT_EQ(received.connections, 0);
+  EXPECT_EQ(received.bytes.size(), 0u);
+}
+
+TEST_F(AclTest, ASocketDirectoryOfAnotherUidIsRefusedBeforeAnyConnection) {
+  // The same trap through TENSORD_SOCKET.
+  std::string dir = MakeTempDir();
+  RemovedAtEnd cleanup{dir};
+  ASSERT_EQ(chown(dir.c_str(), kNobody, kNogroup), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  const std::string socket = dir + "/tensord.sock";
+  FakeGrpcSocket fake(socket, kNobody, kNogroup);
+  ASSERT_EQ(symlink((socket_ + ".fd").c_str(), (socket + ".fd").c_str()), 0);
+
+  std::string line = VictimHolds({"TENSORD_SOCKET=" + socket});
+  EXPECT_NE(line.find("PERMISSION_DENIED"), std::string::npos) << line;
+  EXPECT_NE(line.find("socket directory " + dir + " is a directory owned by uid 65534 with mode 0755"),
+            std::string::npos) << line;
+  FakeGrpcSocket::Received received = fake.Drain();
+  EXPECT_EQ(received.connections, 0);
+  EXPECT_EQ(received.bytes.size(), 0u);
 }
 
 TEST_F(AclTest, AGrpcSocketNotServedByTheFdChannelsDaemonNeverSeesTheToken) {
