@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<FdConnection>> FdConnection::Connect(
   TENSORD_RETURN_IF_ERROR(CheckDaemonUid(peer.uid, ::getuid(), trusted_uids, fd_path));
 
   std::unique_ptr<FdConnection> conn(new FdConnection(std::move(socket), reply_timeout));
-  conn->daemon_uid_ = peer.uid;
+  conn->daemon_ = peer;
   tensord::v1::FdRequest hello;
   hello.mutable_hello()->set_protocol_version(common::kFdProtocolVersion);
   hello.mutable_hello()->set_client_name(client_name);
@@ -165,6 +165,15 @@ absl::StatusOr<uint64_t> FdConnection::Stage(int memfd) {
   if (!reply.ok()) return reply.status();
   if (!reply->has_staged()) return absl::InternalError("stage: the broker answered without an id");
   return reply->staged().staged_fd_id();
+}
+
+bool FdConnection::PeerClosed() const {
+  pollfd pfd{socket_.get(), POLLRDHUP, 0};
+  int rc;
+  do {
+    rc = ::poll(&pfd, 1, 0);
+  } while (rc < 0 && errno == EINTR);
+  return rc > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 void FdConnection::CloseInForkedChild() {

@@ -10,6 +10,9 @@
 // and poisons the connection (a late reply would be mismatched). A closed peer gives
 // UNAVAILABLE. Thread-safe.
 //
+// daemon() is the peer's SO_PEERCRED, which the gRPC connection's peer must match
+// (grpc_connection.h); PeerClosed() tells without blocking whether the broker hung up.
+//
 // CloseInForkedChild() closes the inherited socket without taking any lock: it is called
 // from a pthread_atfork child handler, where another (vanished) thread may hold the mutex.
 #pragma once
@@ -26,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/fd_channel.h"
 #include "common/unique_fd.h"
 #include "tensord/v1/fd_channel.pb.h"
 
@@ -52,7 +56,9 @@ class FdConnection {
   FdConnection& operator=(const FdConnection&) = delete;
 
   const tensord::v1::Welcome& welcome() const { return welcome_; }
-  uid_t daemon_uid() const { return daemon_uid_; }
+  const common::PeerCredentials& daemon() const { return daemon_; }
+  // One poll(2): true once the broker has closed the connection (the session is over).
+  bool PeerClosed() const;
   // The socket, for poll(POLLHUP) only; never read from it outside this class.
   int socket() const { return socket_.get(); }
 
@@ -77,7 +83,7 @@ class FdConnection {
   common::UniqueFd socket_;
   const std::chrono::milliseconds reply_timeout_;
   tensord::v1::Welcome welcome_;
-  uid_t daemon_uid_ = 0;
+  common::PeerCredentials daemon_;
 
   std::atomic<bool> broken_{false};
   absl::Mutex mu_;

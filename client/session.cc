@@ -1,9 +1,9 @@
 #include "client/session.h"
 
 #include <errno.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "client/status_util.h"
@@ -13,9 +13,6 @@
 #include "common/memory/memfd.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 
 namespace tensord::internal {
 namespace {
@@ -53,6 +50,12 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
                                                        const std::string& socket_path) {
   std::shared_ptr<Session> s(new Session(options, socket_path));
   const std::string name = options.client_name.empty() ? DefaultClientName() : options.client_name;
+  absl::Status directory =
+      common::CheckSocketDirectory(socket_path, ::geteuid(), options.trusted_daemon_uids);
+  if (!directory.ok()) {
+    if (directory.code() != absl::StatusCode::kUnavailable) return directory;
+    return absl::UnavailableError(Unavailable(socket_path, std::string(directory.message())));
+  }
   absl::StatusOr<std::unique_ptr<FdConnection>> fd =
       FdConnection::Connect(common::FdChannelPath(socket_path), name, options.trusted_daemon_uids);
   if (!fd.ok()) {
@@ -68,6 +71,12 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
   s->fd_ = *std::move(fd);
   s->instance_nonce_ = s->fd_->welcome().instance_nonce();
   TENSORD_ASSIGN_OR_RETURN(s->queue_, ReleaseQueue::Create());
+  {
+    // Its errors (a refused peer above all) say what they are; the stream's below do not.
+    absl::MutexLock lock(&s->rpc_mu_);
+    absl::StatusOr<std::shared_ptr<GrpcConnection>> connection = s->ConnectionLocked();
+    if (!connection.ok()) return connection.status();
+  }
   absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->Stream();
   if (!stream.ok()) return absl::UnavailableError(Unavailable(socket_path, std::string(stream.status().message())));
   ReleaseSender::Options sender_options;
@@ -121,8 +130,7 @@ void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
     stream_->AbandonInForkedChild();
     new std::shared_ptr<SessionStream>(std::move(stream_));
   }
-  (void)stub_.release();
-  if (channel_ != nullptr) new std::shared_ptr<grpc::Channel>(std::move(channel_));
+  if (connection_ != nullptr) new std::shared_ptr<GrpcConnection>(std::move(connection_));
 }
 
 absl::Status Session::CheckOpen() const {
@@ -143,22 +151,32 @@ std::unique_ptr<grpc::ClientContext> Session::NewContext(
   return context;
 }
 
-tensord::v1::Broker::Stub* Session::StubLocked() {
-  if (stub_ == nullptr) {
-    // A subchannel pool of its own, so nothing is shared with another Session's channel.
-    // No idle filter: its timer can keep a dropped channel (and so gRPC) alive, which
-    // fork() preparation waits for; a node-local session has no use for idleness anyway.
-    grpc::ChannelArguments channel_args;
-    channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel_args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, std::numeric_limits<int>::max());
-    // A Unix socket has no bandwidth-delay product to probe: BDP pings are pure per-message
-    // overhead on the hot path.
-    channel_args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    channel_ = grpc::CreateCustomChannel("unix:" + socket_path_,
-                                         grpc::InsecureChannelCredentials(), channel_args);
-    stub_ = tensord::v1::Broker::NewStub(channel_);
+absl::StatusOr<std::shared_ptr<GrpcConnection>> Session::ConnectionLocked() {
+  // A channel made from an fd never reconnects by itself: once the broker closed the
+  // connection (a per-uid connection limit, say), the next call makes a new one. Calls still
+  // on the old one keep it until they end.
+  if (connection_ != nullptr && !connection_->Closed()) return connection_;
+  const auto session_over = [this] {
+    dead_.store(true, std::memory_order_release);
+    return absl::UnavailableError("the broker at " + socket_path_ + " closed the session");
+  };
+  // A new connection of a session whose daemon is gone would reach its successor, whose pid
+  // differs: that is the end of the session, not an impostor.
+  if (fd_->PeerClosed()) return session_over();
+  absl::StatusOr<std::shared_ptr<GrpcConnection>> fresh =
+      GrpcConnection::Connect(socket_path_, fd_->daemon(), options_.trusted_daemon_uids);
+  if (!fresh.ok()) {
+    if (fd_->PeerClosed()) return session_over();
+    if (fresh.status().code() == absl::StatusCode::kPermissionDenied) return fresh.status();
+    return absl::UnavailableError(Unavailable(socket_path_, std::string(fresh.status().message())));
   }
-  return stub_.get();
+  connection_ = *std::move(fresh);
+  return connection_;
+}
+
+std::shared_ptr<GrpcConnection> Session::grpc_connection_for_test() {
+  absl::MutexLock lock(&rpc_mu_);
+  return connection_;
 }
 
 void Session::AwaitNoForkLocked() {
@@ -172,10 +190,10 @@ absl::StatusOr<Session::RpcCall> Session::BeginCall(std::optional<std::chrono::m
   std::unique_ptr<grpc::ClientContext> context = NewContext(timeout);
   absl::MutexLock lock(&rpc_mu_);
   AwaitNoForkLocked();
-  tensord::v1::Broker::Stub* stub = StubLocked();
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<GrpcConnection> connection, ConnectionLocked());
   ++calls_in_flight_;
   if (cancel_on_fork) fork_cancellable_.insert(context.get());
-  return RpcCall(this, stub, std::move(context), fork_epoch_);
+  return RpcCall(this, std::move(connection), std::move(context), fork_epoch_);
 }
 
 Session::RpcCall::~RpcCall() {
@@ -185,6 +203,8 @@ Session::RpcCall::~RpcCall() {
     session_->fork_cancellable_.erase(context_.get());
   }
   context_.reset();
+  // Before the call stops counting: fork() preparation drops the last gRPC object it waits for.
+  connection_.reset();
   session_->EndCall();
 }
 
@@ -218,18 +238,9 @@ bool Session::SuspendForFork(std::chrono::steady_clock::time_point deadline) {
                  calls_in_flight_);
     return false;
   }
-  // A connection attempt still under way when its channel goes keeps gRPC alive until its
-  // connect deadline (20 s) passes; let it finish first.
-  if (channel_ != nullptr) {
-    const auto wall_deadline =
-        std::chrono::system_clock::now() + (deadline - std::chrono::steady_clock::now());
-    for (grpc_connectivity_state state = channel_->GetState(false);
-         state == GRPC_CHANNEL_CONNECTING; state = channel_->GetState(false)) {
-      if (!channel_->WaitForStateChange(state, wall_deadline)) break;
-    }
-  }
-  stub_.reset();
-  channel_.reset();
+  // The channel was made from a socket connected already: no connection attempt of gRPC's
+  // can be under way to keep gRPC alive after it goes.
+  connection_.reset();
   return true;
 }
 
@@ -245,10 +256,12 @@ absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
   if (stream_ != nullptr && !stream_->broken()) return stream_;
   if (closing_.load()) return absl::UnavailableError("the tensord client is shut down");
   old = std::move(stream_);
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<GrpcConnection> connection, ConnectionLocked());
+  // The stream's context keeps the channel up for as long as the stream lives.
   TENSORD_ASSIGN_OR_RETURN(
       std::unique_ptr<SessionStream> fresh,
       SessionStream::Open(
-          StubLocked(), fd_->welcome().session_token(),
+          connection->stub(), fd_->welcome().session_token(),
           [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
           [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
           [this](absl::Status failure) { OnQuietFailure(std::move(failure)); }));

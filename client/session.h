@@ -1,7 +1,8 @@
 // Session: one connected tensord session and everything bound to it: the fd channel (whose
-// life IS the session), the gRPC channel and stub, the Session stream (reopened when it
-// breaks), the mapping cache, the lease table (with the lease cache), and the release queue
-// and its sender thread.
+// life IS the session), the gRPC connection (grpc_connection.h: its peer checked to be the fd
+// channel's daemon before the session token goes out; made again when the broker closed it
+// while the session lives), the Session stream (reopened when it breaks), the mapping cache,
+// the lease table (with the lease cache), and the release queue and its sender thread.
 //
 // Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. A
 // small Allocate in a namespace is served from the allocation pool once its slot class has
@@ -14,6 +15,10 @@
 // ReleaseQueue is shared, and once this Session stops its sender, a view's last reference
 // frees it inline. dead() turns true when the broker hangs up the fd channel; the owner then
 // connects a new Session. Thread-safe.
+//
+// Errors of Open(): PERMISSION_DENIED for a socket directory the rule refuses
+// (common/socket_paths.h), a daemon uid we do not trust, or a gRPC socket not served by the
+// fd channel's daemon; UNAVAILABLE naming the socket when no broker answers.
 #pragma once
 
 #include <atomic>
@@ -34,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/allocation_pool.h"
 #include "client/fd_connection.h"
+#include "client/grpc_connection.h"
 #include "client/lease_table.h"
 #include "client/mapping_cache.h"
 #include "client/release_queue.h"
@@ -47,7 +53,8 @@ namespace tensord::internal {
 
 class Session final : public ReleaseSink {
  public:
-  // Connects: fd channel (uid check, HELLO/WELCOME), gRPC channel, Session stream, sender.
+  // Connects: socket directory check, fd channel (uid check, HELLO/WELCOME), gRPC connection
+  // (peer check), Session stream, sender.
   static absl::StatusOr<std::shared_ptr<Session>> Open(const ClientOptions& options,
                                                        const std::string& socket_path);
   ~Session() override;
@@ -95,34 +102,38 @@ class Session final : public ReleaseSink {
   void ForgetName(std::string_view name);
   absl::Status Flush();
 
-  // One Broker call: the stub and a context with the session metadata and an optional
-  // deadline. While it lives it counts as a call in flight, which fork() preparation waits
-  // for; `cancel_on_fork` calls (long-lived streams) are cancelled by it instead, and
-  // interrupted_by_fork() then tells them to open a new one.
+  // One Broker call: the stub (of the connection it keeps up) and a context with the session
+  // metadata and an optional deadline. While it lives it counts as a call in flight, which
+  // fork() preparation waits for; `cancel_on_fork` calls (long-lived streams) are cancelled by
+  // it instead, and interrupted_by_fork() then tells them to open a new one.
   class RpcCall {
    public:
     RpcCall(RpcCall&& other) noexcept
         : session_(std::exchange(other.session_, nullptr)),
-          stub_(other.stub_),
+          connection_(std::move(other.connection_)),
           context_(std::move(other.context_)),
           epoch_(other.epoch_) {}
     RpcCall& operator=(RpcCall&&) = delete;
     ~RpcCall();
-    tensord::v1::Broker::Stub* stub() const { return stub_; }
+    tensord::v1::Broker::Stub* stub() const { return connection_->stub(); }
     grpc::ClientContext* context() const { return context_.get(); }
     bool interrupted_by_fork() const;
 
    private:
     friend class Session;
-    RpcCall(Session* session, tensord::v1::Broker::Stub* stub,
+    RpcCall(Session* session, std::shared_ptr<GrpcConnection> connection,
             std::unique_ptr<grpc::ClientContext> context, uint64_t epoch)
-        : session_(session), stub_(stub), context_(std::move(context)), epoch_(epoch) {}
+        : session_(session),
+          connection_(std::move(connection)),
+          context_(std::move(context)),
+          epoch_(epoch) {}
     Session* session_;
-    tensord::v1::Broker::Stub* stub_;
+    std::shared_ptr<GrpcConnection> connection_;
     std::unique_ptr<grpc::ClientContext> context_;
     uint64_t epoch_;
   };
-  // Waits while a fork() is being prepared. `timeout` nullopt: no deadline.
+  // Waits while a fork() is being prepared. `timeout` nullopt: no deadline. Makes the gRPC
+  // connection when there is none or the broker closed it (errors as Open()'s).
   absl::StatusOr<RpcCall> BeginCall(
       std::optional<std::chrono::milliseconds> timeout = std::chrono::seconds(30),
       bool cancel_on_fork = false);
@@ -140,10 +151,10 @@ class Session final : public ReleaseSink {
   // support does not survive a child using it; see client_core.cc). New calls wait; calls
   // made with cancel_on_fork (Watch streams) are cancelled and reopen after; the Session
   // stream is drained (no reply lost; interrupted waits are retried after the fork); then
-  // it waits for the other calls in flight and drops the stub and the channel. Returns
-  // false if a call was still in flight at `deadline` (gRPC then stays up and the fallback
-  // in client_core.cc applies). ResumeAfterFork() lets calls go on; the channel and the
-  // stream reopen on next use.
+  // it waits for the other calls in flight and drops the gRPC connection. Returns false if a
+  // call was still in flight at `deadline` (gRPC then stays up and the fallback in
+  // client_core.cc applies). ResumeAfterFork() lets calls go on; the connection (connected
+  // and checked again) and the stream reopen on next use.
   bool SuspendForFork(std::chrono::steady_clock::time_point deadline);
   void ResumeAfterFork();
   // Fork child: close the inherited fd channel at once (so the parent's death releases its
@@ -158,6 +169,8 @@ class Session final : public ReleaseSink {
 
   LeaseTable& table_for_test() { return table_; }
   MappingCache& mappings_for_test() { return mappings_; }
+  // The current gRPC connection (nullptr when there is none).
+  std::shared_ptr<GrpcConnection> grpc_connection_for_test();
 
  private:
   static constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
@@ -238,8 +251,10 @@ class Session final : public ReleaseSink {
   void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
   void SendReleases(std::vector<uint64_t> lease_ids);
   absl::Status CheckOpen() const;
-  // The stub, with the channel made on first use after Open() or a fork.
-  tensord::v1::Broker::Stub* StubLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
+  // The gRPC connection, made on first use after Open() or a fork, and again when the broker
+  // closed it while the session lives.
+  absl::StatusOr<std::shared_ptr<GrpcConnection>> ConnectionLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
   std::unique_ptr<grpc::ClientContext> NewContext(std::optional<std::chrono::milliseconds> timeout) const;
   void EndCall();
   void AwaitNoForkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
@@ -269,8 +284,7 @@ class Session final : public ReleaseSink {
 
   // Every gRPC object of the session: created on demand, all dropped for a fork.
   absl::Mutex rpc_mu_;
-  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(rpc_mu_);
-  std::unique_ptr<tensord::v1::Broker::Stub> stub_ ABSL_GUARDED_BY(rpc_mu_);
+  std::shared_ptr<GrpcConnection> connection_ ABSL_GUARDED_BY(rpc_mu_);
   std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(rpc_mu_);
   bool fork_suspended_ ABSL_GUARDED_BY(rpc_mu_) = false;
   int calls_in_flight_ ABSL_GUARDED_BY(rpc_mu_) = 0;

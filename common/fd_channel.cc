@@ -161,12 +161,15 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (::getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return ErrnoToStatus("fd channel: getsockopt(SO_PEERCRED)", errno);
+    return ErrnoToStatus("getsockopt(SO_PEERCRED)", errno);
   }
   return PeerCredentials{cred.uid, cred.gid, cred.pid};
 }
 
-absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path) {
+namespace {
+
+// A connected SOCK_CLOEXEC Unix socket of `type`; `what` names the socket in errors.
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path, int type, std::string_view what) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -175,8 +178,8 @@ absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path) {
                                                    sizeof(addr.sun_path) - 1));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd) return ErrnoToStatus("fd channel: socket(AF_UNIX, SOCK_SEQPACKET)", errno);
+  UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoToStatus(absl::StrCat(AbslView(what), ": socket(AF_UNIX)"), errno);
   int rc;
   do {
     rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
@@ -185,12 +188,23 @@ absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path) {
   if (rc != 0 && errno != EISCONN) {
     int err = errno;
     if (err == ENOENT || err == ECONNREFUSED) {
-      return absl::UnavailableError(absl::StrCat("fd channel ", path, ": no daemon listens there (",
+      return absl::UnavailableError(absl::StrCat(AbslView(what), " ", path,
+                                                 ": no daemon listens there (",
                                                  std::strerror(err), ")"));
     }
-    return ErrnoToStatus(absl::StrCat("fd channel: connect to ", path), err);
+    return ErrnoToStatus(absl::StrCat(AbslView(what), ": connect to ", path), err);
   }
   return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path) {
+  return ConnectUnix(path, SOCK_SEQPACKET, "fd channel");
+}
+
+absl::StatusOr<UniqueFd> ConnectStream(const std::string& path) {
+  return ConnectUnix(path, SOCK_STREAM, "gRPC socket");
 }
 
 }  // namespace tensord::common

@@ -58,5 +58,7 @@ absl::StatusOr<PeerCredentials> GetPeerCredentials(int socket);
 // A connected SOCK_SEQPACKET|SOCK_CLOEXEC client socket to `path`. UNAVAILABLE naming the
 // path when nothing listens there.
 absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path);
+// The same for a SOCK_STREAM socket (the gRPC socket).
+absl::StatusOr<UniqueFd> ConnectStream(const std::string& path);
 
 }  // namespace tensord::common

@@ -3,10 +3,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 
 namespace tensord::common {
@@ -46,6 +49,76 @@ std::string DefaultClientSocketPath() {
   struct stat st {};
   if (::stat(per_user.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return per_user;
   return std::string(kSystemSocket);
+}
+
+namespace {
+
+bool Trusted(uid_t owner, uid_t our_uid, std::span<const uint32_t> trusted_uids) {
+  if (owner == 0 || owner == our_uid) return true;
+  for (uint32_t uid : trusted_uids) {
+    if (uid == owner) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status CheckSocketDirectoryInfo(const std::string& dir, const std::string& socket_path,
+                                      const struct stat& info, SocketDirectoryKind kind,
+                                      uid_t our_uid, std::span<const uint32_t> trusted_uids) {
+  const bool is_dir = S_ISDIR(info.st_mode);
+  const mode_t mode = info.st_mode & 07777;
+  const uid_t owner = info.st_uid;
+  std::string rule;
+  std::string remedy;
+  if (kind == SocketDirectoryKind::kPerUser) {
+    if (is_dir && owner == our_uid && (mode & 077) == 0) return absl::OkStatus();
+    rule = absl::StrFormat("the per-user socket directory must be a directory of uid %u with "
+                           "mode 0700, not a symlink",
+                           our_uid);
+    remedy = owner == our_uid
+                 ? "remove it (tensord creates it again) or chmod 0700 it"
+                 : "someone else may have planted it: have it removed, or set TENSORD_SOCKET "
+                   "or XDG_RUNTIME_DIR to use a directory of your own";
+  } else {
+    const bool root_owned = owner == 0;
+    const bool group_ok = (mode & S_IWGRP) == 0 || root_owned;
+    const bool other_ok = (mode & S_IWOTH) == 0 || (root_owned && (mode & S_ISVTX) != 0);
+    if (is_dir && Trusted(owner, our_uid, trusted_uids) && group_ok && other_ok) {
+      return absl::OkStatus();
+    }
+    rule = absl::StrFormat("a socket directory must belong to root, to uid %u or to a trusted "
+                           "daemon uid, and be writable by no one else: by its group only when "
+                           "root owns it, by others only when root owns it and it is sticky, "
+                           "like /tmp",
+                           our_uid);
+    remedy = "fix its owner or mode, or use another socket path";
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "socket directory %s is %s owned by uid %u with mode %04o: refusing to connect to %s (%s); "
+      "%s",
+      dir, is_dir ? "a directory" : "not a directory", owner, mode, socket_path, rule, remedy));
+}
+
+absl::Status CheckSocketDirectory(const std::string& socket_path, uid_t our_uid,
+                                  std::span<const uint32_t> trusted_uids) {
+  std::string dir = std::filesystem::path(socket_path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const SocketDirectoryKind kind = socket_path == PerUserSocketPath() ? SocketDirectoryKind::kPerUser
+                                                                      : SocketDirectoryKind::kOther;
+  struct stat info {};
+  // lstat for the per-user directory: a symlink planted where it belongs must not redirect
+  // us; a configured path may reach its directory through one (/var/run -> /run).
+  const int rc = kind == SocketDirectoryKind::kPerUser ? ::lstat(dir.c_str(), &info)
+                                                       : ::stat(dir.c_str(), &info);
+  if (rc != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) {
+      return absl::UnavailableError(absl::StrCat("socket directory ", dir, " does not exist"));
+    }
+    return ErrnoToStatus(absl::StrCat("stat socket directory ", dir), err);
+  }
+  return CheckSocketDirectoryInfo(dir, socket_path, info, kind, our_uid, trusted_uids);
 }
 
 }  // namespace tensord::common

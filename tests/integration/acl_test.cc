@@ -11,6 +11,7 @@
 // a program (the daemon, the test peer) as that uid.
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -378,7 +379,10 @@ std::string PrivateDirOf(uid_t uid, gid_t gid) {
 
 TEST(AclDaemon, ClientsRefuseADaemonRunningAsAnUnexpectedUid) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as uid " << kNobody;
-  std::string dir = PrivateDirOf(kNobody, kNogroup);
+  // Root's and made like /tmp (sticky, writable by all): uid 65534 can serve there, and the
+  // clients' directory rule lets everyone connect, so what refuses is the daemon uid check.
+  std::string dir = MakeTempDir();
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0);
   std::string socket = dir + "/tensord.sock";
   ChildProcess daemon(AsUser(kNobody, kNogroup, {}, {TENSORD_BIN, "--socket", socket, "--log-level", "warn"}));
   if (!Serving(socket)) {
@@ -392,7 +396,7 @@ TEST(AclDaemon, ClientsRefuseADaemonRunningAsAnUnexpectedUid) {
   ChildProcess root_peer(PeerArgs({"produce", socket, "ns/x", "4", "1"}));
   std::string refused = root_peer.WaitForLine("error");
   EXPECT_NE(refused.find("PERMISSION_DENIED"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("uid 65534"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("runs as uid 65534"), std::string::npos) << refused;
   root_peer.Wait();
   // ...while a client of that uid does.
   ChildProcess own_peer(AsUser(kNobody, kNogroup, {}, PeerArgs({"produce", socket, "ns/x", "4", "1"})));
@@ -464,6 +468,161 @@ TEST(AclDaemon, ThePerUserSocketDirectoryIsPrivateAndMustBeOurs) {
   std::filesystem::remove_all(runtime);
 }
 
+// ---------------------------------------------------------------------------------------
+// Sockets someone else serves: a client gives its session token to its daemon only
+
+// Removes a path and everything under it when the scope ends.
+struct RemovedAtEnd {
+  std::string path;
+  ~RemovedAtEnd() { std::filesystem::remove_all(path); }
+};
+
+// A gRPC socket served by another process: bound at `path` (mode 0666) by this process,
+// listened on by a child running as uid:gid, which then exits. SO_PEERCRED reports whoever
+// called listen(), so a client connecting sees that child as its peer; connections wait in
+// the backlog until Drain() accepts them here and reads what each one sent.
+class FakeGrpcSocket {
+ public:
+  FakeGrpcSocket(const std::string& path, uid_t uid, gid_t gid) {
+    listener_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+    if (!listener_ || bind(listener_.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        chmod(path.c_str(), 0666) != 0) {
+      ADD_FAILURE() << "bind " << path << ": " << std::strerror(errno);
+      return;
+    }
+    listener_pid_ = fork();
+    if (listener_pid_ == 0) _exit(BecomeUser(uid, gid) && listen(listener_.get(), 16) == 0 ? 0 : 1);
+    int status = 0;
+    waitpid(listener_pid_, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ADD_FAILURE() << "listen on " << path << " as uid " << uid;
+  }
+
+  pid_t listener_pid() const { return listener_pid_; }
+
+  struct Received {
+    int connections = 0;
+    std::string bytes;
+  };
+  // Accepts every connection waiting and reads each to its end (its client must be gone).
+  Received Drain() {
+    Received received;
+    while (true) {
+      common::UniqueFd connection(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!connection) break;
+      ++received.connections;
+      char chunk[4096];
+      pollfd pfd{connection.get(), POLLIN, 0};
+      while (poll(&pfd, 1, 2000) == 1) {
+        ssize_t n = read(connection.get(), chunk, sizeof(chunk));
+        if (n <= 0) break;
+        received.bytes.append(chunk, static_cast<size_t>(n));
+      }
+    }
+    return received;
+  }
+
+ private:
+  common::UniqueFd listener_;
+  pid_t listener_pid_ = -1;
+};
+
+// What the test peer says when it runs as uid 65533 (a member of the daemon's socket group,
+// with no XDG_RUNTIME_DIR) and acquires team/base through the socket `env` leads it to:
+// "held <sum>" or its error line.
+std::string VictimHolds(const std::vector<std::string>& env) {
+  std::vector<std::string> with_env = env;
+  with_env.push_back("XDG_RUNTIME_DIR=");
+  ChildProcess victim(AsUser(kStranger, kNogroup, with_env, PeerArgs({"hold", "", "team/base"})));
+  std::string line = victim.WaitForLine("");
+  while (!line.empty() && line.rfind("held", 0) != 0 && line.rfind("error", 0) != 0) line = victim.WaitForLine("");
+  return line;  // the destructor kills a victim that holds (it sleeps)
+}
+
+TEST_F(AclTest, APerUserDirectoryAnotherUidPlantedIsRefusedBeforeAnyConnection) {
+  // The attack: with XDG_RUNTIME_DIR unset, uid 65533's per-user socket is
+  // /tmp/tensord-65533/tensord.sock. uid 65534 made that directory first, linked the real
+  // daemon's fd channel into it (which hands out a genuine session) and serves a gRPC socket
+  // of its own there, to collect the session token sent on every call.
+  const std::string dir = "/tmp/tensord-" + std::to_string(kStranger);
+  struct stat existing{};
+  if (lstat(dir.c_str(), &existing) == 0) GTEST_SKIP() << dir << " exists already; not touching it";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  RemovedAtEnd cleanup{dir};
+  ASSERT_EQ(chown(dir.c_str(), kNobody, kNogroup), 0);
+  FakeGrpcSocket fake(dir + "/tensord.sock", kNobody, kNogroup);
+  ASSERT_EQ(symlink((socket_ + ".fd").c_str(), (dir + "/tensord.sock.fd").c_str()), 0);
+
+  std::string line = VictimHolds({});
+  EXPECT_NE(line.find("PERMISSION_DENIED"), std::string::npos) << line;
+  EXPECT_NE(line.find("socket directory " + dir + " is a directory owned by uid 65534 with mode 0755"),
+            std::string::npos) << line;
+  EXPECT_NE(line.find("TENSORD_SOCKET"), std::string::npos) << line;  // what to do
+  FakeGrpcSocket::Received received = fake.Drain();
+  EXPECT_EQ(received.connections, 0);
+  EXPECT_EQ(received.bytes.size(), 0u);
+}
+
+TEST_F(AclTest, ASocketDirectoryOfAnotherUidIsRefusedBeforeAnyConnection) {
+  // The same trap through TENSORD_SOCKET.
+  std::string dir = MakeTempDir();
+  RemovedAtEnd cleanup{dir};
+  ASSERT_EQ(chown(dir.c_str(), kNobody, kNogroup), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  const std::string socket = dir + "/tensord.sock";
+  FakeGrpcSocket fake(socket, kNobody, kNogroup);
+  ASSERT_EQ(symlink((socket_ + ".fd").c_str(), (socket + ".fd").c_str()), 0);
+
+  std::string line = VictimHolds({"TENSORD_SOCKET=" + socket});
+  EXPECT_NE(line.find("PERMISSION_DENIED"), std::string::npos) << line;
+  EXPECT_NE(line.find("socket directory " + dir + " is a directory owned by uid 65534 with mode 0755"),
+            std::string::npos) << line;
+  FakeGrpcSocket::Received received = fake.Drain();
+  EXPECT_EQ(received.connections, 0);
+  EXPECT_EQ(received.bytes.size(), 0u);
+}
+
+TEST_F(AclTest, AGrpcSocketNotServedByTheFdChannelsDaemonNeverSeesTheToken) {
+  // A directory the rule accepts (root's, 0755) holding a link to the real daemon's fd
+  // channel, next to a gRPC socket someone else serves.
+  std::string dir = MakeTempDir();
+  RemovedAtEnd cleanup{dir};
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  const std::string socket = dir + "/tensord.sock";
+  ASSERT_EQ(symlink((socket_ + ".fd").c_str(), (socket + ".fd").c_str()), 0);
+  const std::string daemon = "not by the tensord on " + socket + ".fd (uid 0, pid " +
+                             std::to_string(daemon_->pid()) + "): refusing to send the session token";
+  {
+    // Served by another uid.
+    FakeGrpcSocket fake(socket, kNobody, kNogroup);
+    std::string line = VictimHolds({"TENSORD_SOCKET=" + socket});
+    EXPECT_NE(line.find("PERMISSION_DENIED"), std::string::npos) << line;
+    EXPECT_NE(line.find("the gRPC socket " + socket + " is served by uid 65534 (pid " +
+                        std::to_string(fake.listener_pid()) + "), " + daemon),
+              std::string::npos) << line;
+    FakeGrpcSocket::Received received = fake.Drain();
+    EXPECT_EQ(received.connections, 1);  // connected to read its peer, then closed
+    EXPECT_EQ(received.bytes.size(), 0u) << "the refused peer received data";
+    ASSERT_EQ(unlink(socket.c_str()), 0);
+  }
+  {
+    // Served by root, a trusted uid, but not by the daemon's process.
+    FakeGrpcSocket fake(socket, 0, 0);
+    std::string line = VictimHolds({"TENSORD_SOCKET=" + socket});
+    EXPECT_NE(line.find("PERMISSION_DENIED"), std::string::npos) << line;
+    EXPECT_NE(line.find("is served by uid 0 (pid " + std::to_string(fake.listener_pid()) + "), " + daemon),
+              std::string::npos) << line;
+    FakeGrpcSocket::Received received = fake.Drain();
+    EXPECT_EQ(received.connections, 1);
+    EXPECT_EQ(received.bytes.size(), 0u) << "the refused peer received data";
+    ASSERT_EQ(unlink(socket.c_str()), 0);
+  }
+  // The same directory with the daemon's own gRPC socket linked in works.
+  ASSERT_EQ(symlink(socket_.c_str(), socket.c_str()), 0);
+  EXPECT_EQ(VictimHolds({"TENSORD_SOCKET=" + socket}), "held 16.000000");
+}
 
 }  // namespace
 }  // namespace tensord

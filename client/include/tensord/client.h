@@ -173,10 +173,14 @@ struct AllocateItem {
 
 struct ClientOptions {
   // Empty: $TENSORD_SOCKET, else the per-user socket if one is there, else
-  // /run/tensord/tensord.sock.
+  // /run/tensord/tensord.sock. Whichever it is, its directory must pass a rule before the
+  // client connects: the per-user one ($XDG_RUNTIME_DIR/tensord, /tmp/tensord-$UID) must be
+  // ours with mode 0700 and not a symlink; any other must belong to root, to us or to a
+  // trusted daemon uid, and be writable by no one else (by its group only when root owns it,
+  // by others only when root owns it and it is sticky, like /tmp).
   std::string socket_path;
   std::string client_name;  // shown by the broker; default: the program's name
-  // uids besides root and our own that the daemon may run as.
+  // uids besides root and our own that the daemon may run as (and own its socket directory).
   std::vector<uint32_t> trusted_daemon_uids;
   // Keep a lease after its last local view goes, while the tensor is still the current
   // binding of the name it was acquired by, so a repeated Acquire needs no round trip.
@@ -236,8 +240,12 @@ class Watcher;
 class TENSORD_EXPORT Client {
  public:
   // Connects to the broker: opens the fd channel (the session) and the gRPC channel.
-  // UNAVAILABLE with the socket path when no broker answers; PERMISSION_DENIED when the
-  // daemon runs as a uid that is neither root, us, nor a trusted one.
+  // UNAVAILABLE with the socket path when no broker answers; PERMISSION_DENIED when the socket
+  // directory fails the rule above (naming it, its owner and mode), when the daemon runs as a
+  // uid that is neither root, us, nor a trusted one, or when the gRPC socket is not served by
+  // the daemon on the fd channel (the same process, or the same uid where pids are not
+  // visible): the session token is never sent to it. The client makes the gRPC connection
+  // again when the broker closes it, and a new session when the broker ends the old one.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options = {});
   ~Client();
   Client(const Client&) = delete;

@@ -7,11 +7,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 
 #include "common/unique_fd.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/status_matchers.h"
 
 namespace tensord::common {
 namespace {
@@ -106,6 +109,118 @@ TEST(SocketPathsTest, ClientPrefersAPerUserSocketThatExists) {
   unlink(path.c_str());
   rmdir((dir + "/tensord").c_str());
   rmdir(dir.c_str());
+}
+
+// What stat says about a directory (or, with `type`, something else) of `owner` and `mode`.
+struct stat Entry(uid_t owner, mode_t mode, mode_t type = S_IFDIR) {
+  struct stat info {};
+  info.st_mode = type | mode;
+  info.st_uid = owner;
+  return info;
+}
+
+using testing::IsOk;
+using testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr uid_t kUs = 1000;
+constexpr uint32_t kTrusted[] = {4242};
+
+absl::Status PerUser(const struct stat& info) {
+  return CheckSocketDirectoryInfo("/tmp/tensord-1000", "/tmp/tensord-1000/tensord.sock", info,
+                                  SocketDirectoryKind::kPerUser, kUs, kTrusted);
+}
+
+absl::Status Other(const struct stat& info) {
+  return CheckSocketDirectoryInfo("/srv/t", "/srv/t/tensord.sock", info,
+                                  SocketDirectoryKind::kOther, kUs, kTrusted);
+}
+
+TEST(SocketDirectoryTest, ThePerUserDirectoryIsOursAndPrivate) {
+  EXPECT_THAT(PerUser(Entry(kUs, 0700)), IsOk());
+  // Planted by someone else, root included: refused, saying who owns it and what to do.
+  EXPECT_THAT(PerUser(Entry(65534, 0755)),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("socket directory /tmp/tensord-1000"),
+                             HasSubstr("owned by uid 65534"), HasSubstr("mode 0755"),
+                             HasSubstr("/tmp/tensord-1000/tensord.sock"),
+                             HasSubstr("uid 1000 with mode 0700"), HasSubstr("have it removed"),
+                             HasSubstr("TENSORD_SOCKET"))));
+  EXPECT_THAT(PerUser(Entry(0, 0700)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("owned by uid 0")));
+  EXPECT_THAT(PerUser(Entry(4242, 0700)),  // a trusted daemon uid has its own per-user path
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("owned by uid 4242")));
+  // Ours, but open to others: the same rule as the daemon's.
+  for (mode_t mode : {0750, 0705, 0755, 0770, 0777, 01777}) {
+    EXPECT_THAT(PerUser(Entry(kUs, mode)),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("chmod 0700")))
+        << std::oct << mode;
+  }
+  // lstat's view of a symlink planted there.
+  EXPECT_THAT(PerUser(Entry(kUs, 0777, S_IFLNK)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not a directory")));
+}
+
+TEST(SocketDirectoryTest, AnotherDirectoryBelongsToRootUsOrATrustedUidAndOnlyTheyWrite) {
+  EXPECT_THAT(Other(Entry(0, 0755)), IsOk());      // /run/tensord
+  EXPECT_THAT(Other(Entry(kUs, 0700)), IsOk());    // a directory of our own
+  EXPECT_THAT(Other(Entry(kUs, 0755)), IsOk());
+  EXPECT_THAT(Other(Entry(4242, 0750)), IsOk());   // the daemon's own, from trusted_daemon_uids
+  EXPECT_THAT(Other(Entry(0, 01777)), IsOk());     // /tmp: sticky, so no one renames our socket
+  EXPECT_THAT(Other(Entry(0, 0775)), IsOk());      // root chose the group
+  // Someone else's.
+  EXPECT_THAT(Other(Entry(65534, 0755)),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("socket directory /srv/t"), HasSubstr("owned by uid 65534"),
+                             HasSubstr("mode 0755"), HasSubstr("/srv/t/tensord.sock"),
+                             HasSubstr("trusted daemon uid"))));
+  // Writable by others than its owner.
+  EXPECT_THAT(Other(Entry(kUs, 0775)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0775")));
+  EXPECT_THAT(Other(Entry(kUs, 01777)),  // sticky, but not root's
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 1777")));
+  EXPECT_THAT(Other(Entry(0, 0777)),  // root's, but not sticky
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0777")));
+  EXPECT_THAT(Other(Entry(4242, 0757)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0757")));
+  EXPECT_THAT(Other(Entry(0, 0755, S_IFREG)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not a directory")));
+}
+
+TEST(SocketDirectoryTest, RealDirectoriesAreCheckedWithTheRuleForTheirPath) {
+  char dir_template[] = "/tmp/tensord-dirs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;  // ours, 0700
+  const uid_t us = geteuid();
+  EXPECT_THAT(CheckSocketDirectory(dir + "/t.sock", us, {}), IsOk());
+  EXPECT_THAT(CheckSocketDirectory(dir + "/missing/t.sock", us, {}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(dir + "/missing does not exist")));
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);  // writable by all, not sticky: refused for anyone
+  EXPECT_THAT(CheckSocketDirectory(dir + "/t.sock", us, {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0777")));
+  ASSERT_EQ(chmod(dir.c_str(), 0700), 0);
+
+  // The per-user directory under XDG_RUNTIME_DIR is held to the per-user rule.
+  ScopedEnv xdg("XDG_RUNTIME_DIR", dir);
+  const std::string per_user = PerUserSocketPath();
+  const std::string per_user_dir = dir + "/tensord";
+  ASSERT_EQ(per_user, per_user_dir + "/tensord.sock");
+  ASSERT_EQ(mkdir(per_user_dir.c_str(), 0700), 0);
+  EXPECT_THAT(CheckSocketDirectory(per_user, us, {}), IsOk());
+  ASSERT_EQ(chmod(per_user_dir.c_str(), 0755), 0);
+  EXPECT_THAT(CheckSocketDirectory(per_user, us, {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0755")));
+  // The same directory named as a configured path passes: 0755 and ours.
+  EXPECT_THAT(CheckSocketDirectory(per_user_dir + "/other.sock", us, {}), IsOk());
+  // A symlink where the per-user directory belongs, even to a good directory, is refused.
+  ASSERT_EQ(rmdir(per_user_dir.c_str()), 0);
+  const std::string elsewhere = dir + "/elsewhere";
+  ASSERT_EQ(mkdir(elsewhere.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(elsewhere.c_str(), per_user_dir.c_str()), 0);
+  EXPECT_THAT(CheckSocketDirectory(per_user, us, {}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not a directory")));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SocketPathsTest, DerivedPaths) {
