@@ -161,7 +161,7 @@ void Broker::CloseSession(uint64_t session_id) {
     for (uint64_t lease_id : session->leases) {
       std::optional<Lease> lease = leases_.Remove(lease_id, session_id);
       TENSORD_CHECK(lease.has_value());
-      DropLeaseLocked(*lease, effects);
+      DropLeaseLocked(*lease, session->creds.uid, effects);
       ++released;
     }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
@@ -282,6 +282,7 @@ void Broker::DetachSink(uint64_t session_id, const PushSink* sink) {
 v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool by_name) {
   uint64_t lease_id = leases_.Add(session.id, tensor.id);
   session.leases.insert(lease_id);
+  uid_quota_.Add(session.creds.uid, UidResource::kMetadataBytes, kLeaseEntryBytes);
   ++tensor.holders[session.id];
   if (by_name) tensor.name_holders.insert(session.id);
   ++tensor.leases;
@@ -291,7 +292,8 @@ v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool b
   return response;
 }
 
-void Broker::DropLeaseLocked(const Lease& lease, Effects& effects) {
+void Broker::DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) {
+  uid_quota_.Release(holder_uid, UidResource::kMetadataBytes, kLeaseEntryBytes);
   Tensor* tensor = registry_.Find(lease.tensor_id);
   TENSORD_CHECK(tensor != nullptr && tensor->leases > 0);
   --tensor->leases;

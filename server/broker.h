@@ -185,7 +185,8 @@ class Broker {
   // Removes a waiter, keeping its session's count of waits and its uid's charges.
   std::map<uint64_t, Waiter>::iterator EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when `session` may not hold one more lease / start one more wait.
+  // RESOURCE_EXHAUSTED when `session` may not hold one more lease (its cap, or its uid's
+  // metadata bytes) / start one more wait.
   absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWaitCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a wait's session may be granted `tensor` now that it matched: access is checked
@@ -216,7 +217,8 @@ class Broker {
   tensord::v1::AllocateResponse RegisterLocked(Session& session, Tensor tensor,
                                                std::unique_ptr<common::BackendBuffer> memory,
                                                uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DropLeaseLocked(const Lease& lease, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a lease its session (of uid `holder_uid`) no longer holds.
+  void DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Binds (retiring what was bound) and tells watchers; waking waiters is the caller's.
   void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)

@@ -99,10 +99,14 @@ absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view wha
 }
 
 absl::Status Broker::CheckLeaseCapLocked(const Session& session) const {
-  if (session.leases.size() < options_.max_leases_per_session) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "session ", session.id, " holds ", session.leases.size(), " leases, the limit (--max-leases-per-session ",
-      options_.max_leases_per_session, "): release some first"));
+  if (session.leases.size() >= options_.max_leases_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", session.id, " holds ", session.leases.size(), " leases, the limit (--max-leases-per-session ",
+        options_.max_leases_per_session, "): release some first"));
+  }
+  // A lease is kept in the daemon too; GrantLocked charges it.
+  return uid_quota_.CheckRoom(session.creds.uid, UidResource::kMetadataBytes, kLeaseEntryBytes,
+                              "holding one more lease");
 }
 
 absl::Status Broker::CheckWaitCapLocked(const Session& session) const {

@@ -247,7 +247,7 @@ absl::StatusOr<v1::ReleaseResponse> Broker::Release(uint64_t session_id,
         continue;
       }
       session->leases.erase(lease_id);
-      DropLeaseLocked(*lease, effects);
+      DropLeaseLocked(*lease, session->creds.uid, effects);
       response.set_released(response.released() + 1);
     }
   }

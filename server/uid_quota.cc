@@ -44,18 +44,24 @@ std::string_view UidQuota::FlagName(UidResource resource) {
   return "";
 }
 
-absl::Status UidQuota::Reserve(uid_t uid, UidResource resource, uint64_t amount, std::string_view what) {
-  Use& use = use_[uid];
-  uint64_t& held = use[static_cast<size_t>(resource)];
+absl::Status UidQuota::CheckRoom(uid_t uid, UidResource resource, uint64_t amount, std::string_view what) const {
+  const uint64_t held = InUse(uid, resource);
   const uint64_t limit = limits_[resource];
-  if (limit != 0 && !Exempt(uid) && (amount > limit || held > limit - amount)) {
-    if (std::all_of(use.begin(), use.end(), [](uint64_t n) { return n == 0; })) use_.erase(uid);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        common::AbslView(what), " needs ", amount, " more ", common::AbslView(Noun(resource)), ": uid ", uid,
-        " holds ", held, " of the limit per uid (", common::AbslView(FlagName(resource)), " ", limit, ")"));
-  }
-  held += amount;
+  if (limit == 0 || Exempt(uid) || (amount <= limit && held <= limit - amount)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      common::AbslView(what), " needs ", amount, " more ", common::AbslView(Noun(resource)), ": uid ", uid,
+      " holds ", held, " of the limit per uid (", common::AbslView(FlagName(resource)), " ", limit, ")"));
+}
+
+absl::Status UidQuota::Reserve(uid_t uid, UidResource resource, uint64_t amount, std::string_view what) {
+  TENSORD_RETURN_IF_ERROR(CheckRoom(uid, resource, amount, what));
+  Add(uid, resource, amount);
   return absl::OkStatus();
+}
+
+void UidQuota::Add(uid_t uid, UidResource resource, uint64_t amount) {
+  if (amount == 0) return;
+  use_[uid][static_cast<size_t>(resource)] += amount;
 }
 
 void UidQuota::Release(uid_t uid, UidResource resource, uint64_t amount) {

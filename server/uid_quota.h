@@ -28,7 +28,7 @@ enum class UidResource {
   kTensors,       // tensors a uid produced that the daemon still keeps
   kWaits,         // pending acquires and takes
   kWatchers,
-  kMetadataBytes, // names, descriptions, tags, waits and watchers kept for the uid
+  kMetadataBytes, // names, descriptions, tags, leases, waits and watchers kept for the uid
   kHostBytes,     // dedicated host buffers outside namespaces that have an ACL
 };
 inline constexpr size_t kUidResourceCount = 6;
@@ -39,6 +39,7 @@ inline constexpr uint64_t kTensorEntryBytes = 512;
 inline constexpr uint64_t kTagEntryBytes = 64;
 inline constexpr uint64_t kWaitEntryBytes = 256;
 inline constexpr uint64_t kWatcherEntryBytes = 256;
+inline constexpr uint64_t kLeaseEntryBytes = 96;
 
 struct UidLimits {
   // Indexed by UidResource; 0 means no limit.
@@ -54,6 +55,11 @@ class UidQuota {
   // Adds `amount` to `uid`'s use of `resource`, or fails with nothing changed when that
   // would pass the limit. `what` says what needed it ("allocating a tensor").
   absl::Status Reserve(uid_t uid, UidResource resource, uint64_t amount, std::string_view what);
+  // What Reserve would answer, reserving nothing.
+  absl::Status CheckRoom(uid_t uid, UidResource resource, uint64_t amount, std::string_view what) const;
+  // Adds without a check: for a use that CheckRoom allowed just before, under the same lock
+  // (the uid may then pass its limit by what was charged in between, never by more).
+  void Add(uid_t uid, UidResource resource, uint64_t amount);
   void Release(uid_t uid, UidResource resource, uint64_t amount);
 
   uint64_t InUse(uid_t uid, UidResource resource) const;

@@ -1,7 +1,7 @@
 // The Broker against a hostile second uid, in-process: access checked when a wait is
 // granted (every wait kind), id waits that could only ever be granted someone else's
 // tensor, Stat answering alike for what exists and what does not, the per-uid limits of
-// UidQuota (sessions, tensors, metadata, waits, watchers, host bytes outside ACL'd
+// UidQuota (sessions, tensors, metadata and leases, waits, watchers, host bytes outside ACL'd
 // namespaces), the bound on tags, and arenas that start small. The real-daemon versions,
 // with real uids, are in tests/integration/hostile_uid_test.cc.
 #include <unistd.h>
@@ -222,6 +222,24 @@ TEST_F(BrokerUidTest, MetadataOfZeroByteTensorsCountsAgainstTheUid) {
   broker_->CloseSession(stranger);
   uint64_t again = Open(kStranger);
   EXPECT_TRUE(AllocateTagged(again, "", 0, 4, 4000).ok());
+}
+
+TEST_F(BrokerUidTest, LeasesCountAsMetadataOfTheHoldersUid) {
+  Start([](BrokerOptions& options) {
+    options.acls["shared"].read_uids = {kReader};
+    options.uid_limits[UidResource::kMetadataBytes] = 10 * kLeaseEntryBytes;
+  });
+  uint64_t owner = Open();
+  PublishNew(owner, "shared/x");
+  uint64_t reader = Open(kReader);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Acquire(reader, "shared/x").ok()) << i;
+  absl::Status eleventh = Acquire(reader, "shared/x").status();
+  EXPECT_EQ(eleventh.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(eleventh.message()).find("holding one more lease"), std::string::npos) << eleventh;
+  EXPECT_EQ(broker_->GetStatus().leases(), 10u);
+  broker_->CloseSession(reader);
+  uint64_t again = Open(kReader);
+  EXPECT_TRUE(Acquire(again, "shared/x").ok()) << "the closed session's leases were given back";
 }
 
 TEST_F(BrokerUidTest, TagsAreBoundedInAll) {
