@@ -41,7 +41,8 @@ class BrokerTest : public ::testing::Test {
     return welcome->session_id();
   }
 
-  absl::StatusOr<v1::AllocateResponse> Allocate(uint64_t session, const std::string& ns, int64_t count) {
+  // A host float32[count] in `ns`.
+  static v1::AllocateRequest Float32Request(const std::string& ns, int64_t count) {
     v1::AllocateRequest request;
     request.set_ns(ns);
     v1::TensorDesc* desc = request.mutable_desc();
@@ -50,6 +51,14 @@ class BrokerTest : public ::testing::Test {
     desc->mutable_dtype()->set_lanes(1);
     desc->add_shape(count);
     desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+    return request;
+  }
+
+  absl::StatusOr<v1::AllocateResponse> Allocate(uint64_t session, const std::string& ns, int64_t count) {
+    return Allocate(session, Float32Request(ns, count));
+  }
+
+  absl::StatusOr<v1::AllocateResponse> Allocate(uint64_t session, const v1::AllocateRequest& request) {
     std::promise<absl::StatusOr<v1::AllocateResponse>> promise;
     broker_->Allocate(session, request, [&](absl::StatusOr<v1::AllocateResponse> r) { promise.set_value(std::move(r)); });
     return promise.get_future().get();

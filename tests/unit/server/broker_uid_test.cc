@@ -68,18 +68,9 @@ class BrokerUidTest : public testing::BrokerTest {
   }
   absl::StatusOr<v1::AllocateResponse> AllocateTagged(uint64_t session, const std::string& ns, int64_t count,
                                                       size_t tags, size_t value_bytes) {
-    v1::AllocateRequest request;
-    request.set_ns(ns);
-    v1::TensorDesc* desc = request.mutable_desc();
-    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_FLOAT);
-    desc->mutable_dtype()->set_bits(32);
-    desc->mutable_dtype()->set_lanes(1);
-    desc->add_shape(count);
-    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+    v1::AllocateRequest request = Float32Request(ns, count);
     for (size_t i = 0; i < tags; ++i) (*request.mutable_tags())[absl::StrCat("k", i)] = std::string(value_bytes, 'v');
-    std::promise<absl::StatusOr<v1::AllocateResponse>> promise;
-    broker_->Allocate(session, request, [&](absl::StatusOr<v1::AllocateResponse> r) { promise.set_value(std::move(r)); });
-    return promise.get_future().get();
+    return Allocate(session, request);
   }
   absl::StatusOr<uint64_t> Watch(uint64_t session, const std::string& prefix) {
     v1::WatchRequest request;
