@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/human_bytes.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "toml++/toml.h"
@@ -553,11 +554,11 @@ uint64_t DefaultMaxHostBytes(std::string* why) {
   proc_self_cgroup << file.rdbuf();
   CgroupMemoryLimit cgroup = FindCgroupMemoryLimit(proc_self_cgroup.str(), "/sys/fs/cgroup");
   if (cgroup.bytes != 0 && cgroup.bytes < total) {
-    if (why != nullptr) *why = absl::StrCat("half of the cgroup memory limit of ", cgroup.bytes, " bytes in ", cgroup.file);
+    if (why != nullptr) *why = absl::StrCat("half of the cgroup memory limit of ", common::HumanBytes(cgroup.bytes), " in ", cgroup.file);
     return cgroup.bytes / 2;
   }
   if (why != nullptr) {
-    *why = absl::StrCat("half of MemTotal, ", total, " bytes; ",
+    *why = absl::StrCat("half of MemTotal, ", common::HumanBytes(total), "; ",
                         cgroup.bytes == 0 ? std::string("no cgroup memory limit")
                                           : absl::StrCat("the cgroup memory limit in ", cgroup.file, " is larger"));
   }

@@ -29,6 +29,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/tensor_convert.h"
+#include "common/human_bytes.h"
 #include "common/names.h"
 #include "common/npy.h"
 #include "common/tensor_desc.h"
@@ -108,22 +109,7 @@ std::string DTypeText(DLDataType dtype) {
   return common::DTypeName(*proto);
 }
 
-std::string BytesText(uint64_t n) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 5) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0) {
-    std::snprintf(buf, sizeof(buf), "%" PRIu64 " B", n);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[u]);
-  }
-  return buf;
-}
+std::string BytesText(uint64_t n) { return common::HumanBytes(n); }
 
 std::string DeviceText(DLDevice d) {
   switch (d.device_type) {
