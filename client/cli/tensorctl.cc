@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <optional>
@@ -111,6 +112,27 @@ std::string DTypeText(DLDataType dtype) {
 
 std::string BytesText(uint64_t n) { return common::HumanBytes(n); }
 
+// Milliseconds since the epoch as local time, "2026-11-23 20:05:51.123 +0000".
+std::string LocalTimeText(int64_t unix_ms) {
+  // Floor division, so a time before 1970 keeps its milliseconds in [0, 999].
+  int64_t seconds = unix_ms / 1000;
+  int64_t ms = unix_ms % 1000;
+  if (ms < 0) {
+    ms += 1000;
+    --seconds;
+  }
+  const std::time_t t = static_cast<std::time_t>(seconds);
+  std::tm local {};
+  if (::localtime_r(&t, &local) == nullptr) return std::to_string(unix_ms) + " (unix ms)";
+  char date[32];
+  char zone[16];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &local);
+  std::strftime(zone, sizeof(zone), "%z", &local);
+  char text[64];
+  std::snprintf(text, sizeof(text), "%s.%03d %s", date, static_cast<int>(ms), zone);
+  return text;
+}
+
 std::string DeviceText(DLDevice d) {
   switch (d.device_type) {
     case kDLCPU: return "cpu";
@@ -154,7 +176,7 @@ void PrintInfoHuman(const TensorInfo& t) {
   std::printf("bytes       %" PRIu64 " (%s)\n", t.nbytes, BytesText(t.nbytes).c_str());
   std::printf("buffer      %" PRIu64 " (%" PRIu64 " bytes)\n", t.buffer_id, t.buffer_size);
   std::printf("leases      %" PRIu32 "\n", t.lease_count);
-  std::printf("created     %" PRId64 " (unix ms)\n", t.created_unix_ms);
+  std::printf("created     %s\n", LocalTimeText(t.created_unix_ms).c_str());
   for (const auto& [k, v] : t.tags) std::printf("tag         %s=%s\n", k.c_str(), v.c_str());
 }
 
