@@ -37,6 +37,10 @@
 #include "common/unique_fd.h"
 #include "tensord/client.h"
 
+#ifndef TENSORD_VERSION
+#define TENSORD_VERSION "0.0.0"
+#endif
+
 namespace tensord::cli {
 namespace {
 
@@ -505,6 +509,21 @@ int CmdWatch(Client& client, const Globals& g, const std::string& prefix) {
   return 0;
 }
 
+// Why no command ran (the first word CLI11 did not take, or nothing given), and the commands.
+std::string NoCommandText(const CLI::App& app) {
+  std::string commands;
+  for (const CLI::App* command : app.get_subcommands([](const CLI::App*) { return true; })) {
+    commands += (commands.empty() ? "" : ", ") + command->get_name();
+  }
+  const std::vector<std::string> extra = app.remaining();
+  std::string what = "no command given";
+  if (!extra.empty()) {
+    what = (extra.front().starts_with('-') ? "unknown option " : "unknown command ") +
+           common::QuoteForError(extra.front());
+  }
+  return what + " (commands: " + commands + "; see tensorctl --help)";
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"tensorctl: inspect and use a tensord broker"};
   app.name("tensorctl");
@@ -512,6 +531,7 @@ int Run(int argc, char** argv) {
   app.add_option("--socket", g.socket, "broker socket (default: $TENSORD_SOCKET, the per-user "
                                        "socket, or /run/tensord/tensord.sock)");
   app.add_flag("--json", g.json, "machine-readable output");
+  app.set_version_flag("--version", "tensorctl " TENSORD_VERSION, "print the version and exit");
   app.require_subcommand(1, 1);
   app.fallthrough();  // --socket and --json also after the command
 
@@ -544,6 +564,8 @@ int Run(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // Without a command, CLI11 only says one is required; name what was given instead.
+    if (app.get_subcommands().empty()) return Fail("usage", NoCommandText(app), kExitUsage);
     return Fail("usage", std::string(e.what()) + " (see tensorctl --help)", kExitUsage);
   }
 
