@@ -23,9 +23,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/human_bytes.h"
 #include "common/names.h"
+#include "common/socket_paths.h"
 #include "common/status.h"
 #include "toml++/toml.h"
+
+#ifndef TENSORD_VERSION
+#define TENSORD_VERSION "0.0.0"
+#endif
 
 namespace tensord::server {
 namespace {
@@ -221,7 +227,9 @@ struct Setting {
 // In the order --help lists them.
 const std::vector<Setting>& Settings() {
   static const std::vector<Setting> settings = {
-      {"socket", Kind::kText, &Config::socket, nullptr, "PATH", "gRPC socket path (the fd channel is <socket>.fd)"},
+      {"socket", Kind::kText, &Config::socket, nullptr, "PATH",
+       "gRPC socket path, the fd channel is <socket>.fd (default: /run/tensord/tensord.sock as root, else "
+       "$XDG_RUNTIME_DIR/tensord/tensord.sock or /tmp/tensord-<uid>/tensord.sock)"},
       {"socket_group", Kind::kText, &Config::socket_group, nullptr, "GROUP",
        "group that may connect (sockets are mode 0660): a name or a numeric gid"},
       {"max_host_bytes", Kind::kSize, nullptr, &Config::max_host_bytes, "SIZE",
@@ -553,11 +561,11 @@ uint64_t DefaultMaxHostBytes(std::string* why) {
   proc_self_cgroup << file.rdbuf();
   CgroupMemoryLimit cgroup = FindCgroupMemoryLimit(proc_self_cgroup.str(), "/sys/fs/cgroup");
   if (cgroup.bytes != 0 && cgroup.bytes < total) {
-    if (why != nullptr) *why = absl::StrCat("half of the cgroup memory limit of ", cgroup.bytes, " bytes in ", cgroup.file);
+    if (why != nullptr) *why = absl::StrCat("half of the cgroup memory limit of ", common::HumanBytes(cgroup.bytes), " in ", cgroup.file);
     return cgroup.bytes / 2;
   }
   if (why != nullptr) {
-    *why = absl::StrCat("half of MemTotal, ", total, " bytes; ",
+    *why = absl::StrCat("half of MemTotal, ", common::HumanBytes(total), "; ",
                         cgroup.bytes == 0 ? std::string("no cgroup memory limit")
                                           : absl::StrCat("the cgroup memory limit in ", cgroup.file, " is larger"));
   }
@@ -609,14 +617,23 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   std::vector<std::string> flag_values(settings.size());
   std::vector<CLI::Option*> flags(settings.size());
   for (size_t i = 0; i < settings.size(); ++i) {
-    flags[i] = app.add_option(settings[i].Flag(), flag_values[i], settings[i].help)->type_name(settings[i].type_name);
+    std::string help = settings[i].help;
+    // The one default that depends on who runs the daemon (and on TENSORD_SOCKET).
+    if (settings[i].key == "socket") {
+      help += absl::StrCat("; for uid ", ::geteuid(), ": ", common::DefaultDaemonSocketPath());
+    }
+    flags[i] = app.add_option(settings[i].Flag(), flag_values[i], help)->type_name(settings[i].type_name);
   }
+  app.set_version_flag("--version", "tensord " TENSORD_VERSION, "print the version and exit");
   app.footer(kHelpFooter);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return absl::CancelledError("help");
+  } catch (const CLI::CallForVersion& version) {
+    std::cout << version.what() << "\n";
+    return absl::CancelledError("version");
   } catch (const CLI::ParseError& error) {
     return absl::InvalidArgumentError(error.what());
   }

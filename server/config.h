@@ -86,8 +86,9 @@ struct Config {
   std::string config_file;   // where the file values came from, for the log
 };
 
-// Parses argv, the environment and the config file. `--help` is answered by printing
-// usage to stdout and returning CANCELLED (the caller exits 0).
+// Parses argv, the environment and the config file. `--help` and `--version` are answered
+// by printing usage or "tensord <version>" to stdout and returning CANCELLED (the caller
+// exits 0).
 absl::StatusOr<Config> LoadConfig(int argc, char** argv);
 
 // The gid of an existing group, given by name or by number (decimal digits only: a gid from

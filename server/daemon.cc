@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/human_bytes.h"
 #include "common/logging.h"
 #include "common/memory/host_backend.h"
 #include "common/names.h"
@@ -204,15 +205,15 @@ absl::Status RunDaemon(const Config& config) {
     return started;
   }
   spdlog::info(
-      "tensord {} serving on {} (fd channel {}), host memory limit {} bytes ({}), at most {} sessions, "
+      "tensord {} serving on {} (fd channel {}), host memory limit {} ({}), at most {} sessions, "
       "{} leases and {} waits per session, {}{}",
-      TENSORD_VERSION, socket, common::FdChannelPath(socket), config.max_host_bytes,
+      TENSORD_VERSION, socket, common::FdChannelPath(socket), common::HumanBytes(config.max_host_bytes),
       config.max_host_bytes_source.empty() ? "set by the caller" : config.max_host_bytes_source, config.max_sessions,
       config.max_leases_per_session, config.max_waits_per_session,
       config.arena_bytes == 0
           ? std::string("arenas off")
-          : absl::StrCat("arenas of ", config.arena_bytes, " bytes for tensors up to ",
-                         config.arena_max_tensor_bytes, " bytes"),
+          : absl::StrCat("arenas of ", common::HumanBytes(config.arena_bytes), " for tensors up to ",
+                         common::HumanBytes(config.arena_max_tensor_bytes)),
       config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
 
   sigset_t set;

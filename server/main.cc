@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
 #endif
   absl::StatusOr<tensord::server::Config> config = tensord::server::LoadConfig(argc, argv);
   if (!config.ok()) {
-    if (config.status().code() == absl::StatusCode::kCancelled) return 0;  // --help
+    if (config.status().code() == absl::StatusCode::kCancelled) return 0;  // --help, --version
     std::fprintf(stderr, "tensord: %s\n", std::string(config.status().message()).c_str());
     return 2;
   }

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,11 +30,16 @@
 
 #include "CLI/CLI.hpp"
 #include "client/tensor_convert.h"
+#include "common/human_bytes.h"
 #include "common/names.h"
 #include "common/npy.h"
 #include "common/tensor_desc.h"
 #include "common/unique_fd.h"
 #include "tensord/client.h"
+
+#ifndef TENSORD_VERSION
+#define TENSORD_VERSION "0.0.0"
+#endif
 
 namespace tensord::cli {
 namespace {
@@ -108,21 +114,27 @@ std::string DTypeText(DLDataType dtype) {
   return common::DTypeName(*proto);
 }
 
-std::string BytesText(uint64_t n) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 5) {
-    v /= 1024.0;
-    ++u;
+std::string BytesText(uint64_t n) { return common::HumanBytes(n); }
+
+// Milliseconds since the epoch as local time, "2026-11-23 20:05:51.123 +0000".
+std::string LocalTimeText(int64_t unix_ms) {
+  // Floor division, so a time before 1970 keeps its milliseconds in [0, 999].
+  int64_t seconds = unix_ms / 1000;
+  int64_t ms = unix_ms % 1000;
+  if (ms < 0) {
+    ms += 1000;
+    --seconds;
   }
-  char buf[32];
-  if (u == 0) {
-    std::snprintf(buf, sizeof(buf), "%" PRIu64 " B", n);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[u]);
-  }
-  return buf;
+  const std::time_t t = static_cast<std::time_t>(seconds);
+  std::tm local {};
+  if (::localtime_r(&t, &local) == nullptr) return std::to_string(unix_ms) + " (unix ms)";
+  char date[32];
+  char zone[16];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &local);
+  std::strftime(zone, sizeof(zone), "%z", &local);
+  char text[64];
+  std::snprintf(text, sizeof(text), "%s.%03d %s", date, static_cast<int>(ms), zone);
+  return text;
 }
 
 std::string DeviceText(DLDevice d) {
@@ -168,7 +180,7 @@ void PrintInfoHuman(const TensorInfo& t) {
   std::printf("bytes       %" PRIu64 " (%s)\n", t.nbytes, BytesText(t.nbytes).c_str());
   std::printf("buffer      %" PRIu64 " (%" PRIu64 " bytes)\n", t.buffer_id, t.buffer_size);
   std::printf("leases      %" PRIu32 "\n", t.lease_count);
-  std::printf("created     %" PRId64 " (unix ms)\n", t.created_unix_ms);
+  std::printf("created     %s\n", LocalTimeText(t.created_unix_ms).c_str());
   for (const auto& [k, v] : t.tags) std::printf("tag         %s=%s\n", k.c_str(), v.c_str());
 }
 
@@ -497,6 +509,21 @@ int CmdWatch(Client& client, const Globals& g, const std::string& prefix) {
   return 0;
 }
 
+// Why no command ran (the first word CLI11 did not take, or nothing given), and the commands.
+std::string NoCommandText(const CLI::App& app) {
+  std::string commands;
+  for (const CLI::App* command : app.get_subcommands([](const CLI::App*) { return true; })) {
+    commands += (commands.empty() ? "" : ", ") + command->get_name();
+  }
+  const std::vector<std::string> extra = app.remaining();
+  std::string what = "no command given";
+  if (!extra.empty()) {
+    what = (extra.front().starts_with('-') ? "unknown option " : "unknown command ") +
+           common::QuoteForError(extra.front());
+  }
+  return what + " (commands: " + commands + "; see tensorctl --help)";
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"tensorctl: inspect and use a tensord broker"};
   app.name("tensorctl");
@@ -504,6 +531,7 @@ int Run(int argc, char** argv) {
   app.add_option("--socket", g.socket, "broker socket (default: $TENSORD_SOCKET, the per-user "
                                        "socket, or /run/tensord/tensord.sock)");
   app.add_flag("--json", g.json, "machine-readable output");
+  app.set_version_flag("--version", "tensorctl " TENSORD_VERSION, "print the version and exit");
   app.require_subcommand(1, 1);
   app.fallthrough();  // --socket and --json also after the command
 
@@ -536,6 +564,8 @@ int Run(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // Without a command, CLI11 only says one is required; name what was given instead.
+    if (app.get_subcommands().empty()) return Fail("usage", NoCommandText(app), kExitUsage);
     return Fail("usage", std::string(e.what()) + " (see tensorctl --help)", kExitUsage);
   }
 

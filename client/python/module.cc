@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,9 +141,30 @@ class PyTensor {
 };
 
 std::string SecondsText(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g s", s);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), s < 1000 ? "%.3g s" : "%.0f s", s);
   return buf;
+}
+
+// What the broker said when the last bounded wait of a WaitLoop ran out, as the caller's
+// timeout should read it. Its "within N ms" is the length of that one slice, not the
+// caller's timeout, so it goes; so does the whole reason when it only says that nothing
+// came ("nothing to acquire"). A batch's reason keeps which element was missing.
+std::string SliceReason(std::string message) {
+  for (size_t at = message.find(" within "); at != std::string::npos; at = message.find(" within ", at)) {
+    size_t end = at + std::strlen(" within ");
+    const size_t digits = end;
+    while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+    if (end > digits && message.compare(end, 3, " ms") == 0) {
+      message.erase(at, end + 3 - at);
+    } else {
+      at = end;
+    }
+  }
+  if (message.starts_with("nothing to ") && message.find(' ', std::strlen("nothing to ")) == std::string::npos) {
+    return "";
+  }
+  return message;
 }
 
 // Runs fn(Wait) as a loop of bounded broker waits with the GIL released, checking for
@@ -173,9 +195,10 @@ T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
     if (r.ok()) return std::move(r).value();
     if (r.status().code() != StatusCode::kDeadlineExceeded) throw StatusError(r.status());
     if (timeout && Clock::now() >= deadline) {
-      throw StatusError(Status(StatusCode::kDeadlineExceeded,
-                               what + " did not arrive within " + SecondsText(*timeout) + " (" +
-                                   r.status().message() + ")"));
+      const std::string reason = SliceReason(r.status().message());
+      throw StatusError(Status(StatusCode::kDeadlineExceeded, what + " did not arrive within " +
+                                                                  SecondsText(*timeout) +
+                                                                  (reason.empty() ? "" : ": " + reason)));
     }
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }

@@ -1,6 +1,8 @@
 """put(): one copy of any array (DLPack, buffer protocol, array interface; any strides), and
 empty() + publish() without a copy."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -161,9 +163,35 @@ def test_put_of_a_tensord_tensor_uses_a_versioned_capsule(client, name):
     assert t.numpy().tolist() == [0, 1, 2, 3]
 
 
-def test_put_refuses_what_it_cannot_read(client, name):
-    with pytest.raises(TypeError, match="cannot read a list"):
+@pytest.mark.parametrize("obj", [[1, 2, 3], (1.5, 2.5), [[True, False], [False, True]], 7, 2.5,
+                                 True, 1 + 2j, []])
+def test_put_reads_what_numpy_asarray_reads(client, name, obj):
+    info, t = roundtrip(client, name(), obj)
+    expected = np.asarray(obj)
+    assert t.dtype == expected.dtype.name and tuple(info["shape"]) == expected.shape
+    assert t.numpy().tolist() == expected.tolist()
+
+
+def test_put_many_reads_lists(client, name):
+    a, b = name(), name()
+    client.put_many({a: [1, 2], b: (3.0,)})
+    assert client.get(a).numpy().tolist() == [1, 2] and client.get(b).numpy().tolist() == [3.0]
+
+
+def test_put_says_what_to_pass(client, name, monkeypatch):
+    with pytest.raises(TypeError, match="numpy reads this list as an array of Python objects"):
+        client.put(name(), [object()])
+    with pytest.raises(TypeError, match="numpy cannot make an array of this list"):
+        client.put(name(), [[1, 2], [3]])
+    monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy raises ImportError
+    with pytest.raises(TypeError) as e:
         client.put(name(), [1, 2, 3])
+    assert str(e.value) == (
+        "put: cannot read a list without numpy to convert it: pass an object with __dlpack__, "
+        "the buffer protocol or __array_interface__ (a numpy array or a torch tensor, for example)")
+
+
+def test_put_refuses_what_it_cannot_read(client, name):
     with pytest.raises(TypeError):
         client.put(name(), np.array(["a", "b"]))
     with pytest.raises(TypeError, match="big-endian"):

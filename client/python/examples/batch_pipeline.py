@@ -65,6 +65,8 @@ def train(args):
     last_seq = {}
     in_order = True
     loss_value = float("nan")
+    # On a terminal the progress line rewrites itself; in a log, one line per report.
+    live = sys.stderr.isatty()
     start = time.monotonic()
     for step in range(1, args.batches + 1):
         batch = client.take(prefix + "/", timeout=args.timeout)
@@ -82,10 +84,14 @@ def train(args):
         del data, x, y  # the last views: the batch's memory goes back to the broker
         if step % 10 == 0 or step == args.batches:
             rate = step / (time.monotonic() - start)
-            print(f"\rbatch {step}/{args.batches}  loss {loss_value:.3f}  {rate:.1f} batches/s",
-                  end="", file=sys.stderr, flush=True)
+            line = f"batch {step}/{args.batches}  loss {loss_value:.3f}  {rate:.1f} batches/s"
+            if live:
+                print("\r" + line, end="", file=sys.stderr, flush=True)
+            else:
+                print(line, file=sys.stderr, flush=True)
     elapsed = time.monotonic() - start
-    print(file=sys.stderr)
+    if live:
+        print(file=sys.stderr)
     for p in procs:
         p.join()
     client.flush()

@@ -43,10 +43,35 @@ def _torch_source(obj):
 _NO_MAX_VERSION = set()
 
 
+_READABLE = ("an object with __dlpack__, the buffer protocol or __array_interface__ "
+             "(a numpy array or a torch tensor, for example)")
+
+
+def _as_numpy(obj):
+    """obj (a list, a tuple, a scalar, ...) as numpy.asarray reads it, for an object that
+    offers no array interface of its own. TypeError when numpy is missing or reads obj as
+    an array of Python objects."""
+    kind = type(obj).__name__
+    try:
+        import numpy
+    except ImportError:
+        raise TypeError(f"put: cannot read a {kind} without numpy to convert it: pass {_READABLE}") \
+            from None
+    try:
+        array = numpy.asarray(obj)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"put: numpy cannot make an array of this {kind}: {e}") from None
+    if array.dtype.hasobject:
+        raise TypeError(f"put: numpy reads this {kind} as an array of Python objects, which tensord "
+                        f"cannot hold: pass numbers, or {_READABLE}")
+    return array
+
+
 def source_of(obj):
     """An _Source over obj's memory: __dlpack__ (max_version first, then without it for
     producers that do not accept it, like numpy 1.24 and torch 1.13), else the buffer
-    protocol, else the array interface."""
+    protocol, else the array interface; anything else (lists, tuples, scalars) as
+    numpy.asarray reads it."""
     obj, override = _torch_source(obj)
     refusals = []
     dlpack = getattr(obj, "__dlpack__", None)
@@ -76,6 +101,8 @@ def source_of(obj):
         refusals.append(f"buffer protocol: {e}")
     if hasattr(obj, "__array_interface__"):
         return _tensord._Source.from_array_interface(obj)
+    if dlpack is None:
+        return source_of(_as_numpy(obj))
     raise TypeError(
         f"put: cannot read a {type(obj).__name__}: " + "; ".join(refusals or ["no __dlpack__, "
         "buffer protocol or __array_interface__"])
@@ -145,7 +172,8 @@ class Client:
     def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None):
         """Copies any array once into broker memory and publishes it: anything with
         __dlpack__, the buffer protocol or __array_interface__, any strides, any dtype
-        tensord has (bool and unsigned ints included). Returns its description."""
+        tensord has (bool and unsigned ints included), and what numpy.asarray reads (lists,
+        tuples, scalars) when numpy is installed. Returns its description."""
         source = source_of(obj)
         return self._core.put(name, source, if_absent, if_generation, ttl, ns)
 

@@ -608,5 +608,18 @@ TEST(Config, ArenaSettingsComeFromFlagsEnvironmentAndFile) {
   }
 }
 
+TEST(Config, HelpAndVersionPrintAndCancel) {
+  ::testing::internal::CaptureStdout();
+  EXPECT_THAT(Load({"--version"}), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_THAT(::testing::internal::GetCapturedStdout(), ::testing::MatchesRegex("tensord [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+
+  ScopedEnv socket("TENSORD_SOCKET", "/srv/tensord-help-test.sock");
+  ::testing::internal::CaptureStdout();
+  EXPECT_THAT(Load({"--help"}), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_THAT(::testing::internal::GetCapturedStdout(),
+              AllOf(HasSubstr("--version"), HasSubstr(absl::StrCat("for uid ", ::geteuid(),
+                                                                   ": /srv/tensord-help-test.sock"))));
+}
+
 }  // namespace
 }  // namespace tensord::server
