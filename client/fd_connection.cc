@@ -168,12 +168,7 @@ absl::StatusOr<uint64_t> FdConnection::Stage(int memfd) {
 }
 
 bool FdConnection::PeerClosed() const {
-  pollfd pfd{socket_.get(), POLLRDHUP, 0};
-  int rc;
-  do {
-    rc = ::poll(&pfd, 1, 0);
-  } while (rc < 0 && errno == EINTR);
-  return rc > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+  return common::PeerHungUp(socket_.get());
 }
 
 void FdConnection::CloseInForkedChild() {

@@ -1,7 +1,6 @@
 #include "client/grpc_connection.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -89,12 +88,7 @@ absl::StatusOr<std::shared_ptr<GrpcConnection>> GrpcConnection::Connect(
 }
 
 bool GrpcConnection::Closed() const {
-  pollfd pfd{watch_.get(), POLLRDHUP, 0};
-  int rc;
-  do {
-    rc = ::poll(&pfd, 1, 0);
-  } while (rc < 0 && errno == EINTR);
-  return rc > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+  return common::PeerHungUp(watch_.get());
 }
 
 void GrpcConnection::ShutdownForTest() { ::shutdown(watch_.get(), SHUT_RDWR); }

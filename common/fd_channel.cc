@@ -1,5 +1,6 @@
 #include "common/fd_channel.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -205,6 +206,15 @@ absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path) {
 
 absl::StatusOr<UniqueFd> ConnectStream(const std::string& path) {
   return ConnectUnix(path, SOCK_STREAM, "gRPC socket");
+}
+
+bool PeerHungUp(int socket) {
+  pollfd pfd{socket, POLLRDHUP, 0};
+  int rc;
+  do {
+    rc = ::poll(&pfd, 1, 0);
+  } while (rc < 0 && errno == EINTR);
+  return rc > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 }  // namespace tensord::common

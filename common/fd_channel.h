@@ -61,4 +61,8 @@ absl::StatusOr<UniqueFd> ConnectSeqpacket(const std::string& path);
 // The same for a SOCK_STREAM socket (the gRPC socket).
 absl::StatusOr<UniqueFd> ConnectStream(const std::string& path);
 
+// Whether the peer of a connected socket has hung up (or the socket failed), without
+// blocking and without reading anything.
+bool PeerHungUp(int socket);
+
 }  // namespace tensord::common
