@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
-#include "common/memory/memfd.h"
-#include "common/memory/host_backend.h"
+#include "common/memory/host/memfd.h"
+#include "common/memory/host/host_backend.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "common/tensor_desc.h"
@@ -209,15 +209,16 @@ absl::StatusOr<uint64_t> Broker::Authenticate(std::string_view token,
   return session->id;
 }
 
-absl::StatusOr<std::vector<Broker::FetchedFd>> Broker::FetchFds(uint64_t session_id,
-                                                                const v1::FetchFd& request) {
+absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t session_id,
+                                                                        const v1::FetchFd& request) {
   if (request.buffer_ids_size() == 0 || static_cast<size_t>(request.buffer_ids_size()) > kMaxFetchBatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("fetch: between 1 and ", kMaxFetchBatch, " buffer ids per message"));
   }
   absl::MutexLock lock(&mu_);
   TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-  std::vector<FetchedFd> fds;
+  std::vector<FetchedHandle> handles;
+  size_t fds = 0;
   for (uint64_t buffer_id : request.buffer_ids()) {
     Buffer* buffer = registry_.FindBuffer(buffer_id);
     bool held = false;
@@ -236,11 +237,16 @@ absl::StatusOr<std::vector<Broker::FetchedFd>> Broker::FetchFds(uint64_t session
       return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not held by session ",
                                               session->id, ": acquire a tensor in it first"));
     }
-    int fd = fcntl(buffer->memory->shareable_fd(), F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return common::ErrnoToStatus(absl::StrCat("dup fd of buffer ", buffer_id), errno);
-    fds.push_back(FetchedFd{buffer_id, buffer->size, common::UniqueFd(fd)});
+    absl::StatusOr<common::MemoryHandle> handle = buffer->memory->Export();
+    if (!handle.ok()) {
+      return absl::Status(handle.status().code(),
+                          absl::StrCat("export buffer ", buffer_id, ": ", handle.status().message()));
+    }
+    fds += handle->fds.size();
+    if (fds > common::kMaxFdsPerMessage && !handles.empty()) break;  // the client asks again
+    handles.push_back(FetchedHandle{buffer_id, buffer->size, buffer->device_type, *std::move(handle)});
   }
-  return fds;
+  return handles;
 }
 
 absl::StatusOr<v1::Staged> Broker::StageFd(uint64_t session_id, common::UniqueFd fd) {
@@ -505,7 +511,8 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
   executor_.Post([this, session_id, size, arena, tensor = std::move(tensor),
                   done = std::move(done)]() mutable {
     absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = host_backend_->Allocate(
-        size, absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
+        host_backend_->devices().front(), size,
+        absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
     FinishAllocate(session_id, size, arena, std::move(tensor), std::move(memory), std::move(done));
   });
 }
@@ -687,7 +694,12 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     fd = std::move(staged->second);
     session->staged_fds.erase(staged);
   }
-  TENSORD_ASSIGN_OR_RETURN(uint64_t size, common::PrepareExportedMemfd(fd.get(), "exported memfd"));
+  common::MemoryHandle handle;
+  handle.fds.push_back(std::move(fd));
+  TENSORD_ASSIGN_OR_RETURN(std::unique_ptr<common::BackendBuffer> memory,
+                           host_backend_->Adopt(host_backend_->devices().front(), std::move(handle), 0,
+                                                "exported memfd"));
+  const uint64_t size = memory->size();
   v1::BufferRef ref;
   ref.set_size(size);
   ref.set_offset(request.offset());
@@ -715,8 +727,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
       UnchargeTensorLocked(tensor);
       return reserved;
     }
-    return RegisterLocked(*session, std::move(tensor),
-                          std::make_unique<common::HostBuffer>(std::move(fd), size), size);
+    return RegisterLocked(*session, std::move(tensor), std::move(memory), size);
   }
 }
 
@@ -767,8 +778,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       Buffer* buffer = registry_.FindBuffer(tensor->buffer_id);
       TENSORD_CHECK(buffer != nullptr);
       if (!buffer->reader_sealed) {
-        TENSORD_RETURN_IF_ERROR(common::CheckReaderSeals(
-            buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
+        TENSORD_RETURN_IF_ERROR(buffer->memory->CheckShareable(absl::StrCat("buffer of tensor ", tensor->id)));
         buffer->reader_sealed = true;
       }
     }

@@ -88,13 +88,17 @@ class Broker {
   // token came on) has the uid and gid that opened it: a token is useless to other users.
   // UNAUTHENTICATED otherwise (the message never holds the token).
   absl::StatusOr<uint64_t> Authenticate(std::string_view token, const common::PeerCredentials& peer);
-  struct FetchedFd {
+  // The handles of buffers the session holds a lease on, in the order asked; their fds are
+  // dups the caller sends and closes. Fewer buffers than asked when the next one's fds
+  // would take the reply past kMaxFdsPerMessage (never none).
+  struct FetchedHandle {
     uint64_t buffer_id;
     uint64_t size;
-    common::UniqueFd fd;  // a dup the caller sends and closes
+    tensord::v1::DeviceType device_type;
+    common::MemoryHandle handle;
   };
-  absl::StatusOr<std::vector<FetchedFd>> FetchFds(uint64_t session_id,
-                                                  const tensord::v1::FetchFd& request);
+  absl::StatusOr<std::vector<FetchedHandle>> FetchHandles(uint64_t session_id,
+                                                          const tensord::v1::FetchFd& request);
   absl::StatusOr<tensord::v1::Staged> StageFd(uint64_t session_id, common::UniqueFd fd);
   // Returns true when the session missed pushes while no stream was attached: the new
   // stream must start with a cache_reset. UNAUTHENTICATED when the session is gone,

@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "common/human_bytes.h"
 #include "common/logging.h"
-#include "common/memory/host_backend.h"
+#include "common/memory/host/host_backend.h"
 #include "common/names.h"
 #include "common/socket_paths.h"
 #include "common/status.h"

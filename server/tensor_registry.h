@@ -26,6 +26,7 @@ namespace tensord::server {
 struct Buffer {
   uint64_t id = 0;
   std::unique_ptr<common::BackendBuffer> memory;
+  tensord::v1::DeviceType device_type = tensord::v1::DEVICE_TYPE_CPU;  // whose importer reads it
   uint64_t size = 0;
   absl::flat_hash_set<uint64_t> tensor_ids;  // tensors pointing into this buffer
   // Set for an arena. It lives while its owner session does (an empty arena is that
@@ -33,8 +34,8 @@ struct Buffer {
   std::unique_ptr<ArenaSlots> arena;
   uint64_t arena_owner = 0;
   std::string arena_ns;
-  // Its seals passed the readers' check at a publish. A seal cannot be removed, so an
-  // arena's later publishes need not ask the kernel again.
+  // It passed its backend's CheckShareable at a publish (host: the reader seals). A seal
+  // cannot be removed, so an arena's later publishes need not ask again.
   bool reader_sealed = false;
 };
 

@@ -36,8 +36,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/memory/host_backend.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/host_backend.h"
+#include "common/memory/host/memfd.h"
 #include "common/names.h"
 #include "common/tensor_desc.h"
 #include "google/protobuf/stubs/logging.h"

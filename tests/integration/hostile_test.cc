@@ -31,7 +31,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fd_channel.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 #include "common/unique_fd.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
