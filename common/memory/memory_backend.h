@@ -51,7 +51,8 @@ class MemoryBackend {
   // "host", "cuda", "level_zero": in status output and errors.
   virtual std::string_view name() const = 0;
   virtual tensord::v1::DeviceType device_type() const = 0;
-  // Why the backend cannot serve (no driver, no device); empty when it can.
+  // Why the backend cannot serve (no driver, no device); empty when it can. Cheap, and
+  // fixed once the backend is made (it asks its driver once).
   virtual std::string unavailable_reason() const = 0;
   // The devices it serves now; empty when unavailable.
   virtual std::vector<BackendDevice> devices() const = 0;
