@@ -3,17 +3,31 @@
 #include "common/memory/host/host_backend.h"
 #include "common/memory/host/host_importer.h"
 
+// ---- cuda (built when CMake found cuda.h: TENSORD_HAVE_CUDA) ----
+#if defined(TENSORD_HAVE_CUDA)
+#include "common/memory/cuda/cuda_backend.h"
+#include "common/memory/cuda/cuda_importer.h"
+#endif
+
 namespace tensord::common {
 
 std::vector<std::unique_ptr<MemoryBackend>> MakeBackends() {
   std::vector<std::unique_ptr<MemoryBackend>> backends;
   backends.push_back(std::make_unique<HostBackend>());
+#if defined(TENSORD_HAVE_CUDA)
+  // Loads the driver now (the daemon starts once); unavailable without one, never fatal.
+  backends.push_back(std::make_unique<CudaBackend>());
+#endif
   return backends;
 }
 
 std::vector<std::unique_ptr<Importer>> MakeImporters() {
   std::vector<std::unique_ptr<Importer>> importers;
   importers.push_back(std::make_unique<HostImporter>());
+#if defined(TENSORD_HAVE_CUDA)
+  // Loads the driver at its first import, so host-only clients never pay for cuInit.
+  importers.push_back(std::make_unique<CudaImporter>());
+#endif
   return importers;
 }
 
@@ -24,7 +38,9 @@ const Importers& ProcessImporters() {
 
 std::vector<MissingBackend> MissingBackends() {
   std::vector<MissingBackend> missing;
+#if !defined(TENSORD_HAVE_CUDA)
   missing.push_back({"cuda", tensord::v1::DEVICE_TYPE_CUDA, "not built: CMake found no cuda.h"});
+#endif
   missing.push_back({"level_zero", tensord::v1::DEVICE_TYPE_ONEAPI, "not built yet: the level_zero backend is future work"});
   return missing;
 }
