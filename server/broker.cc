@@ -87,6 +87,7 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> hos
     : options_(std::move(options)),
       instance_nonce_(NewInstanceNonce()),
       started_unix_ms_(NowUnixMs()),
+      access_(options_.acls, options_.daemon_uid),
       host_backend_(std::move(host_backend)),
       uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {}
 
@@ -380,7 +381,7 @@ void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effect
 void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects) {
   for (auto& [id, watcher] : watchers_) {
     if (!common::NameHasPrefix(event.name(), watcher.prefix)) continue;
-    if (!MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
+    if (!access_.MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
     effects.events.emplace_back(watcher.sink, event);
   }
 }
@@ -459,13 +460,14 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     absl::StatusOr<Session*> session = SessionLocked(session_id);
     if (!session.ok()) return fail(session.status());
     if (!tensor.ns.empty()) {
-      if (absl::Status status = CheckAccess(**session, tensor.ns, true); !status.ok()) return fail(status);
+      absl::Status status = access_.CheckAccess((*session)->creds, tensor.ns, true);
+      if (!status.ok()) return fail(status);
     }
     if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
     tensor.producer_uid = (*session)->creds.uid;
     const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()),
                                           " tensor of ", layout->nbytes, " bytes");
-    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : UidHostBytes(tensor.ns, size), what);
+    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : access_.UidHostBytes(tensor.ns, size), what);
         !charged.ok()) {
       return fail(charged);
     }
@@ -696,7 +698,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
+    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, request.ns(), true));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
     // The buffer's size is the memfd's own (clients refuse an fd smaller than the size the
     // broker states), and the quota counts the same bytes.
@@ -710,7 +712,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     tensor.created_unix_ms = NowUnixMs();
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
-    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, UidHostBytes(tensor.ns, size), "exporting a memfd"));
+    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, access_.UidHostBytes(tensor.ns, size), "exporting a memfd"));
     if (absl::Status reserved = ReserveHostBytesLocked(size, "exporting a memfd"); !reserved.ok()) {
       UnchargeTensorLocked(tensor);
       return reserved;
@@ -748,7 +750,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
             "tensor ", tensor->id, " was allocated in namespace ", common::QuoteForError(tensor->ns),
             " and cannot be published as ", common::QuoteForError(name)));
       }
-      TENSORD_RETURN_IF_ERROR(CheckAccess(*session, ns, true));
+      TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, ns, true));
       Tensor* current = registry_.FindByName(name);
       if (request.has_if_absent() && request.if_absent() && current != nullptr) {
         return absl::AlreadyExistsError(absl::StrCat(common::QuoteForError(name), " is already bound (generation ",

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/fd_channel.h"
 #include "common/memory/memory_backend.h"
+#include "server/access_policy.h"
 #include "server/config.h"
 #include "server/executor.h"
 #include "server/lease_table.h"
@@ -203,12 +204,6 @@ class Broker {
   // `desc` under `name` in `ns`; nothing changes on an error.
   absl::Status RechargeMetadataLocked(Tensor& tensor, const tensord::v1::TensorDesc& desc, std::string_view ns,
                                       std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `tensor` may be read with `creds`: by its namespace's ACL, or, with no namespace
-  // yet, by its producer's uid only.
-  bool MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const;
-  // Host bytes of a dedicated buffer in `ns` that count against the producer's per-uid
-  // quota: those outside every namespace an ACL names.
-  uint64_t UidHostBytes(std::string_view ns, uint64_t size) const;
   // Grants a lease on `tensor` to `session`; `by_name`: acquired by its name, so the client
   // may cache it and must hear when the tensor retires.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor, bool by_name = false)
@@ -264,8 +259,6 @@ class Broker {
   void Deliver(Effects& effects);
 
   absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckAccess(const Session& session, std::string_view ns, bool write) const;
-  bool MayRead(const common::PeerCredentials& creds, std::string_view ns) const;
   absl::Status ReserveHostBytesLocked(uint64_t bytes, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -273,6 +266,7 @@ class Broker {
   const BrokerOptions options_;
   const std::string instance_nonce_;
   const int64_t started_unix_ms_;
+  const AccessPolicy access_;
   std::unique_ptr<common::MemoryBackend> host_backend_;
 
   absl::Mutex mu_;

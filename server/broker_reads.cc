@@ -75,9 +75,9 @@ std::map<uint64_t, Broker::Waiter>::iterator Broker::EraseWaiterLocked(
 
 absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
   if (waiter.kind == Waiter::Kind::kTake) {
-    return CheckAccess(session, common::NamespaceOf(tensor.name), true);
+    return access_.CheckAccess(session.creds, common::NamespaceOf(tensor.name), true);
   }
-  if (MayReadTensor(session.creds, tensor)) return absl::OkStatus();
+  if (access_.MayReadTensor(session.creds, tensor)) return absl::OkStatus();
   // The namespace is not named: an id waiter need not learn where the tensor went.
   return absl::PermissionDeniedError(absl::StrCat("tensor ", tensor.id, " was published where uid ",
                                                   session.creds.uid, " may not read it"));
@@ -111,7 +111,7 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
     } else if (waiter.kind == Waiter::Kind::kAcquireName) {
       std::string_view ns = common::NamespaceOf(waiter.target);
       Tensor* tensor = registry_.FindByName(waiter.target);
-      if (absl::Status access = CheckAccess(**session, ns, false); !access.ok()) {
+      if (absl::Status access = access_.CheckAccess((*session)->creds, ns, false); !access.ok()) {
         result = access;
       } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
         absl::Status cap = CheckLeaseCapLocked(**session);
@@ -130,7 +130,7 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
       // caller may read (its publish may still move it out of reach: checked at the grant);
       // a wait for an id that does not exist could only ever be granted someone else's.
       Tensor* tensor = registry_.Find(waiter.tensor_id);
-      if (tensor == nullptr || !MayReadTensor((*session)->creds, *tensor)) {
+      if (tensor == nullptr || !access_.MayReadTensor((*session)->creds, *tensor)) {
         result = absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id,
                                                   " exists that uid ", (*session)->creds.uid, " may read"));
       } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
@@ -171,7 +171,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
-    absl::Status access = session.ok() ? CheckAccess(**session, common::NamespaceOf(target), true)
+    absl::Status access = session.ok() ? access_.CheckAccess((*session)->creds, common::NamespaceOf(target), true)
                                        : session.status();
     if (!access.ok()) {
       result = access;
@@ -262,7 +262,7 @@ absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1:
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), true));
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), true));
     Tensor* tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
@@ -288,7 +288,7 @@ absl::StatusOr<v1::ListResponse> Broker::List(uint64_t session_id, const v1::Lis
   for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
     if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
     if (!common::NameHasPrefix(it->first, request.prefix())) continue;
-    if (!MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+    if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
     if (Tensor* tensor = registry_.Find(it->second)) *response.add_tensors() = registry_.Describe(*tensor);
   }
   return response;
@@ -307,14 +307,14 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
   // out of reach is answered as one that names none.
   Tensor* tensor = nullptr;
   if (request.target_case() == v1::StatRequest::kName) {
-    TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), false));
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), false));
     tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
     }
   } else {
     tensor = registry_.Find(request.tensor_id());
-    if (tensor == nullptr || !MayReadTensor(session->creds, *tensor)) {
+    if (tensor == nullptr || !access_.MayReadTensor(session->creds, *tensor)) {
       return absl::NotFoundError(absl::StrCat("no tensor with id ", request.tensor_id(), " exists that uid ",
                                               session->creds.uid, " may read"));
     }
@@ -388,7 +388,7 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
       for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
         if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
         if (!common::NameHasPrefix(it->first, request.prefix())) continue;
-        if (!MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+        if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
         Tensor* tensor = registry_.Find(it->second);
         v1::WatchEvent event;
         event.set_kind(v1::WatchEvent::KIND_BOUND);
