@@ -89,7 +89,9 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> hos
       started_unix_ms_(NowUnixMs()),
       access_(options_.acls, options_.daemon_uid),
       host_backend_(std::move(host_backend)),
-      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {}
+      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {
+  memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
+}
 
 Broker::~Broker() {
   Shutdown();
@@ -315,8 +317,7 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
     // Buffer sizes are page-rounded, the same as what was reserved.
-    TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
-    host_bytes_in_use_ -= memory->size();
+    memory_quota_.Release(MemoryQuota::kHost, memory->size());
     effects.garbage.push_back(std::move(memory));
   }
   spdlog::trace("tensor {} dropped", id);
@@ -487,7 +488,7 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
       }
       arena_queue_.try_emplace({session_id, tensor.ns});
     } else if (size > 0) {
-      absl::Status reserved = ReserveHostBytesLocked(size, what);
+      absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, what);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
@@ -527,7 +528,8 @@ uint64_t Broker::NextArenaBytesLocked(const Session& session, const std::string&
 }
 
 absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes) {
-  return ReserveHostBytesLocked(bytes, absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
+  return memory_quota_.Reserve(MemoryQuota::kHost, bytes,
+                               absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
 }
 
 bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
@@ -555,8 +557,7 @@ void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
       buffer->arena_owner = 0;
       if (!buffer->tensor_ids.empty()) continue;  // goes with its last tensor
       std::unique_ptr<common::BackendBuffer> memory = registry_.RemoveBuffer(buffer_id);
-      TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
-      host_bytes_in_use_ -= memory->size();
+      memory_quota_.Release(MemoryQuota::kHost, memory->size());
       effects.garbage.push_back(std::move(memory));
     }
   }
@@ -586,7 +587,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
     absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
                                              : memory.status();
     if (!failed.ok()) {
-      host_bytes_in_use_ -= size;
+      memory_quota_.Release(MemoryQuota::kHost, size);
       for (QueuedAllocate& entry : batch) {
         UnchargeTensorLocked(entry.tensor);
         results.emplace_back(std::move(entry.done), failed);
@@ -595,7 +596,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // Other calls of the session may have taken the last lease under the cap meanwhile.
       absl::Status cap = CheckLeaseCapLocked(*session);
       if (!cap.ok()) {
-        host_bytes_in_use_ -= size;
+        memory_quota_.Release(MemoryQuota::kHost, size);
         UnchargeTensorLocked(batch[0].tensor);
         if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
         results.emplace_back(std::move(batch[0].done), cap);
@@ -713,7 +714,8 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
     TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, access_.UidHostBytes(tensor.ns, size), "exporting a memfd"));
-    if (absl::Status reserved = ReserveHostBytesLocked(size, "exporting a memfd"); !reserved.ok()) {
+    if (absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, "exporting a memfd");
+        !reserved.ok()) {
       UnchargeTensorLocked(tensor);
       return reserved;
     }

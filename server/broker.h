@@ -37,6 +37,7 @@
 #include "server/config.h"
 #include "server/executor.h"
 #include "server/lease_table.h"
+#include "server/memory_quota.h"
 #include "server/session_manager.h"
 #include "server/tensor_registry.h"
 #include "server/timer_queue.h"
@@ -259,8 +260,6 @@ class Broker {
   void Deliver(Effects& effects);
 
   absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReserveHostBytesLocked(uint64_t bytes, std::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const BrokerOptions options_;
@@ -286,7 +285,7 @@ class Broker {
   std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
   uint64_t last_watcher_id_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t host_bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 

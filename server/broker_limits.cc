@@ -48,16 +48,6 @@ void Broker::UnchargeTensorLocked(const Tensor& tensor) {
   uid_quota_.Release(tensor.producer_uid, UidResource::kHostBytes, tensor.uid_host_bytes);
 }
 
-absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view what) {
-  if (bytes > options_.max_host_bytes || host_bytes_in_use_ > options_.max_host_bytes - bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        std::string(what), " needs ", bytes, " bytes of host memory: ", host_bytes_in_use_,
-        " bytes are in use of the limit of ", options_.max_host_bytes, " (--max-host-bytes)"));
-  }
-  host_bytes_in_use_ += bytes;
-  return absl::OkStatus();
-}
-
 absl::Status Broker::CheckLeaseCapLocked(const Session& session) const {
   if (session.leases.size() >= options_.max_leases_per_session) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -347,8 +347,8 @@ v1::StatusResponse Broker::GetStatus() {
                  .count();
   response.set_uptime_ms(now - started_unix_ms_);
   absl::MutexLock lock(&mu_);
-  response.set_host_bytes_in_use(host_bytes_in_use_);
-  response.set_host_bytes_limit(options_.max_host_bytes);
+  response.set_host_bytes_in_use(memory_quota_.InUse(MemoryQuota::kHost));
+  response.set_host_bytes_limit(memory_quota_.Limit(MemoryQuota::kHost));
   response.set_tensors(registry_.tensors().size());
   response.set_named_tensors(registry_.names().size());
   response.set_buffers(registry_.buffer_count());
