@@ -177,14 +177,7 @@ void Broker::CloseSession(uint64_t session_id) {
         ++it;
       }
     }
-    for (auto it = watchers_.begin(); it != watchers_.end();) {
-      if (it->second.session_id != session_id) {
-        ++it;
-        continue;
-      }
-      ReleaseWatcherLocked(it->second);
-      it = watchers_.erase(it);
-    }
+    for (const Watcher& watcher : watchers_.RemoveSession(session_id)) ReleaseWatcherLocked(watcher);
     // Tensors this session was still creating die with it: their only hold was its lease.
     ReleaseArenasLocked(*session, effects);
   }
@@ -380,10 +373,8 @@ void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effect
 }
 
 void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects) {
-  for (auto& [id, watcher] : watchers_) {
-    if (!common::NameHasPrefix(event.name(), watcher.prefix)) continue;
-    if (!access_.MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
-    effects.events.emplace_back(watcher.sink, event);
+  for (std::shared_ptr<WatchSink>& sink : watchers_.SinksFor(event, access_)) {
+    effects.events.emplace_back(std::move(sink), event);
   }
 }
 

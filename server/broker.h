@@ -42,20 +42,11 @@
 #include "server/tensor_registry.h"
 #include "server/timer_queue.h"
 #include "server/uid_quota.h"
+#include "server/watcher_set.h"
 #include "tensord/v1/broker.pb.h"
 #include "tensord/v1/fd_channel.pb.h"
 
 namespace tensord::server {
-
-// Where a Watch stream's events go. Push never blocks; false means the event was dropped
-// (the watcher then gets a RESET event once it catches up).
-class WatchSink {
- public:
-  virtual ~WatchSink() = default;
-  virtual bool Push(const tensord::v1::WatchEvent& event) = 0;
-  // The broker is stopping: end the stream.
-  virtual void Close() = 0;
-};
 
 struct BrokerOptions {
   uint64_t max_host_bytes = 0;
@@ -155,14 +146,6 @@ class Broker {
     uint64_t min_generation = 0;
     uint64_t timer_id = 0;
     Completion<tensord::v1::AcquireResponse> done;
-  };
-
-  struct Watcher {
-    uint64_t session_id = 0;
-    std::string prefix;
-    common::PeerCredentials creds;
-    std::shared_ptr<WatchSink> sink;
-    uint64_t metadata_bytes = 0;  // charged to creds.uid
   };
 
   struct Effects {
@@ -282,9 +265,8 @@ class Broker {
     Completion<tensord::v1::AllocateResponse> done;
   };
   std::map<std::pair<uint64_t, std::string>, std::vector<QueuedAllocate>> arena_queue_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  WatcherSet watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
-  uint64_t last_watcher_id_ ABSL_GUARDED_BY(mu_) = 0;
   MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

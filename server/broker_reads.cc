@@ -380,8 +380,7 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
       uid_quota_.Release(uid, UidResource::kWatchers, 1);
       return charged;
     }
-    id = ++last_watcher_id_;
-    watchers_.emplace(id, Watcher{session_id, request.prefix(), session->creds, sink, metadata});
+    id = watchers_.Add(Watcher{session_id, request.prefix(), session->creds, sink, metadata});
     if (request.initial()) {
       // Pushed under the lock so no change can slip in between the snapshot and the stream.
       const auto& names = registry_.names();
@@ -408,13 +407,10 @@ void Broker::ReleaseWatcherLocked(const Watcher& watcher) {
 }
 
 void Broker::RemoveWatcher(uint64_t watcher_id) {
-  std::shared_ptr<WatchSink> sink;  // released outside the lock
+  std::optional<Watcher> watcher;  // its sink is released outside the lock
   absl::MutexLock lock(&mu_);
-  auto it = watchers_.find(watcher_id);
-  if (it == watchers_.end()) return;
-  sink = std::move(it->second.sink);
-  ReleaseWatcherLocked(it->second);
-  watchers_.erase(it);
+  watcher = watchers_.Remove(watcher_id);
+  if (watcher) ReleaseWatcherLocked(*watcher);
 }
 
 void Broker::Shutdown() {
@@ -425,11 +421,10 @@ void Broker::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     for (const auto& [id, waiter] : waiters_) pending.push_back(id);
-    for (auto& [id, watcher] : watchers_) {
+    for (Watcher& watcher : watchers_.RemoveAll()) {
       watch_sinks.push_back(std::move(watcher.sink));
       ReleaseWatcherLocked(watcher);
     }
-    watchers_.clear();
     for (const auto& [id, session] : sessions_.sessions()) {
       if (session.sink != nullptr) push_sinks.push_back(session.sink);
     }
