@@ -167,15 +167,10 @@ void Broker::CloseSession(uint64_t session_id) {
       DropLeaseLocked(*lease, session->creds.uid, effects);
       ++released;
     }
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->second.session_id == session_id) {
-        effects.cancel_timers.push_back(it->second.timer_id);
-        effects.completions.emplace_back(std::move(it->second.done),
-                                         absl::CancelledError("the session closed"));
-        it = EraseWaiterLocked(it);
-      } else {
-        ++it;
-      }
+    for (Waiter& waiter : waiters_.RemoveSession(session_id)) {
+      effects.cancel_timers.push_back(waiter.timer_id);
+      effects.completions.emplace_back(std::move(waiter.done), absl::CancelledError("the session closed"));
+      ForgetWaiterLocked(waiter);
     }
     for (const Watcher& watcher : watchers_.RemoveSession(session_id)) ReleaseWatcherLocked(watcher);
     // Tensors this session was still creating die with it: their only hold was its lease.
@@ -379,46 +374,37 @@ void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects)
 }
 
 void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
-  // Acquirers first: they all get the tensor. Then the oldest matching take, which unbinds it.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      Waiter& waiter = it->second;
-      bool match = false;
-      if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireName) {
-        match = !tensor.name.empty() && waiter.target == tensor.name &&
-                tensor.generation >= waiter.min_generation;
-      } else if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireId) {
-        match = waiter.tensor_id == tensor.id;
-      } else if (pass == 1 && waiter.kind == Waiter::Kind::kTake) {
-        match = !tensor.name.empty() && (waiter.target == tensor.name ||
-                                         (waiter.target.ends_with('/') &&
-                                          common::NameHasPrefix(tensor.name, waiter.target)));
-      }
-      if (!match) {
-        ++it;
-        continue;
-      }
-      Session* session = sessions_.Find(waiter.session_id);
-      TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
-      effects.cancel_timers.push_back(waiter.timer_id);
-      absl::Status grantable = CheckGrantLocked(*session, waiter, tensor);
-      if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
-      if (!grantable.ok()) {
-        // The waiter fails; the tensor stays for the next one (a take does not unbind).
-        effects.completions.emplace_back(std::move(waiter.done), std::move(grantable));
-        it = EraseWaiterLocked(it);
-        continue;
-      }
-      effects.completions.emplace_back(
-          std::move(waiter.done),
-          GrantLocked(*session, tensor, waiter.kind == Waiter::Kind::kAcquireName));
-      it = EraseWaiterLocked(it);
-      if (pass == 1) {
-        UnbindLocked(tensor, effects);
-        return;
-      }
+  // Acquirers first: they all get the tensor. Then the oldest matching take that may have
+  // it, which unbinds it.
+  WaitQueue::Matches matches = waiters_.Match(tensor);
+  for (uint64_t wait_id : matches.acquires) GrantWaiterLocked(wait_id, tensor, effects);
+  for (uint64_t wait_id : matches.takes) {
+    if (GrantWaiterLocked(wait_id, tensor, effects)) {
+      UnbindLocked(tensor, effects);
+      return;
     }
   }
+}
+
+bool Broker::GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) {
+  std::optional<Waiter> waiter = waiters_.Remove(wait_id);
+  TENSORD_CHECK(waiter.has_value());
+  Session* session = sessions_.Find(waiter->session_id);
+  TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
+  effects.cancel_timers.push_back(waiter->timer_id);
+  // Checked while the waiter's own charges are still held, as a lease is granted.
+  absl::Status grantable = CheckGrantLocked(*session, *waiter, tensor);
+  if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
+  if (!grantable.ok()) {
+    // The waiter fails; the tensor stays for the next one (a take does not unbind).
+    effects.completions.emplace_back(std::move(waiter->done), std::move(grantable));
+    ForgetWaiterLocked(*waiter);
+    return false;
+  }
+  effects.completions.emplace_back(
+      std::move(waiter->done), GrantLocked(*session, tensor, waiter->kind == Waiter::Kind::kAcquireName));
+  ForgetWaiterLocked(*waiter);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------

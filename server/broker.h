@@ -34,6 +34,7 @@
 #include "common/fd_channel.h"
 #include "common/memory/memory_backend.h"
 #include "server/access_policy.h"
+#include "server/completion.h"
 #include "server/config.h"
 #include "server/executor.h"
 #include "server/lease_table.h"
@@ -42,6 +43,7 @@
 #include "server/tensor_registry.h"
 #include "server/timer_queue.h"
 #include "server/uid_quota.h"
+#include "server/wait_queue.h"
 #include "server/watcher_set.h"
 #include "tensord/v1/broker.pb.h"
 #include "tensord/v1/fd_channel.pb.h"
@@ -62,9 +64,6 @@ struct BrokerOptions {
   std::string socket;
   std::string version;
 };
-
-template <typename T>
-using Completion = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
 
 class Broker {
  public:
@@ -135,19 +134,6 @@ class Broker {
   void Shutdown();
 
  private:
-  struct Waiter {
-    enum class Kind { kAcquireName, kAcquireId, kTake };
-    uint64_t session_id = 0;
-    uid_t uid = 0;
-    uint64_t metadata_bytes = 0;  // charged to uid
-    Kind kind = Kind::kAcquireName;
-    std::string target;  // name, or prefix ending in '/' for a take
-    uint64_t tensor_id = 0;
-    uint64_t min_generation = 0;
-    uint64_t timer_id = 0;
-    Completion<tensord::v1::AcquireResponse> done;
-  };
-
   struct Effects {
     std::vector<std::pair<Completion<tensord::v1::AcquireResponse>, absl::StatusOr<tensord::v1::AcquireResponse>>>
         completions;
@@ -167,9 +153,9 @@ class Broker {
   uint64_t StartWait(Session& session, Waiter waiter, Completion<tensord::v1::AcquireResponse>& done,
                      std::optional<uint64_t> timeout_ms, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes a waiter, keeping its session's count of waits and its uid's charges.
-  std::map<uint64_t, Waiter>::iterator EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what a waiter removed from waiters_ held: one of its session's waits (when
+  // the session is still open) and its uid's charges.
+  void ForgetWaiterLocked(const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `session` may not hold one more lease (its cap, or its uid's
   // metadata bytes) / start one more wait.
   absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,6 +193,9 @@ class Broker {
   void RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the waiter `wait_id`, which `tensor` matched, and completes it: with a lease when
+  // it may be granted one (true), else with why not (false; the tensor stays for the next).
+  bool GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publish's `desc` for a CREATING tensor: same device, and an extent that fits the region
@@ -255,8 +244,7 @@ class Broker {
   TensorRegistry registry_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id: FIFO order
-  uint64_t last_wait_id_ ABSL_GUARDED_BY(mu_) = 0;
+  WaitQueue waiters_ ABSL_GUARDED_BY(mu_);
   // Allocations waiting for an arena being made for (session, namespace): pipelined small
   // allocations share the new arena instead of each making one. A key exists exactly while
   // that arena is being made.

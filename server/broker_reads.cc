@@ -43,34 +43,31 @@ absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view 
 
 uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::AcquireResponse>& done,
                            std::optional<uint64_t> timeout_ms, std::string_view what) {
-  uint64_t id = ++last_wait_id_;
   waiter.session_id = session.id;
   waiter.uid = session.creds.uid;
   waiter.metadata_bytes = kWaitEntryBytes + waiter.target.size();  // as ReserveWaitLocked charged
   waiter.done = std::move(done);
+  uint64_t id = waiters_.Add(std::move(waiter));
   if (timeout_ms) {
     uint64_t ms = std::min(*timeout_ms, kMaxWaitMs);
-    waiter.timer_id = timers_.Schedule(
+    waiters_.Find(id)->timer_id = timers_.Schedule(
         TimerQueue::Clock::now() + std::chrono::milliseconds(ms),
         [this, id, ms, what = std::string(what)] {
           CompleteWaitWith(id, absl::DeadlineExceededError(
                                    absl::StrCat("nothing to ", what, " within ", ms, " ms")));
         });
   }
-  waiters_.emplace(id, std::move(waiter));
   ++session.waits;
   return id;
 }
 
-std::map<uint64_t, Broker::Waiter>::iterator Broker::EraseWaiterLocked(
-    std::map<uint64_t, Waiter>::iterator it) {
-  if (Session* session = sessions_.Find(it->second.session_id); session != nullptr) {
+void Broker::ForgetWaiterLocked(const Waiter& waiter) {
+  if (Session* session = sessions_.Find(waiter.session_id); session != nullptr) {
     TENSORD_CHECK(session->waits > 0);
     --session->waits;
   }
-  uid_quota_.Release(it->second.uid, UidResource::kWaits, 1);
-  uid_quota_.Release(it->second.uid, UidResource::kMetadataBytes, it->second.metadata_bytes);
-  return waiters_.erase(it);
+  uid_quota_.Release(waiter.uid, UidResource::kWaits, 1);
+  uid_quota_.Release(waiter.uid, UidResource::kMetadataBytes, waiter.metadata_bytes);
 }
 
 absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
@@ -207,18 +204,15 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
 }
 
 void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
-  Completion<v1::AcquireResponse> done;
-  uint64_t timer_id = 0;
+  std::optional<Waiter> waiter;
   {
     absl::MutexLock lock(&mu_);
-    auto it = waiters_.find(wait_id);
-    if (it == waiters_.end()) return;
-    done = std::move(it->second.done);
-    timer_id = it->second.timer_id;
-    EraseWaiterLocked(it);
+    waiter = waiters_.Remove(wait_id);
+    if (!waiter) return;
+    ForgetWaiterLocked(*waiter);
   }
-  if (timer_id != 0) timers_.Cancel(timer_id);
-  std::move(done)(std::move(status));
+  if (waiter->timer_id != 0) timers_.Cancel(waiter->timer_id);
+  std::move(waiter->done)(std::move(status));
 }
 
 void Broker::CancelWait(uint64_t wait_id) {
@@ -420,7 +414,7 @@ void Broker::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (const auto& [id, waiter] : waiters_) pending.push_back(id);
+    pending = waiters_.Ids();
     for (Watcher& watcher : watchers_.RemoveAll()) {
       watch_sinks.push_back(std::move(watcher.sink));
       ReleaseWatcherLocked(watcher);
