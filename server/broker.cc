@@ -89,6 +89,7 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> hos
       started_unix_ms_(NowUnixMs()),
       access_(options_.acls, options_.daemon_uid),
       host_backend_(std::move(host_backend)),
+      arenas_(options_.arena_bytes),
       uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {
   memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
 }
@@ -449,21 +450,21 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
         !charged.ok()) {
       return fail(charged);
     }
-    if (in_arena && PlaceInArenaLocked(**session, tensor)) {
+    if (in_arena && arenas_.PlaceInArena(registry_, **session, tensor)) {
       placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
-    } else if (in_arena && arena_queue_.contains({session_id, tensor.ns})) {
+    } else if (in_arena && arenas_.Making(session_id, tensor.ns)) {
       // An arena for this namespace is being made: wait for it rather than make another.
       std::string ns = tensor.ns;
-      arena_queue_[{session_id, ns}].push_back(QueuedAllocate{std::move(tensor), std::move(done)});
+      arenas_.Enqueue(session_id, ns, QueuedAllocate{std::move(tensor), std::move(done)});
       return;
     } else if (in_arena) {
-      size = NextArenaBytesLocked(**session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
+      size = arenas_.NextArenaBytes(registry_, **session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
       absl::Status reserved = ReserveArenaLocked(tensor.ns, size);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
       }
-      arena_queue_.try_emplace({session_id, tensor.ns});
+      arenas_.StartMaking(session_id, tensor.ns);
     } else if (size > 0) {
       absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, what);
       if (!reserved.ok()) {
@@ -490,55 +491,16 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
   });
 }
 
-uint64_t Broker::NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes) {
-  uint64_t bytes = kFirstArenaBytes;
-  if (auto arenas = session.arenas.find(ns); arenas != session.arenas.end()) {
-    for (uint64_t buffer_id : arenas->second) {
-      const Buffer* buffer = registry_.FindBuffer(buffer_id);
-      TENSORD_CHECK(buffer != nullptr);
-      bytes = std::max(bytes, buffer->size * 2);
-    }
-  }
-  while (bytes < slot_bytes) bytes *= 2;
-  // --arena-bytes and every slot are page multiples, and a slot is at most --arena-bytes.
-  return std::min(bytes, options_.arena_bytes);
-}
-
 absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes) {
   return memory_quota_.Reserve(MemoryQuota::kHost, bytes,
                                absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
 }
 
-bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
-  auto arenas = session.arenas.find(tensor.ns);
-  if (arenas == session.arenas.end()) return false;
-  uint64_t slot = ArenaSlots::SlotBytes(tensor.layout.extent);
-  for (uint64_t buffer_id : arenas->second) {
-    Buffer* buffer = registry_.FindBuffer(buffer_id);
-    TENSORD_CHECK(buffer != nullptr && buffer->arena != nullptr);
-    if (std::optional<uint64_t> offset = buffer->arena->Allocate(slot)) {
-      tensor.buffer_id = buffer_id;
-      tensor.offset = *offset;
-      tensor.slot_bytes = slot;
-      return true;
-    }
-  }
-  return false;
-}
-
 void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
-  for (const auto& [ns, buffer_ids] : session.arenas) {
-    for (uint64_t buffer_id : buffer_ids) {
-      Buffer* buffer = registry_.FindBuffer(buffer_id);
-      TENSORD_CHECK(buffer != nullptr);
-      buffer->arena_owner = 0;
-      if (!buffer->tensor_ids.empty()) continue;  // goes with its last tensor
-      std::unique_ptr<common::BackendBuffer> memory = registry_.RemoveBuffer(buffer_id);
-      memory_quota_.Release(MemoryQuota::kHost, memory->size());
-      effects.garbage.push_back(std::move(memory));
-    }
+  for (std::unique_ptr<common::BackendBuffer>& memory : arenas_.ReleaseArenas(registry_, session)) {
+    memory_quota_.Release(MemoryQuota::kHost, memory->size());
+    effects.garbage.push_back(std::move(memory));
   }
-  session.arenas.clear();
 }
 
 void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
@@ -555,10 +517,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
     std::string ns = tensor.ns;
     batch.push_back(QueuedAllocate{std::move(tensor), std::move(done)});
     if (arena) {
-      auto queued = arena_queue_.find({session_id, ns});
-      TENSORD_CHECK(queued != arena_queue_.end());
-      for (QueuedAllocate& entry : queued->second) batch.push_back(std::move(entry));
-      arena_queue_.erase(queued);
+      for (QueuedAllocate& entry : arenas_.FinishMaking(session_id, ns)) batch.push_back(std::move(entry));
     }
     Session* session = sessions_.Find(session_id);
     absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
@@ -582,21 +541,13 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
                              RegisterLocked(*session, std::move(batch[0].tensor), std::move(*memory), size));
       }
     } else {
-      Buffer buffer;
-      buffer.id = registry_.NextBufferId();
-      buffer.size = size;
-      buffer.memory = std::move(*memory);
-      buffer.arena = std::make_unique<ArenaSlots>(size);
-      buffer.arena_owner = session_id;
-      buffer.arena_ns = ns;
-      session->arenas[ns].push_back(buffer.id);
-      registry_.AddBuffer(std::move(buffer));
+      arenas_.AddArena(registry_, *session, ns, size, std::move(*memory));
       std::vector<QueuedAllocate> overflow;
       for (QueuedAllocate& entry : batch) {
         if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
           UnchargeTensorLocked(entry.tensor);
           results.emplace_back(std::move(entry.done), cap);
-        } else if (PlaceInArenaLocked(*session, entry.tensor)) {
+        } else if (arenas_.PlaceInArena(registry_, *session, entry.tensor)) {
           results.emplace_back(std::move(entry.done), RegisterLocked(*session, std::move(entry.tensor), nullptr, 0));
         } else {
           overflow.push_back(std::move(entry));
@@ -605,7 +556,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // The new arena is full: the first that did not fit makes the next, the rest wait for it.
       if (!overflow.empty()) {
         next_arena_bytes =
-            NextArenaBytesLocked(*session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
+            arenas_.NextArenaBytes(registry_, *session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
         absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes);
         if (!reserved.ok()) {
           for (QueuedAllocate& entry : overflow) {
@@ -614,8 +565,8 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
           }
         } else {
           next_arena = std::move(overflow[0]);
-          std::vector<QueuedAllocate>& waiting = arena_queue_[{session_id, ns}];
-          for (size_t k = 1; k < overflow.size(); ++k) waiting.push_back(std::move(overflow[k]));
+          arenas_.StartMaking(session_id, ns);
+          for (size_t k = 1; k < overflow.size(); ++k) arenas_.Enqueue(session_id, ns, std::move(overflow[k]));
         }
       }
     }

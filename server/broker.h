@@ -34,6 +34,7 @@
 #include "common/fd_channel.h"
 #include "common/memory/memory_backend.h"
 #include "server/access_policy.h"
+#include "server/arena_allocator.h"
 #include "server/completion.h"
 #include "server/config.h"
 #include "server/executor.h"
@@ -205,16 +206,10 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
-  // The size of the session's next arena in `ns` for a slot of `slot_bytes`
-  // (kFirstArenaBytes, then doubling up to --arena-bytes).
-  uint64_t NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves quota for one more arena of `bytes` in namespace `ns`.
   absl::Status ReserveArenaLocked(std::string_view ns, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts `tensor` in a free slot of one of the session's arenas for its namespace; false
-  // when none has room.
-  bool PlaceInArenaLocked(Session& session, Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The session closed: its arenas go once empty (those empty now go at once).
+  // The session closed: its arenas go once empty (those empty now go at once, their memory
+  // given back and freed off the RPC threads).
   void ReleaseArenasLocked(Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes memory for `tensor` on the executor (a dedicated buffer, or a new arena) and
   // finishes with FinishAllocate; the bytes are reserved already.
@@ -245,14 +240,7 @@ class Broker {
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
   WaitQueue waiters_ ABSL_GUARDED_BY(mu_);
-  // Allocations waiting for an arena being made for (session, namespace): pipelined small
-  // allocations share the new arena instead of each making one. A key exists exactly while
-  // that arena is being made.
-  struct QueuedAllocate {
-    Tensor tensor;
-    Completion<tensord::v1::AllocateResponse> done;
-  };
-  std::map<std::pair<uint64_t, std::string>, std::vector<QueuedAllocate>> arena_queue_ ABSL_GUARDED_BY(mu_);
+  ArenaAllocator arenas_ ABSL_GUARDED_BY(mu_);  // and the allocations waiting for a new arena
   WatcherSet watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
   MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
