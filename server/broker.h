@@ -1,6 +1,8 @@
 // Broker: the one handler layer behind every transport (the Session stream, the unary RPCs
-// and the fd channel). It owns the registry, the leases, the sessions, the waits and the
-// watchers, all under one mutex; work that can block (allocating memory, freeing a large
+// and the fd channel). It composes its parts under one mutex: the tensors (TensorRegistry),
+// leases (LeaseTable), sessions (SessionManager), waits (WaitQueue), watchers (WatcherSet),
+// arenas (ArenaAllocator), per-uid charges (UidQuota) and device memory (MemoryQuota); the
+// ACLs (AccessPolicy) are constant. Work that can block (allocating memory, freeing a large
 // buffer) runs on the Executor, and completions, pushes and watch events are delivered
 // after the mutex is released.
 //
