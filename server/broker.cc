@@ -87,8 +87,12 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> hos
     : options_(std::move(options)),
       instance_nonce_(NewInstanceNonce()),
       started_unix_ms_(NowUnixMs()),
+      access_(options_.acls, options_.daemon_uid),
       host_backend_(std::move(host_backend)),
-      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {}
+      arenas_(options_.arena_bytes),
+      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {
+  memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
+}
 
 Broker::~Broker() {
   Shutdown();
@@ -164,24 +168,12 @@ void Broker::CloseSession(uint64_t session_id) {
       DropLeaseLocked(*lease, session->creds.uid, effects);
       ++released;
     }
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->second.session_id == session_id) {
-        effects.cancel_timers.push_back(it->second.timer_id);
-        effects.completions.emplace_back(std::move(it->second.done),
-                                         absl::CancelledError("the session closed"));
-        it = EraseWaiterLocked(it);
-      } else {
-        ++it;
-      }
+    for (Waiter& waiter : waiters_.RemoveSession(session_id)) {
+      effects.cancel_timers.push_back(waiter.timer_id);
+      effects.completions.emplace_back(std::move(waiter.done), absl::CancelledError("the session closed"));
+      ForgetWaiterLocked(waiter);
     }
-    for (auto it = watchers_.begin(); it != watchers_.end();) {
-      if (it->second.session_id != session_id) {
-        ++it;
-        continue;
-      }
-      ReleaseWatcherLocked(it->second);
-      it = watchers_.erase(it);
-    }
+    for (const Watcher& watcher : watchers_.RemoveSession(session_id)) ReleaseWatcherLocked(watcher);
     // Tensors this session was still creating die with it: their only hold was its lease.
     ReleaseArenasLocked(*session, effects);
   }
@@ -320,8 +312,7 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
     // Buffer sizes are page-rounded, the same as what was reserved.
-    TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
-    host_bytes_in_use_ -= memory->size();
+    memory_quota_.Release(MemoryQuota::kHost, memory->size());
     effects.garbage.push_back(std::move(memory));
   }
   spdlog::trace("tensor {} dropped", id);
@@ -384,54 +375,43 @@ void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effect
 }
 
 void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects) {
-  for (auto& [id, watcher] : watchers_) {
-    if (!common::NameHasPrefix(event.name(), watcher.prefix)) continue;
-    if (!MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
-    effects.events.emplace_back(watcher.sink, event);
+  for (std::shared_ptr<WatchSink>& sink : watchers_.SinksFor(event, access_)) {
+    effects.events.emplace_back(std::move(sink), event);
   }
 }
 
 void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
-  // Acquirers first: they all get the tensor. Then the oldest matching take, which unbinds it.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      Waiter& waiter = it->second;
-      bool match = false;
-      if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireName) {
-        match = !tensor.name.empty() && waiter.target == tensor.name &&
-                tensor.generation >= waiter.min_generation;
-      } else if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireId) {
-        match = waiter.tensor_id == tensor.id;
-      } else if (pass == 1 && waiter.kind == Waiter::Kind::kTake) {
-        match = !tensor.name.empty() && (waiter.target == tensor.name ||
-                                         (waiter.target.ends_with('/') &&
-                                          common::NameHasPrefix(tensor.name, waiter.target)));
-      }
-      if (!match) {
-        ++it;
-        continue;
-      }
-      Session* session = sessions_.Find(waiter.session_id);
-      TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
-      effects.cancel_timers.push_back(waiter.timer_id);
-      absl::Status grantable = CheckGrantLocked(*session, waiter, tensor);
-      if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
-      if (!grantable.ok()) {
-        // The waiter fails; the tensor stays for the next one (a take does not unbind).
-        effects.completions.emplace_back(std::move(waiter.done), std::move(grantable));
-        it = EraseWaiterLocked(it);
-        continue;
-      }
-      effects.completions.emplace_back(
-          std::move(waiter.done),
-          GrantLocked(*session, tensor, waiter.kind == Waiter::Kind::kAcquireName));
-      it = EraseWaiterLocked(it);
-      if (pass == 1) {
-        UnbindLocked(tensor, effects);
-        return;
-      }
+  // Acquirers first: they all get the tensor. Then the oldest matching take that may have
+  // it, which unbinds it.
+  WaitQueue::Matches matches = waiters_.Match(tensor);
+  for (uint64_t wait_id : matches.acquires) GrantWaiterLocked(wait_id, tensor, effects);
+  for (uint64_t wait_id : matches.takes) {
+    if (GrantWaiterLocked(wait_id, tensor, effects)) {
+      UnbindLocked(tensor, effects);
+      return;
     }
   }
+}
+
+bool Broker::GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) {
+  std::optional<Waiter> waiter = waiters_.Remove(wait_id);
+  TENSORD_CHECK(waiter.has_value());
+  Session* session = sessions_.Find(waiter->session_id);
+  TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
+  effects.cancel_timers.push_back(waiter->timer_id);
+  // Checked while the waiter's own charges are still held, as a lease is granted.
+  absl::Status grantable = CheckGrantLocked(*session, *waiter, tensor);
+  if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
+  if (!grantable.ok()) {
+    // The waiter fails; the tensor stays for the next one (a take does not unbind).
+    effects.completions.emplace_back(std::move(waiter->done), std::move(grantable));
+    ForgetWaiterLocked(*waiter);
+    return false;
+  }
+  effects.completions.emplace_back(
+      std::move(waiter->done), GrantLocked(*session, tensor, waiter->kind == Waiter::Kind::kAcquireName));
+  ForgetWaiterLocked(*waiter);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -465,33 +445,34 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     absl::StatusOr<Session*> session = SessionLocked(session_id);
     if (!session.ok()) return fail(session.status());
     if (!tensor.ns.empty()) {
-      if (absl::Status status = CheckAccess(**session, tensor.ns, true); !status.ok()) return fail(status);
+      absl::Status status = access_.CheckAccess((*session)->creds, tensor.ns, true);
+      if (!status.ok()) return fail(status);
     }
     if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
     tensor.producer_uid = (*session)->creds.uid;
     const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()),
                                           " tensor of ", layout->nbytes, " bytes");
-    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : UidHostBytes(tensor.ns, size), what);
+    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : access_.UidHostBytes(tensor.ns, size), what);
         !charged.ok()) {
       return fail(charged);
     }
-    if (in_arena && PlaceInArenaLocked(**session, tensor)) {
+    if (in_arena && arenas_.PlaceInArena(registry_, **session, tensor)) {
       placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
-    } else if (in_arena && arena_queue_.contains({session_id, tensor.ns})) {
+    } else if (in_arena && arenas_.Making(session_id, tensor.ns)) {
       // An arena for this namespace is being made: wait for it rather than make another.
       std::string ns = tensor.ns;
-      arena_queue_[{session_id, ns}].push_back(QueuedAllocate{std::move(tensor), std::move(done)});
+      arenas_.Enqueue(session_id, ns, QueuedAllocate{std::move(tensor), std::move(done)});
       return;
     } else if (in_arena) {
-      size = NextArenaBytesLocked(**session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
+      size = arenas_.NextArenaBytes(registry_, **session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
       absl::Status reserved = ReserveArenaLocked(tensor.ns, size);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
       }
-      arena_queue_.try_emplace({session_id, tensor.ns});
+      arenas_.StartMaking(session_id, tensor.ns);
     } else if (size > 0) {
-      absl::Status reserved = ReserveHostBytesLocked(size, what);
+      absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, what);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
@@ -517,55 +498,16 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
   });
 }
 
-uint64_t Broker::NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes) {
-  uint64_t bytes = kFirstArenaBytes;
-  if (auto arenas = session.arenas.find(ns); arenas != session.arenas.end()) {
-    for (uint64_t buffer_id : arenas->second) {
-      const Buffer* buffer = registry_.FindBuffer(buffer_id);
-      TENSORD_CHECK(buffer != nullptr);
-      bytes = std::max(bytes, buffer->size * 2);
-    }
-  }
-  while (bytes < slot_bytes) bytes *= 2;
-  // --arena-bytes and every slot are page multiples, and a slot is at most --arena-bytes.
-  return std::min(bytes, options_.arena_bytes);
-}
-
 absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes) {
-  return ReserveHostBytesLocked(bytes, absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
-}
-
-bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
-  auto arenas = session.arenas.find(tensor.ns);
-  if (arenas == session.arenas.end()) return false;
-  uint64_t slot = ArenaSlots::SlotBytes(tensor.layout.extent);
-  for (uint64_t buffer_id : arenas->second) {
-    Buffer* buffer = registry_.FindBuffer(buffer_id);
-    TENSORD_CHECK(buffer != nullptr && buffer->arena != nullptr);
-    if (std::optional<uint64_t> offset = buffer->arena->Allocate(slot)) {
-      tensor.buffer_id = buffer_id;
-      tensor.offset = *offset;
-      tensor.slot_bytes = slot;
-      return true;
-    }
-  }
-  return false;
+  return memory_quota_.Reserve(MemoryQuota::kHost, bytes,
+                               absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
 }
 
 void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
-  for (const auto& [ns, buffer_ids] : session.arenas) {
-    for (uint64_t buffer_id : buffer_ids) {
-      Buffer* buffer = registry_.FindBuffer(buffer_id);
-      TENSORD_CHECK(buffer != nullptr);
-      buffer->arena_owner = 0;
-      if (!buffer->tensor_ids.empty()) continue;  // goes with its last tensor
-      std::unique_ptr<common::BackendBuffer> memory = registry_.RemoveBuffer(buffer_id);
-      TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
-      host_bytes_in_use_ -= memory->size();
-      effects.garbage.push_back(std::move(memory));
-    }
+  for (std::unique_ptr<common::BackendBuffer>& memory : arenas_.ReleaseArenas(registry_, session)) {
+    memory_quota_.Release(MemoryQuota::kHost, memory->size());
+    effects.garbage.push_back(std::move(memory));
   }
-  session.arenas.clear();
 }
 
 void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
@@ -582,16 +524,13 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
     std::string ns = tensor.ns;
     batch.push_back(QueuedAllocate{std::move(tensor), std::move(done)});
     if (arena) {
-      auto queued = arena_queue_.find({session_id, ns});
-      TENSORD_CHECK(queued != arena_queue_.end());
-      for (QueuedAllocate& entry : queued->second) batch.push_back(std::move(entry));
-      arena_queue_.erase(queued);
+      for (QueuedAllocate& entry : arenas_.FinishMaking(session_id, ns)) batch.push_back(std::move(entry));
     }
     Session* session = sessions_.Find(session_id);
     absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
                                              : memory.status();
     if (!failed.ok()) {
-      host_bytes_in_use_ -= size;
+      memory_quota_.Release(MemoryQuota::kHost, size);
       for (QueuedAllocate& entry : batch) {
         UnchargeTensorLocked(entry.tensor);
         results.emplace_back(std::move(entry.done), failed);
@@ -600,7 +539,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // Other calls of the session may have taken the last lease under the cap meanwhile.
       absl::Status cap = CheckLeaseCapLocked(*session);
       if (!cap.ok()) {
-        host_bytes_in_use_ -= size;
+        memory_quota_.Release(MemoryQuota::kHost, size);
         UnchargeTensorLocked(batch[0].tensor);
         if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
         results.emplace_back(std::move(batch[0].done), cap);
@@ -609,21 +548,13 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
                              RegisterLocked(*session, std::move(batch[0].tensor), std::move(*memory), size));
       }
     } else {
-      Buffer buffer;
-      buffer.id = registry_.NextBufferId();
-      buffer.size = size;
-      buffer.memory = std::move(*memory);
-      buffer.arena = std::make_unique<ArenaSlots>(size);
-      buffer.arena_owner = session_id;
-      buffer.arena_ns = ns;
-      session->arenas[ns].push_back(buffer.id);
-      registry_.AddBuffer(std::move(buffer));
+      arenas_.AddArena(registry_, *session, ns, size, std::move(*memory));
       std::vector<QueuedAllocate> overflow;
       for (QueuedAllocate& entry : batch) {
         if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
           UnchargeTensorLocked(entry.tensor);
           results.emplace_back(std::move(entry.done), cap);
-        } else if (PlaceInArenaLocked(*session, entry.tensor)) {
+        } else if (arenas_.PlaceInArena(registry_, *session, entry.tensor)) {
           results.emplace_back(std::move(entry.done), RegisterLocked(*session, std::move(entry.tensor), nullptr, 0));
         } else {
           overflow.push_back(std::move(entry));
@@ -632,7 +563,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // The new arena is full: the first that did not fit makes the next, the rest wait for it.
       if (!overflow.empty()) {
         next_arena_bytes =
-            NextArenaBytesLocked(*session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
+            arenas_.NextArenaBytes(registry_, *session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
         absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes);
         if (!reserved.ok()) {
           for (QueuedAllocate& entry : overflow) {
@@ -641,8 +572,8 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
           }
         } else {
           next_arena = std::move(overflow[0]);
-          std::vector<QueuedAllocate>& waiting = arena_queue_[{session_id, ns}];
-          for (size_t k = 1; k < overflow.size(); ++k) waiting.push_back(std::move(overflow[k]));
+          arenas_.StartMaking(session_id, ns);
+          for (size_t k = 1; k < overflow.size(); ++k) arenas_.Enqueue(session_id, ns, std::move(overflow[k]));
         }
       }
     }
@@ -708,7 +639,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
+    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, request.ns(), true));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
     // The buffer's size is the memfd's own (clients refuse an fd smaller than the size the
     // broker states), and the quota counts the same bytes.
@@ -722,8 +653,9 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     tensor.created_unix_ms = NowUnixMs();
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
-    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, UidHostBytes(tensor.ns, size), "exporting a memfd"));
-    if (absl::Status reserved = ReserveHostBytesLocked(size, "exporting a memfd"); !reserved.ok()) {
+    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, access_.UidHostBytes(tensor.ns, size), "exporting a memfd"));
+    if (absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, "exporting a memfd");
+        !reserved.ok()) {
       UnchargeTensorLocked(tensor);
       return reserved;
     }
@@ -759,7 +691,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
             "tensor ", tensor->id, " was allocated in namespace ", common::QuoteForError(tensor->ns),
             " and cannot be published as ", common::QuoteForError(name)));
       }
-      TENSORD_RETURN_IF_ERROR(CheckAccess(*session, ns, true));
+      TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, ns, true));
       Tensor* current = registry_.FindByName(name);
       if (request.has_if_absent() && request.if_absent() && current != nullptr) {
         return absl::AlreadyExistsError(absl::StrCat(common::QuoteForError(name), " is already bound (generation ",
