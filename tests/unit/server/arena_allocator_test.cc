@@ -16,7 +16,9 @@ class FakeBuffer final : public common::BackendBuffer {
  public:
   explicit FakeBuffer(uint64_t size) : size_(size) {}
   uint64_t size() const override { return size_; }
-  int shareable_fd() const override { return -1; }
+  // Arena placement never shares a buffer.
+  absl::StatusOr<common::MemoryHandle> Export() const override { return absl::UnimplementedError("not shared"); }
+  absl::Status CheckShareable(const std::string&) const override { return absl::UnimplementedError("not shared"); }
 
  private:
   uint64_t size_;
