@@ -40,7 +40,7 @@ bool ArenaAllocator::PlaceInArena(TensorRegistry& registry, Session& session, Te
   return false;
 }
 
-void ArenaAllocator::AddArena(TensorRegistry& registry, Session& session, const std::string& ns, uint64_t size,
+uint64_t ArenaAllocator::AddArena(TensorRegistry& registry, Session& session, const std::string& ns, uint64_t size,
                               std::unique_ptr<common::BackendBuffer> memory) const {
   Buffer buffer;
   buffer.id = registry.NextBufferId();
@@ -49,8 +49,10 @@ void ArenaAllocator::AddArena(TensorRegistry& registry, Session& session, const 
   buffer.arena = std::make_unique<ArenaSlots>(size);
   buffer.arena_owner = session.id;
   buffer.arena_ns = ns;
-  session.arenas[ns].push_back(buffer.id);
+  const uint64_t id = buffer.id;
+  session.arenas[ns].push_back(id);
   registry.AddBuffer(std::move(buffer));
+  return id;
 }
 
 std::vector<std::unique_ptr<common::BackendBuffer>> ArenaAllocator::ReleaseArenas(TensorRegistry& registry,

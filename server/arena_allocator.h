@@ -48,7 +48,8 @@ class ArenaAllocator {
   // buffer, offset and slot); false when none has room.
   bool PlaceInArena(TensorRegistry& registry, Session& session, Tensor& tensor) const;
   // Registers `memory` (of `size` bytes) as a new arena of `session` in `ns`.
-  void AddArena(TensorRegistry& registry, Session& session, const std::string& ns, uint64_t size,
+  // Returns the new arena's buffer id.
+  uint64_t AddArena(TensorRegistry& registry, Session& session, const std::string& ns, uint64_t size,
                 std::unique_ptr<common::BackendBuffer> memory) const;
   // The session closed: its arenas go once empty. Removes those empty now from the registry
   // and returns their memory; the others go with their last tensor.

@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/memory/device_names.h"
+#include "common/memory/host/host_backend.h"
 
 namespace tensord::server {
 
@@ -86,6 +87,12 @@ std::vector<v1::BackendStatus> BackendRegistry::Describe() const {
     out.push_back(std::move(status));
   }
   return out;
+}
+
+std::unique_ptr<BackendRegistry> HostOnlyBackends() {
+  std::vector<std::unique_ptr<common::MemoryBackend>> backends;
+  backends.push_back(std::make_unique<common::HostBackend>());
+  return std::make_unique<BackendRegistry>(std::move(backends), std::vector<common::MissingBackend>());
 }
 
 }  // namespace tensord::server

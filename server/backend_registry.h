@@ -48,4 +48,7 @@ class BackendRegistry {
   std::vector<ResolvedDevice> devices_;
 };
 
+// Host memory only: for tests and tools that need no device.
+std::unique_ptr<BackendRegistry> HostOnlyBackends();
+
 }  // namespace tensord::server

@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/memory/host/memfd.h"
-#include "common/memory/host/host_backend.h"
+#include "common/memory/device_names.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "common/tensor_desc.h"
@@ -25,7 +25,6 @@ namespace v1 = tensord::v1;
 
 namespace {
 
-constexpr uint64_t kPageBytes = 4096;
 constexpr size_t kMaxFetchBatch = common::kMaxFdsPerMessage;
 
 int64_t NowUnixMs() {
@@ -44,16 +43,19 @@ std::string NewInstanceNonce() {
   return nonce;
 }
 
-// A description as Allocate accepts it (Publish's `desc` too): valid, and on a device this
-// build serves.
-absl::StatusOr<common::TensorLayout> ValidateAllocatableDesc(const v1::TensorDesc& desc) {
-  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(desc));
-  if (desc.device().type() != v1::DEVICE_TYPE_CPU) {
-    return absl::FailedPreconditionError(
-        "only host (CPU) tensors are served by this build: the cuda and level_zero "
-        "backends are not built yet");
+// The quota of one device: --max-device-bytes by UUID, by "backend:ordinal", or for all,
+// else the device's own memory.
+std::pair<uint64_t, std::string> DeviceLimitFor(const DeviceLimits& limits, const ResolvedDevice& device) {
+  const v1::Device& d = device.device.device;
+  const std::string uuid = common::FormatDeviceUuid(d.type(), d.uuid());
+  const std::string ordinal = absl::StrCat(std::string(device.backend->name()), ":", d.index());
+  for (const std::string& name : {uuid, ordinal}) {
+    if (auto it = limits.by_device.find(name); it != limits.by_device.end()) {
+      return {it->second, absl::StrCat(limits.source, " (", name, ")")};
+    }
   }
-  return layout;
+  if (limits.all > 0) return {limits.all, limits.source};
+  return {device.device.total_bytes, "the device's own memory"};
 }
 
 // Tags are kept in the daemon for the tensor's life: bounded per entry and in all.
@@ -83,15 +85,20 @@ absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>&
 
 }  // namespace
 
-Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> host_backend)
+Broker::Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends)
     : options_(std::move(options)),
       instance_nonce_(NewInstanceNonce()),
       started_unix_ms_(NowUnixMs()),
       access_(options_.acls, options_.daemon_uid),
-      host_backend_(std::move(host_backend)),
+      backends_(std::move(backends)),
       arenas_(options_.arena_bytes),
       uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {
   memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
+  for (const ResolvedDevice& device : backends_->devices()) {
+    if (device.key == MemoryQuota::kHost) continue;
+    auto [limit, source] = DeviceLimitFor(options_.device_limits, device);
+    memory_quota_.SetLimit(device.key, limit, source);
+  }
 }
 
 Broker::~Broker() {
@@ -236,7 +243,8 @@ absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t
     }
     fds += handle->fds.size();
     if (fds > common::kMaxFdsPerMessage && !handles.empty()) break;  // the client asks again
-    handles.push_back(FetchedHandle{buffer_id, buffer->size, buffer->device_type, *std::move(handle)});
+    handles.push_back(
+        FetchedHandle{buffer_id, buffer->size, buffer->device->device.device.type(), *std::move(handle)});
   }
   return handles;
 }
@@ -309,10 +317,11 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
   UnchargeTensorLocked(tensor);
   uint64_t id = tensor.id;
+  const ResolvedDevice* device = tensor.device;
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
-    // Buffer sizes are page-rounded, the same as what was reserved.
-    memory_quota_.Release(MemoryQuota::kHost, memory->size());
+    // Buffer sizes are rounded by their backend, the same as what was reserved.
+    memory_quota_.Release(device->key, memory->size());
     effects.garbage.push_back(std::move(memory));
   }
   spdlog::trace("tensor {} dropped", id);
@@ -420,8 +429,10 @@ bool Broker::GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effect
 void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
                       Completion<v1::AllocateResponse> done) {
   auto fail = [&](absl::Status status) { std::move(done)(std::move(status)); };
-  absl::StatusOr<common::TensorLayout> layout = ValidateAllocatableDesc(request.desc());
+  absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(request.desc());
   if (!layout.ok()) return fail(layout.status());
+  absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(request.desc().device());
+  if (!device.ok()) return fail(device.status());
   if (!request.ns().empty()) {
     if (absl::Status status = common::ValidateNamespace(request.ns()); !status.ok()) return fail(status);
   }
@@ -430,13 +441,19 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
   tensor.ns = request.ns();
   tensor.desc = request.desc();
   tensor.desc.clear_strides();
+  // The description names the device as the broker knows it: its UUID and the daemon's
+  // ordinal (each client turns the UUID into its own ordinal).
+  *tensor.desc.mutable_device() = (*device)->device.device;
+  tensor.device = *device;
   tensor.layout = *layout;
   tensor.tags.insert(request.tags().begin(), request.tags().end());
   tensor.created_unix_ms = NowUnixMs();
   tensor.producer_session = session_id;
-  uint64_t size = (layout->extent + kPageBytes - 1) / kPageBytes * kPageBytes;
-  // Small tensors in a namespace share arenas: a consumer maps an arena once.
-  const bool in_arena = layout->extent > 0 && !tensor.ns.empty() && !request.isolated() &&
+  uint64_t size = layout->extent == 0 ? 0 : (*device)->backend->RoundUp((*device)->device, layout->extent);
+  // Small tensors in a namespace share arenas, carved from host memory (--arena-bytes): a
+  // consumer maps an arena once.
+  const bool in_arena = *device == &backends_->host() && layout->extent > 0 && !tensor.ns.empty() &&
+                        !request.isolated() &&
                         options_.arena_bytes > 0 && layout->extent <= options_.arena_max_tensor_bytes &&
                         layout->extent <= options_.arena_bytes;
   std::optional<absl::StatusOr<v1::AllocateResponse>> placed;
@@ -452,7 +469,8 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     tensor.producer_uid = (*session)->creds.uid;
     const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()),
                                           " tensor of ", layout->nbytes, " bytes");
-    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : access_.UidHostBytes(tensor.ns, size), what);
+    const uint64_t uid_host_bytes = in_arena || *device != &backends_->host() ? 0 : access_.UidHostBytes(tensor.ns, size);
+    if (absl::Status charged = ChargeTensorLocked(tensor, uid_host_bytes, what);
         !charged.ok()) {
       return fail(charged);
     }
@@ -472,7 +490,7 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
       }
       arenas_.StartMaking(session_id, tensor.ns);
     } else if (size > 0) {
-      absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, what);
+      absl::Status reserved = memory_quota_.Reserve((*device)->key, size, what);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
@@ -491,9 +509,9 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
                             Completion<v1::AllocateResponse> done) {
   executor_.Post([this, session_id, size, arena, tensor = std::move(tensor),
                   done = std::move(done)]() mutable {
-    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = host_backend_->Allocate(
-        host_backend_->devices().front(), size,
-        absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
+    const ResolvedDevice& device = *tensor.device;
+    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = device.backend->Allocate(
+        device.device, size, absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
     FinishAllocate(session_id, size, arena, std::move(tensor), std::move(memory), std::move(done));
   });
 }
@@ -529,8 +547,9 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
     Session* session = sessions_.Find(session_id);
     absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
                                              : memory.status();
+    const std::string& device_key = batch[0].tensor.device->key;
     if (!failed.ok()) {
-      memory_quota_.Release(MemoryQuota::kHost, size);
+      memory_quota_.Release(device_key, size);
       for (QueuedAllocate& entry : batch) {
         UnchargeTensorLocked(entry.tensor);
         results.emplace_back(std::move(entry.done), failed);
@@ -539,7 +558,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // Other calls of the session may have taken the last lease under the cap meanwhile.
       absl::Status cap = CheckLeaseCapLocked(*session);
       if (!cap.ok()) {
-        memory_quota_.Release(MemoryQuota::kHost, size);
+        memory_quota_.Release(device_key, size);
         UnchargeTensorLocked(batch[0].tensor);
         if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
         results.emplace_back(std::move(batch[0].done), cap);
@@ -548,7 +567,8 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
                              RegisterLocked(*session, std::move(batch[0].tensor), std::move(*memory), size));
       }
     } else {
-      arenas_.AddArena(registry_, *session, ns, size, std::move(*memory));
+      const uint64_t arena_id = arenas_.AddArena(registry_, *session, ns, size, std::move(*memory));
+      registry_.FindBuffer(arena_id)->device = &backends_->host();
       std::vector<QueuedAllocate> overflow;
       for (QueuedAllocate& entry : batch) {
         if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
@@ -594,6 +614,7 @@ v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
     buffer.id = registry_.NextBufferId();
     buffer.size = size;
     buffer.memory = std::move(memory);
+    buffer.device = tensor.device;
     tensor.buffer_id = buffer.id;
     registry_.AddBuffer(std::move(buffer));
   }
@@ -607,13 +628,13 @@ v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
 
 absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v1::ExportRequest& request) {
   TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(request.desc()));
-  if (request.desc().device().type() != v1::DEVICE_TYPE_CPU) {
-    return absl::FailedPreconditionError("export: only host (CPU) memfds can be exported by this build");
-  }
+  TENSORD_ASSIGN_OR_RETURN(const ResolvedDevice* device, backends_->Resolve(request.desc().device()));
   if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(common::ValidateNamespace(request.ns()));
   TENSORD_RETURN_IF_ERROR(ValidateTags(request.tags()));
-  common::UniqueFd fd;
-  {
+  // What the producer sent: a staged fd (host memory), or handle bytes (a device).
+  common::MemoryHandle handle;
+  handle.data = request.handle_data();
+  if (request.staged_fd_id() != 0 || handle.data.empty()) {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
@@ -622,40 +643,41 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
       return absl::NotFoundError(absl::StrCat("export: staged fd ", request.staged_fd_id(),
                                               " is not staged by this session"));
     }
-    fd = std::move(staged->second);
+    handle.fds.push_back(std::move(staged->second));
     session->staged_fds.erase(staged);
   }
-  common::MemoryHandle handle;
-  handle.fds.push_back(std::move(fd));
+  const std::string what = absl::StrCat("exported ", std::string(device->backend->name()), " memory");
+  // Adopting checks what the producer sent (host: seals the memfd); it may block.
   TENSORD_ASSIGN_OR_RETURN(std::unique_ptr<common::BackendBuffer> memory,
-                           host_backend_->Adopt(host_backend_->devices().front(), std::move(handle), 0,
-                                                "exported memfd"));
+                           device->backend->Adopt(device->device, std::move(handle), request.size(), what));
   const uint64_t size = memory->size();
   v1::BufferRef ref;
   ref.set_size(size);
   ref.set_offset(request.offset());
   TENSORD_RETURN_IF_ERROR(common::ValidateFitsBuffer(layout, ref, "exported tensor"));
-  if (size == 0) return absl::InvalidArgumentError("export: the memfd is empty");
+  if (size == 0) return absl::InvalidArgumentError(absl::StrCat("export: the ", what, " is empty"));
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, request.ns(), true));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
-    // The buffer's size is the memfd's own (clients refuse an fd smaller than the size the
-    // broker states), and the quota counts the same bytes.
+    // The buffer's size is what the backend adopted (a memfd's own size: clients refuse an
+    // fd smaller than the size the broker states), and the quota counts the same bytes.
     Tensor tensor;
     tensor.ns = request.ns();
     tensor.desc = request.desc();
     tensor.desc.clear_strides();
+    *tensor.desc.mutable_device() = device->device.device;
+    tensor.device = device;
     tensor.layout = layout;
     tensor.offset = request.offset();
     tensor.tags.insert(request.tags().begin(), request.tags().end());
     tensor.created_unix_ms = NowUnixMs();
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
-    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, access_.UidHostBytes(tensor.ns, size), "exporting a memfd"));
-    if (absl::Status reserved = memory_quota_.Reserve(MemoryQuota::kHost, size, "exporting a memfd");
-        !reserved.ok()) {
+    const uint64_t uid_host_bytes = device == &backends_->host() ? access_.UidHostBytes(tensor.ns, size) : 0;
+    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, uid_host_bytes, what));
+    if (absl::Status reserved = memory_quota_.Reserve(device->key, size, what); !reserved.ok()) {
       UnchargeTensorLocked(tensor);
       return reserved;
     }
@@ -668,7 +690,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
   if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
   std::optional<common::TensorLayout> new_layout;
   if (request.has_desc()) {
-    TENSORD_ASSIGN_OR_RETURN(new_layout, ValidateAllocatableDesc(request.desc()));
+    TENSORD_ASSIGN_OR_RETURN(new_layout, common::ValidateDesc(request.desc()));
   }
   Effects effects;
   v1::PublishResponse response;
@@ -721,6 +743,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       // Every check passed: from here on (reply, Stat, acquires) the new description holds.
       tensor->desc = request.desc();
       tensor->desc.clear_strides();
+      *tensor->desc.mutable_device() = tensor->device->device.device;
       tensor->layout = *std::move(new_layout);
     }
     tensor->state = v1::TENSOR_STATE_SEALED;
@@ -741,9 +764,10 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
 
 absl::Status Broker::CheckFitsRegionLocked(const Tensor& tensor, const v1::TensorDesc& desc,
                                            const common::TensorLayout& layout) {
-  const v1::Device& had = tensor.desc.device();
-  if (desc.device().type() != had.type() || desc.device().index() != had.index() ||
-      desc.device().uuid() != had.uuid()) {
+  // Devices compare as the broker resolves them: the caller's ordinal may differ from ours.
+  absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(desc.device());
+  if (!device.ok() || *device != tensor.device) {
+    const v1::Device& had = tensor.desc.device();
     return absl::InvalidArgumentError(absl::StrCat(
         "desc.device: tensor ", tensor.id, " was allocated on ", v1::DeviceType_Name(had.type()),
         " device ", had.index(), ", not ", v1::DeviceType_Name(desc.device().type()), " device ",

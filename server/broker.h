@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/fd_channel.h"
 #include "common/memory/memory_backend.h"
+#include "server/backend_registry.h"
 #include "server/access_policy.h"
 #include "server/arena_allocator.h"
 #include "server/completion.h"
@@ -55,6 +56,7 @@ namespace tensord::server {
 
 struct BrokerOptions {
   uint64_t max_host_bytes = 0;
+  DeviceLimits device_limits;  // --max-device-bytes
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
@@ -70,7 +72,8 @@ struct BrokerOptions {
 
 class Broker {
  public:
-  Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> host_backend);
+  // `backends` holds the memory backends (host memory at least).
+  Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends);
   ~Broker();
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
@@ -239,7 +242,7 @@ class Broker {
   const std::string instance_nonce_;
   const int64_t started_unix_ms_;
   const AccessPolicy access_;
-  std::unique_ptr<common::MemoryBackend> host_backend_;
+  const std::unique_ptr<BackendRegistry> backends_;
 
   absl::Mutex mu_;
   TensorRegistry registry_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/memory/device_names.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "server/broker.h"
@@ -349,6 +350,14 @@ v1::StatusResponse Broker::GetStatus() {
   response.set_leases(leases_.size());
   response.set_sessions(sessions_.size());
   response.set_releases_not_found(releases_not_found_);
+  for (v1::BackendStatus& backend : backends_->Describe()) {
+    for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
+      const std::string key = common::DeviceKey(usage.device());
+      usage.set_bytes_in_use(memory_quota_.InUse(key));
+      usage.set_bytes_limit(memory_quota_.Limit(key));
+    }
+    *response.add_backends() = std::move(backend);
+  }
   return response;
 }
 

@@ -31,7 +31,7 @@ class BrokerTest : public ::testing::Test {
     options.daemon_uid = getuid();
     options.acls["shared"].read_uids = {4242};
     adjust(options);
-    broker_ = std::make_unique<Broker>(options, std::make_unique<common::HostBackend>());
+    broker_ = std::make_unique<Broker>(options, HostOnlyBackends());
   }
 
   uint64_t Open(uid_t uid = getuid()) {
