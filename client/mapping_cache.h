@@ -55,6 +55,8 @@ class Mapping {
   uint8_t* data() const { return region_->data(); }
   uint64_t size() const { return region_->size(); }
   common::MapMode mode() const { return region_->mode(); }
+  // This process's ordinal of the buffer's device (DLDevice.device_id).
+  int32_t device_ordinal() const { return region_->device_ordinal(); }
   // See ImportedRegion::DiscardPrivatePages: copy-on-write host mappings read the buffer's
   // contents again; other regions have nothing to discard.
   absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const {

@@ -430,6 +430,8 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   }
   LeaseView::Params params;
   params.info = std::move(valid->info);
+  // The description carries the daemon's ordinal; DLPack wants this process's.
+  if (mapping != nullptr) params.info.device.device_id = mapping->device_ordinal();
   params.lease_id = lease_id;
   params.session_id = session_id();
   params.kind = kind;

@@ -1,5 +1,6 @@
 #include "client/tensor_convert.h"
 
+#include "common/memory/backends.h"
 #include "common/memory/device_names.h"
 
 #include <string>
@@ -88,6 +89,8 @@ absl::StatusOr<tensord::v1::TensorDesc> SpecToDesc(const TensorSpec& spec) {
   tensord::v1::TensorDesc desc;
   TENSORD_ASSIGN_OR_RETURN(*desc.mutable_dtype(), common::FromDLDataType(spec.dtype));
   TENSORD_ASSIGN_OR_RETURN(*desc.mutable_device(), common::FromDLDevice(spec.device));
+  // Our ordinal means nothing to the broker or other processes: a GPU goes by its UUID.
+  TENSORD_RETURN_IF_ERROR(common::ProcessImporters().NameDevice(*desc.mutable_device()));
   for (int64_t d : spec.shape) desc.add_shape(d);
   for (int64_t s : spec.strides) desc.add_strides(s);
   TENSORD_RETURN_IF_ERROR(common::ValidateDesc(desc).status());

@@ -20,4 +20,10 @@ absl::StatusOr<Importer*> Importers::For(tensord::v1::DeviceType type) const {
   return it->second.get();
 }
 
+absl::Status Importers::NameDevice(tensord::v1::Device& device) const {
+  absl::StatusOr<Importer*> importer = For(device.type());
+  if (!importer.ok()) return importer.status();
+  return (*importer)->NameDevice(device);
+}
+
 }  // namespace tensord::common

@@ -31,6 +31,9 @@ class ImportedRegion {
   virtual uint8_t* data() const = 0;
   virtual uint64_t size() const = 0;
   virtual MapMode mode() const = 0;
+  // This process's ordinal of the region's device: the consumer's DLDevice.device_id,
+  // which may differ from the producer's and the daemon's. 0 for host memory.
+  virtual int32_t device_ordinal() const { return 0; }
   // Copy-on-write host mappings: throws away this process's private copies of the pages of
   // [offset, offset + length) so they read the buffer again. Other regions have no private
   // copies: OK, nothing done.
@@ -60,6 +63,13 @@ class Importer {
   // `what`.
   virtual absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
                                                                  const std::string& what) = 0;
+  // Completes a device this process names by its own ordinal with the name that holds in
+  // every process (a GPU's UUID), before it goes to the broker. Host memory needs none.
+  // FAILED_PRECONDITION / UNAVAILABLE when there is no such device here.
+  virtual absl::Status NameDevice(tensord::v1::Device& device) const {
+    (void)device;
+    return absl::OkStatus();
+  }
 };
 
 // The importers of one client, by device type (memory/backends.h makes those this build
@@ -71,6 +81,8 @@ class Importers {
   Importers& operator=(const Importers&) = delete;
   // UNIMPLEMENTED naming the device type when this build cannot import it.
   absl::StatusOr<Importer*> For(tensord::v1::DeviceType type) const;
+  // For(device.type())->NameDevice(device).
+  absl::Status NameDevice(tensord::v1::Device& device) const;
 
  private:
   std::map<tensord::v1::DeviceType, std::unique_ptr<Importer>> by_type_;

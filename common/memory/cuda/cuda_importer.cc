@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/memory/cuda/cuda_backend.h"
+#include "common/status.h"
 #include "common/memory/cuda/cuda_handle.h"
 #include "spdlog/spdlog.h"
 
@@ -230,6 +231,22 @@ CudaImporter::CudaImporter(const CudaDriver* driver)
     : driver_(driver), ipc_opens_(std::make_shared<IpcOpens>()) {}
 
 CudaImporter::~CudaImporter() = default;
+
+absl::Status CudaImporter::NameDevice(tensord::v1::Device& device) const {
+  const CudaDriver& driver = driver_ != nullptr ? *driver_ : CudaDriver::Get();
+  if (!driver.available()) return absl::UnavailableError(absl::StrCat("cuda: ", driver.unavailable_reason()));
+  int count = 0;
+  TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuDeviceGetCount(&count), "cuDeviceGetCount"));
+  if (device.index() < 0 || device.index() >= count) {
+    return absl::FailedPreconditionError(absl::StrCat("no cuda device ", device.index(), " in this process: it sees ",
+                                                      count, " (CUDA_VISIBLE_DEVICES decides which)"));
+  }
+  CUdevice handle = 0;
+  TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuDeviceGet(&handle, device.index()), "cuDeviceGet"));
+  TENSORD_ASSIGN_OR_RETURN(std::string uuid, driver.DeviceUuid(handle));
+  device.set_uuid(std::move(uuid));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<ImportedRegion>> CudaImporter::Import(const FetchedBuffer& buffer, MapMode mode,
                                                                      const std::string& what) {

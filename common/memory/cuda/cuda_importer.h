@@ -53,7 +53,7 @@ class CudaRegion : public ImportedRegion {
  public:
   // This process's ordinal of the region's device (the CUdevice; cuDeviceGet(&d, n) gives
   // n): the client's DLDevice{kDLCUDA, device_ordinal()}.
-  virtual int device_ordinal() const = 0;
+  int32_t device_ordinal() const override = 0;
   // False when mode() is kSharedReadOnly but the memory is mapped writable (see above).
   virtual bool access_enforced() const = 0;
 };
@@ -70,6 +70,8 @@ class CudaImporter final : public Importer {
   // The region is a CudaRegion.
   absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
                                                          const std::string& what) override;
+  // Sets the UUID of this process's device `device.index()`.
+  absl::Status NameDevice(tensord::v1::Device& device) const override;
 
   class IpcOpens;  // the legacy IPC open cache (cuda_importer.cc)
 
