@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 #include <utility>
@@ -121,34 +122,53 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
   return response;
 }
 
-absl::StatusOr<std::vector<FetchedFd>> FdConnection::Fetch(std::span<const uint64_t> buffer_ids) {
-  if (buffer_ids.empty() || buffer_ids.size() > common::kMaxFdsPerMessage) {
-    return absl::InvalidArgumentError("fetch: between 1 and 253 buffers per request");
-  }
-  tensord::v1::FdRequest request;
-  for (uint64_t id : buffer_ids) request.mutable_fetch()->add_buffer_ids(id);
-  std::vector<common::UniqueFd> fds;
-  absl::StatusOr<tensord::v1::FdResponse> reply;
-  {
-    absl::MutexLock lock(&mu_);
-    reply = Call(std::move(request), {}, buffer_ids.size(), &fds);
-  }
-  if (!reply.ok()) return reply.status();
-  if (!reply->has_fetched()) return absl::InternalError("fetch: the broker answered without buffers");
-  const auto& buffers = reply->fetched().buffers();
-  if (static_cast<size_t>(buffers.size()) != buffer_ids.size() || fds.size() != buffer_ids.size()) {
-    return absl::InternalError("fetch: asked for " + std::to_string(buffer_ids.size()) +
-                               " buffers, got " + std::to_string(buffers.size()) + " entries and " +
-                               std::to_string(fds.size()) + " fds");
-  }
-  std::vector<FetchedFd> out;
-  out.reserve(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (buffers[static_cast<int>(i)].buffer_id() != buffer_ids[i]) {
-      return absl::InternalError("fetch: asked for buffer " + std::to_string(buffer_ids[i]) +
-                                 ", got " + std::to_string(buffers[static_cast<int>(i)].buffer_id()));
+absl::StatusOr<std::vector<common::FetchedBuffer>> FdConnection::Fetch(std::span<const uint64_t> buffer_ids) {
+  std::vector<common::FetchedBuffer> out;
+  out.reserve(buffer_ids.size());
+  while (out.size() < buffer_ids.size()) {
+    const std::span<const uint64_t> ask =
+        buffer_ids.subspan(out.size(), std::min(common::kMaxFdsPerMessage, buffer_ids.size() - out.size()));
+    tensord::v1::FdRequest request;
+    for (uint64_t id : ask) request.mutable_fetch()->add_buffer_ids(id);
+    std::vector<common::UniqueFd> fds;
+    absl::StatusOr<tensord::v1::FdResponse> reply;
+    {
+      absl::MutexLock lock(&mu_);
+      reply = Call(std::move(request), {}, common::kMaxFdsPerMessage, &fds);
     }
-    out.push_back(FetchedFd{buffer_ids[i], buffers[static_cast<int>(i)].size(), std::move(fds[i])});
+    if (!reply.ok()) return reply.status();
+    if (!reply->has_fetched()) return absl::InternalError("fetch: the broker answered without buffers");
+    const auto& buffers = reply->fetched().buffers();
+    // The broker may answer fewer buffers than asked (to stay within 253 fds), never none.
+    if (buffers.empty() || static_cast<size_t>(buffers.size()) > ask.size()) {
+      return absl::InternalError("fetch: asked for " + std::to_string(ask.size()) + " buffers, got " +
+                                 std::to_string(buffers.size()));
+    }
+    size_t next_fd = 0;
+    for (int i = 0; i < buffers.size(); ++i) {
+      const tensord::v1::FetchedBuffer& entry = buffers[i];
+      if (entry.buffer_id() != ask[static_cast<size_t>(i)]) {
+        return absl::InternalError("fetch: asked for buffer " + std::to_string(ask[static_cast<size_t>(i)]) +
+                                   ", got " + std::to_string(entry.buffer_id()));
+      }
+      const size_t count = entry.handle().fd_count();
+      if (count > fds.size() - next_fd) {
+        return absl::InternalError("fetch: buffer " + std::to_string(entry.buffer_id()) + " names " +
+                                   std::to_string(count) + " fds, the reply carries " +
+                                   std::to_string(fds.size() - next_fd) + " more");
+      }
+      common::FetchedBuffer fetched;
+      fetched.buffer_id = entry.buffer_id();
+      fetched.size = entry.size();
+      fetched.device_type = entry.device_type();
+      fetched.handle.data = entry.handle().data();
+      for (size_t k = 0; k < count; ++k) fetched.handle.fds.push_back(std::move(fds[next_fd++]));
+      out.push_back(std::move(fetched));
+    }
+    if (next_fd != fds.size()) {
+      return absl::InternalError("fetch: the reply carries " + std::to_string(fds.size()) + " fds, its buffers name " +
+                                 std::to_string(next_fd));
+    }
   }
   return out;
 }

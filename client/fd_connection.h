@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/fd_channel.h"
+#include "common/memory/importer.h"
 #include "common/unique_fd.h"
 #include "tensord/v1/fd_channel.pb.h"
 
@@ -38,12 +39,6 @@ namespace tensord::internal {
 // OK when a daemon running as `daemon_uid` is acceptable to a client running as `our_uid`.
 absl::Status CheckDaemonUid(uid_t daemon_uid, uid_t our_uid, std::span<const uint32_t> trusted_uids,
                             const std::string& path);
-
-struct FetchedFd {
-  uint64_t buffer_id = 0;
-  uint64_t size = 0;
-  common::UniqueFd fd;
-};
 
 class FdConnection {
  public:
@@ -62,8 +57,10 @@ class FdConnection {
   // The socket, for poll(POLLHUP) only; never read from it outside this class.
   int socket() const { return socket_.get(); }
 
-  // One fd per buffer, in order; every buffer must be one the session holds a lease on.
-  absl::StatusOr<std::vector<FetchedFd>> Fetch(std::span<const uint64_t> buffer_ids);
+  // One handle per buffer, in order; every buffer must be one the session holds a lease
+  // on. Any number of buffers: a reply carries at most 253 fds, so this asks again for
+  // whatever a reply left out.
+  absl::StatusOr<std::vector<common::FetchedBuffer>> Fetch(std::span<const uint64_t> buffer_ids);
   // Stages `memfd` for Export; returns the staged id.
   absl::StatusOr<uint64_t> Stage(int memfd);
 

@@ -19,10 +19,11 @@
 // reconnect to a restarted daemon gets a new Session and a new cache, and ReleaseKept()
 // (or the destructor) drops what the old one kept; views keep their own references.
 //
-// GetOrMap() on a miss calls `fetch` (which returns the buffer's fd, e.g. FETCH_FD on the
-// fd channel), checks the fd's size and seals, maps it and closes the fd at once.
-// GetOrMapMany() does the same for a batch, with one call of its fetch function for all the
-// buffers not mapped yet (one FETCH_FD message per 253 buffers). Two concurrent misses may
+// GetOrMap() on a miss calls `fetch` (which returns the buffer's handle, e.g. FETCH_FD on
+// the fd channel), has the importer of the buffer's device type map it (the host importer
+// checks the memfd's size and seals; see common/memory/importer.h), and closes the handle's
+// fds at once. Keys and retention are the same for every device. GetOrMapMany() does the
+// same for a batch, with one call of its fetch function for all the buffers not mapped yet. Two concurrent misses may
 // both fetch; the first to insert wins and the other's mapping is dropped. Expired weak
 // entries are swept on lookup and by Sweep(). Thread-safe; nothing is unmapped while the
 // cache's mutex is held.
@@ -43,26 +44,27 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/memory/mapped_region.h"
-#include "common/unique_fd.h"
+#include "common/memory/importer.h"
 
 namespace tensord::internal {
 
+// One imported buffer (a host mmap, a device mapping); unmapped when the last owner goes.
 class Mapping {
  public:
-  explicit Mapping(common::MappedRegion region) : region_(std::move(region)) {}
-  uint8_t* data() const { return region_.data(); }
-  uint64_t size() const { return region_.size(); }
-  common::MapMode mode() const { return region_.mode(); }
-  // Copy-on-write mappings only: throws away this process's private copies of the pages of
-  // [offset, offset + length), so they read the buffer's contents again (MADV_DONTNEED).
-  // `offset` must be page-aligned (else nothing happens); the last page is discarded whole,
-  // so the range must own it (an arena slot is whole pages). Skipped when
-  // /proc/self/pagemap shows no private copy in the range. Never blocks on a lock.
-  absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const;
+  explicit Mapping(std::unique_ptr<common::ImportedRegion> region) : region_(std::move(region)) {}
+  uint8_t* data() const { return region_->data(); }
+  uint64_t size() const { return region_->size(); }
+  common::MapMode mode() const { return region_->mode(); }
+  // This process's ordinal of the buffer's device (DLDevice.device_id).
+  int32_t device_ordinal() const { return region_->device_ordinal(); }
+  // See ImportedRegion::DiscardPrivatePages: copy-on-write host mappings read the buffer's
+  // contents again; other regions have nothing to discard.
+  absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const {
+    return region_->DiscardPrivatePages(offset, length);
+  }
 
  private:
-  common::MappedRegion region_;
+  std::unique_ptr<common::ImportedRegion> region_;
 };
 
 struct MappingKey {
@@ -83,43 +85,35 @@ struct BufferToMap {
   Retention retention = Retention::kNone;
 };
 
-// The fd of a buffer and the size the broker says it has.
-struct BufferFd {
-  common::UniqueFd fd;
-  uint64_t size = 0;
-};
-
 class MappingCache {
  public:
   using Clock = std::chrono::steady_clock;
-  using FetchFn = std::function<absl::StatusOr<BufferFd>()>;
-  // The fds of `buffer_ids`, one each, in that order.
-  using FetchManyFn =
-      std::function<absl::StatusOr<std::vector<BufferFd>>(std::span<const uint64_t> buffer_ids)>;
-  // `after_map` (may be empty) runs on the fd after mapping, before it is closed: the
-  // producer seals F_SEAL_FUTURE_WRITE there.
-  using AfterMapFn = std::function<absl::Status(int fd)>;
+  using FetchFn = std::function<absl::StatusOr<common::FetchedBuffer>()>;
+  // The handles of `buffer_ids`, one each, in that order.
+  using FetchManyFn = std::function<absl::StatusOr<std::vector<common::FetchedBuffer>>(
+      std::span<const uint64_t> buffer_ids)>;
 
-  // `linger`: how long Sweep() keeps an unused kLinger mapping.
-  explicit MappingCache(std::chrono::milliseconds linger = std::chrono::milliseconds(0))
-      : linger_(linger) {}
+  // `importers` (which must outlive the cache) map what is fetched. `linger`: how long
+  // Sweep() keeps an unused kLinger mapping.
+  explicit MappingCache(const common::Importers& importers,
+                        std::chrono::milliseconds linger = std::chrono::milliseconds(0))
+      : importers_(importers), linger_(linger) {}
   ~MappingCache() = default;
   MappingCache(const MappingCache&) = delete;
   MappingCache& operator=(const MappingCache&) = delete;
 
   absl::StatusOr<std::shared_ptr<Mapping>> GetOrMap(const MappingKey& key, const FetchFn& fetch,
-                                                    const AfterMapFn& after_map = {},
                                                     Retention retention = Retention::kNone);
-  // Maps `fd` (which the caller keeps) under `key` unless a live mapping is there already.
-  absl::StatusOr<std::shared_ptr<Mapping>> GetOrMapFd(const MappingKey& key, int fd, uint64_t size,
-                                                      const AfterMapFn& after_map = {},
-                                                      Retention retention = Retention::kNone);
+  // Maps `buffer` (a handle the caller already has, e.g. the memfd it exported) under
+  // `key` unless a live mapping is there already.
+  absl::StatusOr<std::shared_ptr<Mapping>> GetOrMapHandle(const MappingKey& key,
+                                                          const common::FetchedBuffer& buffer,
+                                                          Retention retention = Retention::kNone);
   // One mapping per entry of `buffers`, in order (a key may repeat). The keys not mapped
   // yet are fetched with one call of `fetch`, each buffer id once. On any error nothing
   // this call mapped is kept, and the error names the buffer.
   absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> GetOrMapMany(
-      std::span<const BufferToMap> buffers, const FetchManyFn& fetch,
-      const AfterMapFn& after_map = {});
+      std::span<const BufferToMap> buffers, const FetchManyFn& fetch);
 
   // Drops each kLinger mapping that nobody but the cache has used for the linger (counted
   // from the first sweep that found it unused), and at most once a second forgets expired
@@ -151,16 +145,16 @@ class MappingCache {
   // entry has upgrades it (a buffer's arena flag never changes, so this is for safety).
   std::shared_ptr<Mapping> Lookup(const MappingKey& key, Retention retention)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks `fd`, maps it and runs `after_map`; does not insert.
-  absl::StatusOr<std::shared_ptr<Mapping>> Map(const MappingKey& key, int fd, uint64_t size,
-                                               const AfterMapFn& after_map);
+  // Imports `buffer` with its device's importer; does not insert.
+  absl::StatusOr<std::shared_ptr<Mapping>> Map(const MappingKey& key, const common::FetchedBuffer& buffer);
   // Inserts `mapping` unless another one won meanwhile; returns the one to use.
   std::shared_ptr<Mapping> Insert(const MappingKey& key, std::shared_ptr<Mapping> mapping,
                                   Retention retention) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::shared_ptr<Mapping>> MapAndInsert(const MappingKey& key, int fd,
-                                                        uint64_t size, const AfterMapFn& after_map,
+  absl::StatusOr<std::shared_ptr<Mapping>> MapAndInsert(const MappingKey& key,
+                                                        const common::FetchedBuffer& buffer,
                                                         Retention retention);
 
+  const common::Importers& importers_;
   const std::chrono::milliseconds linger_;
   absl::Mutex session_map_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // see MapAndInsert
   absl::Mutex mu_;

@@ -1,6 +1,7 @@
 #include "client/session.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +11,8 @@
 #include "client/tensor_convert.h"
 #include "common/fd_channel.h"
 #include "common/logging.h"
-#include "common/memory/memfd.h"
+#include "common/memory/backends.h"
+#include "common/memory/host/memfd.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
 
@@ -37,7 +39,7 @@ std::string DescribePublish(const LeaseView& view, std::string_view name) {
 Session::Session(const ClientOptions& options, std::string socket_path)
     : options_(options),
       socket_path_(std::move(socket_path)),
-      mappings_(options.lease_cache_linger),
+      mappings_(common::ProcessImporters(), options.lease_cache_linger),
       table_(options.lease_cache, options.lease_cache_linger) {}
 
 std::optional<std::chrono::milliseconds> Session::ReplyBound(Wait wait) {
@@ -371,29 +373,28 @@ MappingKey Session::KeyFor(uint64_t buffer_id, ViewKind kind) const {
   return MappingKey{instance_nonce_, buffer_id, MapModeOf(kind)};
 }
 
-MappingCache::AfterMapFn Session::AfterMapFor(ViewKind kind, uint64_t buffer_id) {
-  if (kind != ViewKind::kProducer) return {};
-  // Readers are protected by this seal; our own mapping made just before stays writable.
-  return [what = "buffer " + std::to_string(buffer_id)](int fd) {
-    return common::SealFutureWrite(fd, what);
-  };
-}
-
 absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::TensorInfo& tensor,
                                                             ViewKind kind, int export_fd) {
   const uint64_t buffer_id = tensor.buffer().buffer_id();
   const MappingKey key = KeyFor(buffer_id, kind);
   const Retention retention = RetentionFor(tensor, kind);
-  MappingCache::AfterMapFn after_map = AfterMapFor(kind, buffer_id);
   if (export_fd >= 0) {
-    return mappings_.GetOrMapFd(key, export_fd, tensor.buffer().size(), after_map, retention);
+    // The producer maps the memfd it exported itself: no fetch.
+    common::FetchedBuffer exported;
+    exported.buffer_id = buffer_id;
+    exported.size = tensor.buffer().size();
+    exported.device_type = tensor.desc().device().type();
+    const int fd = ::fcntl(export_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return common::ErrnoToStatus("dup the exported memfd", errno);
+    exported.handle.fds.emplace_back(fd);
+    return mappings_.GetOrMapHandle(key, exported, retention);
   }
-  MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<BufferFd> {
+  MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<common::FetchedBuffer> {
     const uint64_t ids[1] = {buffer_id};
-    TENSORD_ASSIGN_OR_RETURN(std::vector<FetchedFd> fetched, fd_->Fetch(ids));
-    return BufferFd{std::move(fetched[0].fd), fetched[0].size};
+    TENSORD_ASSIGN_OR_RETURN(std::vector<common::FetchedBuffer> fetched, fd_->Fetch(ids));
+    return std::move(fetched[0]);
   };
-  return mappings_.GetOrMap(key, fetch, after_map, retention);
+  return mappings_.GetOrMap(key, fetch, retention);
 }
 
 absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
@@ -408,11 +409,6 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   if (lease_id == 0) return absl::InternalError(std::string(what) + ": the broker sent no lease");
   absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(tensor, what);
   if (!valid.ok()) return give_back(valid.status());
-  if (valid->info.device.device_type != kDLCPU) {
-    return give_back(absl::UnimplementedError(
-        std::string(what) + ": device type " + std::to_string(valid->info.device.device_type) +
-        " is not supported by this client build (host memory only)"));
-  }
   if (kind != ViewKind::kProducer) {
     if (LeaseView* held = table_.FindByTensor(valid->info.tensor_id, kind, cache_name)) {
       queue_->PushLeaseIds({lease_id});  // one remote lease per tensor is enough
@@ -434,6 +430,8 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   }
   LeaseView::Params params;
   params.info = std::move(valid->info);
+  // The description carries the daemon's ordinal; DLPack wants this process's.
+  if (mapping != nullptr) params.info.device.device_id = mapping->device_ordinal();
   params.lease_id = lease_id;
   params.session_id = session_id();
   params.kind = kind;

@@ -245,7 +245,6 @@ class Session final : public ReleaseSink {
   // for the session's life, a reader's for the linger), dedicated buffers are not.
   static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
   MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
-  static MappingCache::AfterMapFn AfterMapFor(ViewKind kind, uint64_t buffer_id);
   // Releases the leases of views at refcount zero (cache decisions already made) and
   // destroys them.
   void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);

@@ -8,7 +8,6 @@
 #include "client/session.h"
 #include "client/tensor_convert.h"
 #include "common/fd_channel.h"
-#include "common/memory/memfd.h"
 #include "common/status.h"
 
 namespace tensord::internal {
@@ -55,32 +54,13 @@ std::vector<std::shared_ptr<Mapping>> Session::PrefetchBuffers(
   std::vector<BufferToMap> buffers;
   buffers.reserve(tensors.size());
   for (const tensord::v1::TensorInfo* tensor : tensors) {
-    // Zero-byte tensors have no buffer; other devices are refused by AdoptLease.
-    if (tensor->buffer().buffer_id() == 0 ||
-        tensor->desc().device().type() != tensord::v1::DEVICE_TYPE_CPU) {
-      continue;
-    }
+    if (tensor->buffer().buffer_id() == 0) continue;  // a zero-byte tensor has no buffer
     buffers.push_back(BufferToMap{KeyFor(tensor->buffer().buffer_id(), kind),
                                   RetentionFor(*tensor, kind)});
   }
   if (buffers.empty()) return {};
-  MappingCache::FetchManyFn fetch =
-      [this](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<BufferFd>> {
-    std::vector<BufferFd> fds;
-    fds.reserve(ids.size());
-    for (size_t at = 0; at < ids.size(); at += common::kMaxFdsPerMessage) {
-      const size_t n = std::min(common::kMaxFdsPerMessage, ids.size() - at);
-      TENSORD_ASSIGN_OR_RETURN(std::vector<FetchedFd> fetched, fd_->Fetch(ids.subspan(at, n)));
-      for (FetchedFd& f : fetched) fds.push_back(BufferFd{std::move(f.fd), f.size});
-    }
-    return fds;
-  };
-  MappingCache::AfterMapFn after_map;
-  if (kind == ViewKind::kProducer) {
-    after_map = [](int fd) { return common::SealFutureWrite(fd, "seal against writes"); };
-  }
-  absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> mapped =
-      mappings_.GetOrMapMany(buffers, fetch, after_map);
+  MappingCache::FetchManyFn fetch = [this](std::span<const uint64_t> ids) { return fd_->Fetch(ids); };
+  absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> mapped = mappings_.GetOrMapMany(buffers, fetch);
   // On failure each element maps its own buffer in AdoptLease, which names what failed.
   if (!mapped.ok()) return {};
   return *std::move(mapped);

@@ -1,5 +1,8 @@
 #include "client/tensor_convert.h"
 
+#include "common/memory/backends.h"
+#include "common/memory/device_names.h"
+
 #include <string>
 
 #include "common/status.h"
@@ -86,6 +89,8 @@ absl::StatusOr<tensord::v1::TensorDesc> SpecToDesc(const TensorSpec& spec) {
   tensord::v1::TensorDesc desc;
   TENSORD_ASSIGN_OR_RETURN(*desc.mutable_dtype(), common::FromDLDataType(spec.dtype));
   TENSORD_ASSIGN_OR_RETURN(*desc.mutable_device(), common::FromDLDevice(spec.device));
+  // Our ordinal means nothing to the broker or other processes: a GPU goes by its UUID.
+  TENSORD_RETURN_IF_ERROR(common::ProcessImporters().NameDevice(*desc.mutable_device()));
   for (int64_t d : spec.shape) desc.add_shape(d);
   for (int64_t s : spec.strides) desc.add_strides(s);
   TENSORD_RETURN_IF_ERROR(common::ValidateDesc(desc).status());
@@ -118,6 +123,26 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   out.sessions = status.sessions();
   out.socket = status.socket();
   out.releases_not_found = status.releases_not_found();
+  for (const tensord::v1::BackendStatus& backend : status.backends()) {
+    BackendInfo info;
+    info.name = backend.name();
+    info.built = backend.built();
+    info.unavailable_reason = backend.unavailable_reason();
+    for (const tensord::v1::DeviceUsage& usage : backend.devices()) {
+      DeviceUsage device;
+      device.device = common::ToDLDevice(usage.device());
+      device.uuid = usage.device().uuid().empty()
+                        ? std::string()
+                        : common::FormatDeviceUuid(usage.device().type(), usage.device().uuid());
+      device.key = common::DeviceKey(usage.device());
+      device.name = usage.name();
+      device.total_bytes = usage.total_bytes();
+      device.bytes_in_use = usage.bytes_in_use();
+      device.bytes_limit = usage.bytes_limit();
+      info.devices.push_back(std::move(device));
+    }
+    out.backends.push_back(std::move(info));
+  }
   return out;
 }
 

@@ -25,7 +25,8 @@ namespace tensord::common {
 inline constexpr size_t kMaxFdMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxFdsPerMessage = 253;  // SCM_MAX_FD
 // 2: Session-stream batches (SessionRequest.batch, SessionResponse.batch).
-inline constexpr uint32_t kFdProtocolVersion = 2;
+// 3: FetchedBuffer carries its device type and a MemoryHandle (bytes and an fd count).
+inline constexpr uint32_t kFdProtocolVersion = 3;
 
 struct ReceivedMessage {
   std::string bytes;

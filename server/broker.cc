@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
-#include "common/memory/memfd.h"
-#include "common/memory/host_backend.h"
+#include "common/memory/host/memfd.h"
+#include "common/memory/device_names.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "common/tensor_desc.h"
@@ -25,7 +25,6 @@ namespace v1 = tensord::v1;
 
 namespace {
 
-constexpr uint64_t kPageBytes = 4096;
 constexpr size_t kMaxFetchBatch = common::kMaxFdsPerMessage;
 
 int64_t NowUnixMs() {
@@ -44,16 +43,19 @@ std::string NewInstanceNonce() {
   return nonce;
 }
 
-// A description as Allocate accepts it (Publish's `desc` too): valid, and on a device this
-// build serves.
-absl::StatusOr<common::TensorLayout> ValidateAllocatableDesc(const v1::TensorDesc& desc) {
-  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(desc));
-  if (desc.device().type() != v1::DEVICE_TYPE_CPU) {
-    return absl::FailedPreconditionError(
-        "only host (CPU) tensors are served by this build: the cuda and level_zero "
-        "backends are not built yet");
+// The quota of one device: --max-device-bytes by UUID, by "backend:ordinal", or for all,
+// else the device's own memory.
+std::pair<uint64_t, std::string> DeviceLimitFor(const DeviceLimits& limits, const ResolvedDevice& device) {
+  const v1::Device& d = device.device.device;
+  const std::string uuid = common::FormatDeviceUuid(d.type(), d.uuid());
+  const std::string ordinal = absl::StrCat(std::string(device.backend->name()), ":", d.index());
+  for (const std::string& name : {uuid, ordinal}) {
+    if (auto it = limits.by_device.find(name); it != limits.by_device.end()) {
+      return {it->second, absl::StrCat(limits.source, " (", name, ")")};
+    }
   }
-  return layout;
+  if (limits.all > 0) return {limits.all, limits.source};
+  return {device.device.total_bytes, "the device's own memory"};
 }
 
 // Tags are kept in the daemon for the tensor's life: bounded per entry and in all.
@@ -83,12 +85,21 @@ absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>&
 
 }  // namespace
 
-Broker::Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> host_backend)
+Broker::Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends)
     : options_(std::move(options)),
       instance_nonce_(NewInstanceNonce()),
       started_unix_ms_(NowUnixMs()),
-      host_backend_(std::move(host_backend)),
-      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {}
+      access_(options_.acls, options_.daemon_uid),
+      backends_(std::move(backends)),
+      arenas_(options_.arena_bytes),
+      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {
+  memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
+  for (const ResolvedDevice& device : backends_->devices()) {
+    if (device.key == MemoryQuota::kHost) continue;
+    auto [limit, source] = DeviceLimitFor(options_.device_limits, device);
+    memory_quota_.SetLimit(device.key, limit, source);
+  }
+}
 
 Broker::~Broker() {
   Shutdown();
@@ -164,24 +175,12 @@ void Broker::CloseSession(uint64_t session_id) {
       DropLeaseLocked(*lease, session->creds.uid, effects);
       ++released;
     }
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->second.session_id == session_id) {
-        effects.cancel_timers.push_back(it->second.timer_id);
-        effects.completions.emplace_back(std::move(it->second.done),
-                                         absl::CancelledError("the session closed"));
-        it = EraseWaiterLocked(it);
-      } else {
-        ++it;
-      }
+    for (Waiter& waiter : waiters_.RemoveSession(session_id)) {
+      effects.cancel_timers.push_back(waiter.timer_id);
+      effects.completions.emplace_back(std::move(waiter.done), absl::CancelledError("the session closed"));
+      ForgetWaiterLocked(waiter);
     }
-    for (auto it = watchers_.begin(); it != watchers_.end();) {
-      if (it->second.session_id != session_id) {
-        ++it;
-        continue;
-      }
-      ReleaseWatcherLocked(it->second);
-      it = watchers_.erase(it);
-    }
+    for (const Watcher& watcher : watchers_.RemoveSession(session_id)) ReleaseWatcherLocked(watcher);
     // Tensors this session was still creating die with it: their only hold was its lease.
     ReleaseArenasLocked(*session, effects);
   }
@@ -209,15 +208,16 @@ absl::StatusOr<uint64_t> Broker::Authenticate(std::string_view token,
   return session->id;
 }
 
-absl::StatusOr<std::vector<Broker::FetchedFd>> Broker::FetchFds(uint64_t session_id,
-                                                                const v1::FetchFd& request) {
+absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t session_id,
+                                                                        const v1::FetchFd& request) {
   if (request.buffer_ids_size() == 0 || static_cast<size_t>(request.buffer_ids_size()) > kMaxFetchBatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("fetch: between 1 and ", kMaxFetchBatch, " buffer ids per message"));
   }
   absl::MutexLock lock(&mu_);
   TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-  std::vector<FetchedFd> fds;
+  std::vector<FetchedHandle> handles;
+  size_t fds = 0;
   for (uint64_t buffer_id : request.buffer_ids()) {
     Buffer* buffer = registry_.FindBuffer(buffer_id);
     bool held = false;
@@ -236,11 +236,17 @@ absl::StatusOr<std::vector<Broker::FetchedFd>> Broker::FetchFds(uint64_t session
       return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not held by session ",
                                               session->id, ": acquire a tensor in it first"));
     }
-    int fd = fcntl(buffer->memory->shareable_fd(), F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return common::ErrnoToStatus(absl::StrCat("dup fd of buffer ", buffer_id), errno);
-    fds.push_back(FetchedFd{buffer_id, buffer->size, common::UniqueFd(fd)});
+    absl::StatusOr<common::MemoryHandle> handle = buffer->memory->Export();
+    if (!handle.ok()) {
+      return absl::Status(handle.status().code(),
+                          absl::StrCat("export buffer ", buffer_id, ": ", handle.status().message()));
+    }
+    fds += handle->fds.size();
+    if (fds > common::kMaxFdsPerMessage && !handles.empty()) break;  // the client asks again
+    handles.push_back(
+        FetchedHandle{buffer_id, buffer->size, buffer->device->device.device.type(), *std::move(handle)});
   }
-  return fds;
+  return handles;
 }
 
 absl::StatusOr<v1::Staged> Broker::StageFd(uint64_t session_id, common::UniqueFd fd) {
@@ -311,11 +317,11 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
   UnchargeTensorLocked(tensor);
   uint64_t id = tensor.id;
+  const ResolvedDevice* device = tensor.device;
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
-    // Buffer sizes are page-rounded, the same as what was reserved.
-    TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
-    host_bytes_in_use_ -= memory->size();
+    // Buffer sizes are rounded by their backend, the same as what was reserved.
+    memory_quota_.Release(device->key, memory->size());
     effects.garbage.push_back(std::move(memory));
   }
   spdlog::trace("tensor {} dropped", id);
@@ -378,54 +384,43 @@ void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effect
 }
 
 void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects) {
-  for (auto& [id, watcher] : watchers_) {
-    if (!common::NameHasPrefix(event.name(), watcher.prefix)) continue;
-    if (!MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
-    effects.events.emplace_back(watcher.sink, event);
+  for (std::shared_ptr<WatchSink>& sink : watchers_.SinksFor(event, access_)) {
+    effects.events.emplace_back(std::move(sink), event);
   }
 }
 
 void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
-  // Acquirers first: they all get the tensor. Then the oldest matching take, which unbinds it.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      Waiter& waiter = it->second;
-      bool match = false;
-      if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireName) {
-        match = !tensor.name.empty() && waiter.target == tensor.name &&
-                tensor.generation >= waiter.min_generation;
-      } else if (pass == 0 && waiter.kind == Waiter::Kind::kAcquireId) {
-        match = waiter.tensor_id == tensor.id;
-      } else if (pass == 1 && waiter.kind == Waiter::Kind::kTake) {
-        match = !tensor.name.empty() && (waiter.target == tensor.name ||
-                                         (waiter.target.ends_with('/') &&
-                                          common::NameHasPrefix(tensor.name, waiter.target)));
-      }
-      if (!match) {
-        ++it;
-        continue;
-      }
-      Session* session = sessions_.Find(waiter.session_id);
-      TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
-      effects.cancel_timers.push_back(waiter.timer_id);
-      absl::Status grantable = CheckGrantLocked(*session, waiter, tensor);
-      if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
-      if (!grantable.ok()) {
-        // The waiter fails; the tensor stays for the next one (a take does not unbind).
-        effects.completions.emplace_back(std::move(waiter.done), std::move(grantable));
-        it = EraseWaiterLocked(it);
-        continue;
-      }
-      effects.completions.emplace_back(
-          std::move(waiter.done),
-          GrantLocked(*session, tensor, waiter.kind == Waiter::Kind::kAcquireName));
-      it = EraseWaiterLocked(it);
-      if (pass == 1) {
-        UnbindLocked(tensor, effects);
-        return;
-      }
+  // Acquirers first: they all get the tensor. Then the oldest matching take that may have
+  // it, which unbinds it.
+  WaitQueue::Matches matches = waiters_.Match(tensor);
+  for (uint64_t wait_id : matches.acquires) GrantWaiterLocked(wait_id, tensor, effects);
+  for (uint64_t wait_id : matches.takes) {
+    if (GrantWaiterLocked(wait_id, tensor, effects)) {
+      UnbindLocked(tensor, effects);
+      return;
     }
   }
+}
+
+bool Broker::GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) {
+  std::optional<Waiter> waiter = waiters_.Remove(wait_id);
+  TENSORD_CHECK(waiter.has_value());
+  Session* session = sessions_.Find(waiter->session_id);
+  TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
+  effects.cancel_timers.push_back(waiter->timer_id);
+  // Checked while the waiter's own charges are still held, as a lease is granted.
+  absl::Status grantable = CheckGrantLocked(*session, *waiter, tensor);
+  if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
+  if (!grantable.ok()) {
+    // The waiter fails; the tensor stays for the next one (a take does not unbind).
+    effects.completions.emplace_back(std::move(waiter->done), std::move(grantable));
+    ForgetWaiterLocked(*waiter);
+    return false;
+  }
+  effects.completions.emplace_back(
+      std::move(waiter->done), GrantLocked(*session, tensor, waiter->kind == Waiter::Kind::kAcquireName));
+  ForgetWaiterLocked(*waiter);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -434,8 +429,10 @@ void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
 void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
                       Completion<v1::AllocateResponse> done) {
   auto fail = [&](absl::Status status) { std::move(done)(std::move(status)); };
-  absl::StatusOr<common::TensorLayout> layout = ValidateAllocatableDesc(request.desc());
+  absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(request.desc());
   if (!layout.ok()) return fail(layout.status());
+  absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(request.desc().device());
+  if (!device.ok()) return fail(device.status());
   if (!request.ns().empty()) {
     if (absl::Status status = common::ValidateNamespace(request.ns()); !status.ok()) return fail(status);
   }
@@ -444,13 +441,19 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
   tensor.ns = request.ns();
   tensor.desc = request.desc();
   tensor.desc.clear_strides();
+  // The description names the device as the broker knows it: its UUID and the daemon's
+  // ordinal (each client turns the UUID into its own ordinal).
+  *tensor.desc.mutable_device() = (*device)->device.device;
+  tensor.device = *device;
   tensor.layout = *layout;
   tensor.tags.insert(request.tags().begin(), request.tags().end());
   tensor.created_unix_ms = NowUnixMs();
   tensor.producer_session = session_id;
-  uint64_t size = (layout->extent + kPageBytes - 1) / kPageBytes * kPageBytes;
-  // Small tensors in a namespace share arenas: a consumer maps an arena once.
-  const bool in_arena = layout->extent > 0 && !tensor.ns.empty() && !request.isolated() &&
+  uint64_t size = layout->extent == 0 ? 0 : (*device)->backend->RoundUp((*device)->device, layout->extent);
+  // Small tensors in a namespace share arenas, carved from host memory (--arena-bytes): a
+  // consumer maps an arena once.
+  const bool in_arena = *device == &backends_->host() && layout->extent > 0 && !tensor.ns.empty() &&
+                        !request.isolated() &&
                         options_.arena_bytes > 0 && layout->extent <= options_.arena_max_tensor_bytes &&
                         layout->extent <= options_.arena_bytes;
   std::optional<absl::StatusOr<v1::AllocateResponse>> placed;
@@ -459,33 +462,35 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
     absl::StatusOr<Session*> session = SessionLocked(session_id);
     if (!session.ok()) return fail(session.status());
     if (!tensor.ns.empty()) {
-      if (absl::Status status = CheckAccess(**session, tensor.ns, true); !status.ok()) return fail(status);
+      absl::Status status = access_.CheckAccess((*session)->creds, tensor.ns, true);
+      if (!status.ok()) return fail(status);
     }
     if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
     tensor.producer_uid = (*session)->creds.uid;
     const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()),
                                           " tensor of ", layout->nbytes, " bytes");
-    if (absl::Status charged = ChargeTensorLocked(tensor, in_arena ? 0 : UidHostBytes(tensor.ns, size), what);
+    const uint64_t uid_host_bytes = in_arena || *device != &backends_->host() ? 0 : access_.UidHostBytes(tensor.ns, size);
+    if (absl::Status charged = ChargeTensorLocked(tensor, uid_host_bytes, what);
         !charged.ok()) {
       return fail(charged);
     }
-    if (in_arena && PlaceInArenaLocked(**session, tensor)) {
+    if (in_arena && arenas_.PlaceInArena(registry_, **session, tensor)) {
       placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
-    } else if (in_arena && arena_queue_.contains({session_id, tensor.ns})) {
+    } else if (in_arena && arenas_.Making(session_id, tensor.ns)) {
       // An arena for this namespace is being made: wait for it rather than make another.
       std::string ns = tensor.ns;
-      arena_queue_[{session_id, ns}].push_back(QueuedAllocate{std::move(tensor), std::move(done)});
+      arenas_.Enqueue(session_id, ns, QueuedAllocate{std::move(tensor), std::move(done)});
       return;
     } else if (in_arena) {
-      size = NextArenaBytesLocked(**session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
+      size = arenas_.NextArenaBytes(registry_, **session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
       absl::Status reserved = ReserveArenaLocked(tensor.ns, size);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
       }
-      arena_queue_.try_emplace({session_id, tensor.ns});
+      arenas_.StartMaking(session_id, tensor.ns);
     } else if (size > 0) {
-      absl::Status reserved = ReserveHostBytesLocked(size, what);
+      absl::Status reserved = memory_quota_.Reserve((*device)->key, size, what);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
@@ -504,61 +509,23 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
                             Completion<v1::AllocateResponse> done) {
   executor_.Post([this, session_id, size, arena, tensor = std::move(tensor),
                   done = std::move(done)]() mutable {
-    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = host_backend_->Allocate(
-        size, absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
+    const ResolvedDevice& device = *tensor.device;
+    absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory = device.backend->Allocate(
+        device.device, size, absl::StrCat(arena ? "tensord-arena-" : "tensord-session-", session_id));
     FinishAllocate(session_id, size, arena, std::move(tensor), std::move(memory), std::move(done));
   });
 }
 
-uint64_t Broker::NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes) {
-  uint64_t bytes = kFirstArenaBytes;
-  if (auto arenas = session.arenas.find(ns); arenas != session.arenas.end()) {
-    for (uint64_t buffer_id : arenas->second) {
-      const Buffer* buffer = registry_.FindBuffer(buffer_id);
-      TENSORD_CHECK(buffer != nullptr);
-      bytes = std::max(bytes, buffer->size * 2);
-    }
-  }
-  while (bytes < slot_bytes) bytes *= 2;
-  // --arena-bytes and every slot are page multiples, and a slot is at most --arena-bytes.
-  return std::min(bytes, options_.arena_bytes);
-}
-
 absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes) {
-  return ReserveHostBytesLocked(bytes, absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
-}
-
-bool Broker::PlaceInArenaLocked(Session& session, Tensor& tensor) {
-  auto arenas = session.arenas.find(tensor.ns);
-  if (arenas == session.arenas.end()) return false;
-  uint64_t slot = ArenaSlots::SlotBytes(tensor.layout.extent);
-  for (uint64_t buffer_id : arenas->second) {
-    Buffer* buffer = registry_.FindBuffer(buffer_id);
-    TENSORD_CHECK(buffer != nullptr && buffer->arena != nullptr);
-    if (std::optional<uint64_t> offset = buffer->arena->Allocate(slot)) {
-      tensor.buffer_id = buffer_id;
-      tensor.offset = *offset;
-      tensor.slot_bytes = slot;
-      return true;
-    }
-  }
-  return false;
+  return memory_quota_.Reserve(MemoryQuota::kHost, bytes,
+                               absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
 }
 
 void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
-  for (const auto& [ns, buffer_ids] : session.arenas) {
-    for (uint64_t buffer_id : buffer_ids) {
-      Buffer* buffer = registry_.FindBuffer(buffer_id);
-      TENSORD_CHECK(buffer != nullptr);
-      buffer->arena_owner = 0;
-      if (!buffer->tensor_ids.empty()) continue;  // goes with its last tensor
-      std::unique_ptr<common::BackendBuffer> memory = registry_.RemoveBuffer(buffer_id);
-      TENSORD_CHECK(host_bytes_in_use_ >= memory->size());
-      host_bytes_in_use_ -= memory->size();
-      effects.garbage.push_back(std::move(memory));
-    }
+  for (std::unique_ptr<common::BackendBuffer>& memory : arenas_.ReleaseArenas(registry_, session)) {
+    memory_quota_.Release(MemoryQuota::kHost, memory->size());
+    effects.garbage.push_back(std::move(memory));
   }
-  session.arenas.clear();
 }
 
 void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
@@ -575,16 +542,14 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
     std::string ns = tensor.ns;
     batch.push_back(QueuedAllocate{std::move(tensor), std::move(done)});
     if (arena) {
-      auto queued = arena_queue_.find({session_id, ns});
-      TENSORD_CHECK(queued != arena_queue_.end());
-      for (QueuedAllocate& entry : queued->second) batch.push_back(std::move(entry));
-      arena_queue_.erase(queued);
+      for (QueuedAllocate& entry : arenas_.FinishMaking(session_id, ns)) batch.push_back(std::move(entry));
     }
     Session* session = sessions_.Find(session_id);
     absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
                                              : memory.status();
+    const std::string& device_key = batch[0].tensor.device->key;
     if (!failed.ok()) {
-      host_bytes_in_use_ -= size;
+      memory_quota_.Release(device_key, size);
       for (QueuedAllocate& entry : batch) {
         UnchargeTensorLocked(entry.tensor);
         results.emplace_back(std::move(entry.done), failed);
@@ -593,7 +558,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // Other calls of the session may have taken the last lease under the cap meanwhile.
       absl::Status cap = CheckLeaseCapLocked(*session);
       if (!cap.ok()) {
-        host_bytes_in_use_ -= size;
+        memory_quota_.Release(device_key, size);
         UnchargeTensorLocked(batch[0].tensor);
         if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
         results.emplace_back(std::move(batch[0].done), cap);
@@ -602,21 +567,14 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
                              RegisterLocked(*session, std::move(batch[0].tensor), std::move(*memory), size));
       }
     } else {
-      Buffer buffer;
-      buffer.id = registry_.NextBufferId();
-      buffer.size = size;
-      buffer.memory = std::move(*memory);
-      buffer.arena = std::make_unique<ArenaSlots>(size);
-      buffer.arena_owner = session_id;
-      buffer.arena_ns = ns;
-      session->arenas[ns].push_back(buffer.id);
-      registry_.AddBuffer(std::move(buffer));
+      const uint64_t arena_id = arenas_.AddArena(registry_, *session, ns, size, std::move(*memory));
+      registry_.FindBuffer(arena_id)->device = &backends_->host();
       std::vector<QueuedAllocate> overflow;
       for (QueuedAllocate& entry : batch) {
         if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
           UnchargeTensorLocked(entry.tensor);
           results.emplace_back(std::move(entry.done), cap);
-        } else if (PlaceInArenaLocked(*session, entry.tensor)) {
+        } else if (arenas_.PlaceInArena(registry_, *session, entry.tensor)) {
           results.emplace_back(std::move(entry.done), RegisterLocked(*session, std::move(entry.tensor), nullptr, 0));
         } else {
           overflow.push_back(std::move(entry));
@@ -625,7 +583,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       // The new arena is full: the first that did not fit makes the next, the rest wait for it.
       if (!overflow.empty()) {
         next_arena_bytes =
-            NextArenaBytesLocked(*session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
+            arenas_.NextArenaBytes(registry_, *session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
         absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes);
         if (!reserved.ok()) {
           for (QueuedAllocate& entry : overflow) {
@@ -634,8 +592,8 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
           }
         } else {
           next_arena = std::move(overflow[0]);
-          std::vector<QueuedAllocate>& waiting = arena_queue_[{session_id, ns}];
-          for (size_t k = 1; k < overflow.size(); ++k) waiting.push_back(std::move(overflow[k]));
+          arenas_.StartMaking(session_id, ns);
+          for (size_t k = 1; k < overflow.size(); ++k) arenas_.Enqueue(session_id, ns, std::move(overflow[k]));
         }
       }
     }
@@ -656,6 +614,7 @@ v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
     buffer.id = registry_.NextBufferId();
     buffer.size = size;
     buffer.memory = std::move(memory);
+    buffer.device = tensor.device;
     tensor.buffer_id = buffer.id;
     registry_.AddBuffer(std::move(buffer));
   }
@@ -669,13 +628,13 @@ v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
 
 absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v1::ExportRequest& request) {
   TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(request.desc()));
-  if (request.desc().device().type() != v1::DEVICE_TYPE_CPU) {
-    return absl::FailedPreconditionError("export: only host (CPU) memfds can be exported by this build");
-  }
+  TENSORD_ASSIGN_OR_RETURN(const ResolvedDevice* device, backends_->Resolve(request.desc().device()));
   if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(common::ValidateNamespace(request.ns()));
   TENSORD_RETURN_IF_ERROR(ValidateTags(request.tags()));
-  common::UniqueFd fd;
-  {
+  // What the producer sent: a staged fd (host memory), or handle bytes (a device).
+  common::MemoryHandle handle;
+  handle.data = request.handle_data();
+  if (request.staged_fd_id() != 0 || handle.data.empty()) {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
@@ -684,39 +643,45 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
       return absl::NotFoundError(absl::StrCat("export: staged fd ", request.staged_fd_id(),
                                               " is not staged by this session"));
     }
-    fd = std::move(staged->second);
+    handle.fds.push_back(std::move(staged->second));
     session->staged_fds.erase(staged);
   }
-  TENSORD_ASSIGN_OR_RETURN(uint64_t size, common::PrepareExportedMemfd(fd.get(), "exported memfd"));
+  const std::string what = absl::StrCat("exported ", std::string(device->backend->name()), " memory");
+  // Adopting checks what the producer sent (host: seals the memfd); it may block.
+  TENSORD_ASSIGN_OR_RETURN(std::unique_ptr<common::BackendBuffer> memory,
+                           device->backend->Adopt(device->device, std::move(handle), request.size(), what));
+  const uint64_t size = memory->size();
   v1::BufferRef ref;
   ref.set_size(size);
   ref.set_offset(request.offset());
   TENSORD_RETURN_IF_ERROR(common::ValidateFitsBuffer(layout, ref, "exported tensor"));
-  if (size == 0) return absl::InvalidArgumentError("export: the memfd is empty");
+  if (size == 0) return absl::InvalidArgumentError(absl::StrCat("export: the ", what, " is empty"));
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(CheckAccess(*session, request.ns(), true));
+    if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, request.ns(), true));
     TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(*session));
-    // The buffer's size is the memfd's own (clients refuse an fd smaller than the size the
-    // broker states), and the quota counts the same bytes.
+    // The buffer's size is what the backend adopted (a memfd's own size: clients refuse an
+    // fd smaller than the size the broker states), and the quota counts the same bytes.
     Tensor tensor;
     tensor.ns = request.ns();
     tensor.desc = request.desc();
     tensor.desc.clear_strides();
+    *tensor.desc.mutable_device() = device->device.device;
+    tensor.device = device;
     tensor.layout = layout;
     tensor.offset = request.offset();
     tensor.tags.insert(request.tags().begin(), request.tags().end());
     tensor.created_unix_ms = NowUnixMs();
     tensor.producer_session = session_id;
     tensor.producer_uid = session->creds.uid;
-    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, UidHostBytes(tensor.ns, size), "exporting a memfd"));
-    if (absl::Status reserved = ReserveHostBytesLocked(size, "exporting a memfd"); !reserved.ok()) {
+    const uint64_t uid_host_bytes = device == &backends_->host() ? access_.UidHostBytes(tensor.ns, size) : 0;
+    TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, uid_host_bytes, what));
+    if (absl::Status reserved = memory_quota_.Reserve(device->key, size, what); !reserved.ok()) {
       UnchargeTensorLocked(tensor);
       return reserved;
     }
-    return RegisterLocked(*session, std::move(tensor),
-                          std::make_unique<common::HostBuffer>(std::move(fd), size), size);
+    return RegisterLocked(*session, std::move(tensor), std::move(memory), size);
   }
 }
 
@@ -725,7 +690,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
   if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
   std::optional<common::TensorLayout> new_layout;
   if (request.has_desc()) {
-    TENSORD_ASSIGN_OR_RETURN(new_layout, ValidateAllocatableDesc(request.desc()));
+    TENSORD_ASSIGN_OR_RETURN(new_layout, common::ValidateDesc(request.desc()));
   }
   Effects effects;
   v1::PublishResponse response;
@@ -748,7 +713,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
             "tensor ", tensor->id, " was allocated in namespace ", common::QuoteForError(tensor->ns),
             " and cannot be published as ", common::QuoteForError(name)));
       }
-      TENSORD_RETURN_IF_ERROR(CheckAccess(*session, ns, true));
+      TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, ns, true));
       Tensor* current = registry_.FindByName(name);
       if (request.has_if_absent() && request.if_absent() && current != nullptr) {
         return absl::AlreadyExistsError(absl::StrCat(common::QuoteForError(name), " is already bound (generation ",
@@ -767,8 +732,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       Buffer* buffer = registry_.FindBuffer(tensor->buffer_id);
       TENSORD_CHECK(buffer != nullptr);
       if (!buffer->reader_sealed) {
-        TENSORD_RETURN_IF_ERROR(common::CheckReaderSeals(
-            buffer->memory->shareable_fd(), absl::StrCat("buffer of tensor ", tensor->id)));
+        TENSORD_RETURN_IF_ERROR(buffer->memory->CheckShareable(absl::StrCat("buffer of tensor ", tensor->id)));
         buffer->reader_sealed = true;
       }
     }
@@ -779,6 +743,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       // Every check passed: from here on (reply, Stat, acquires) the new description holds.
       tensor->desc = request.desc();
       tensor->desc.clear_strides();
+      *tensor->desc.mutable_device() = tensor->device->device.device;
       tensor->layout = *std::move(new_layout);
     }
     tensor->state = v1::TENSOR_STATE_SEALED;
@@ -799,9 +764,10 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
 
 absl::Status Broker::CheckFitsRegionLocked(const Tensor& tensor, const v1::TensorDesc& desc,
                                            const common::TensorLayout& layout) {
-  const v1::Device& had = tensor.desc.device();
-  if (desc.device().type() != had.type() || desc.device().index() != had.index() ||
-      desc.device().uuid() != had.uuid()) {
+  // Devices compare as the broker resolves them: the caller's ordinal may differ from ours.
+  absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(desc.device());
+  if (!device.ok() || *device != tensor.device) {
+    const v1::Device& had = tensor.desc.device();
     return absl::InvalidArgumentError(absl::StrCat(
         "desc.device: tensor ", tensor.id, " was allocated on ", v1::DeviceType_Name(had.type()),
         " device ", had.index(), ", not ", v1::DeviceType_Name(desc.device().type()), " device ",

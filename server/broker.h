@@ -1,6 +1,8 @@
 // Broker: the one handler layer behind every transport (the Session stream, the unary RPCs
-// and the fd channel). It owns the registry, the leases, the sessions, the waits and the
-// watchers, all under one mutex; work that can block (allocating memory, freeing a large
+// and the fd channel). It composes its parts under one mutex: the tensors (TensorRegistry),
+// leases (LeaseTable), sessions (SessionManager), waits (WaitQueue), watchers (WatcherSet),
+// arenas (ArenaAllocator), per-uid charges (UidQuota) and device memory (MemoryQuota); the
+// ACLs (AccessPolicy) are constant. Work that can block (allocating memory, freeing a large
 // buffer) runs on the Executor, and completions, pushes and watch events are delivered
 // after the mutex is released.
 //
@@ -33,30 +35,28 @@
 #include "absl/synchronization/mutex.h"
 #include "common/fd_channel.h"
 #include "common/memory/memory_backend.h"
+#include "server/backend_registry.h"
+#include "server/access_policy.h"
+#include "server/arena_allocator.h"
+#include "server/completion.h"
 #include "server/config.h"
 #include "server/executor.h"
 #include "server/lease_table.h"
+#include "server/memory_quota.h"
 #include "server/session_manager.h"
 #include "server/tensor_registry.h"
 #include "server/timer_queue.h"
 #include "server/uid_quota.h"
+#include "server/wait_queue.h"
+#include "server/watcher_set.h"
 #include "tensord/v1/broker.pb.h"
 #include "tensord/v1/fd_channel.pb.h"
 
 namespace tensord::server {
 
-// Where a Watch stream's events go. Push never blocks; false means the event was dropped
-// (the watcher then gets a RESET event once it catches up).
-class WatchSink {
- public:
-  virtual ~WatchSink() = default;
-  virtual bool Push(const tensord::v1::WatchEvent& event) = 0;
-  // The broker is stopping: end the stream.
-  virtual void Close() = 0;
-};
-
 struct BrokerOptions {
   uint64_t max_host_bytes = 0;
+  DeviceLimits device_limits;  // --max-device-bytes
   uint64_t max_sessions = kDefaultMaxSessions;
   uint64_t max_leases_per_session = kDefaultMaxLeasesPerSession;
   uint64_t max_waits_per_session = kDefaultMaxWaitsPerSession;
@@ -70,12 +70,10 @@ struct BrokerOptions {
   std::string version;
 };
 
-template <typename T>
-using Completion = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
-
 class Broker {
  public:
-  Broker(BrokerOptions options, std::unique_ptr<common::MemoryBackend> host_backend);
+  // `backends` holds the memory backends (host memory at least).
+  Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends);
   ~Broker();
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
@@ -88,13 +86,17 @@ class Broker {
   // token came on) has the uid and gid that opened it: a token is useless to other users.
   // UNAUTHENTICATED otherwise (the message never holds the token).
   absl::StatusOr<uint64_t> Authenticate(std::string_view token, const common::PeerCredentials& peer);
-  struct FetchedFd {
+  // The handles of buffers the session holds a lease on, in the order asked; their fds are
+  // dups the caller sends and closes. Fewer buffers than asked when the next one's fds
+  // would take the reply past kMaxFdsPerMessage (never none).
+  struct FetchedHandle {
     uint64_t buffer_id;
     uint64_t size;
-    common::UniqueFd fd;  // a dup the caller sends and closes
+    tensord::v1::DeviceType device_type;
+    common::MemoryHandle handle;
   };
-  absl::StatusOr<std::vector<FetchedFd>> FetchFds(uint64_t session_id,
-                                                  const tensord::v1::FetchFd& request);
+  absl::StatusOr<std::vector<FetchedHandle>> FetchHandles(uint64_t session_id,
+                                                          const tensord::v1::FetchFd& request);
   absl::StatusOr<tensord::v1::Staged> StageFd(uint64_t session_id, common::UniqueFd fd);
   // Returns true when the session missed pushes while no stream was attached: the new
   // stream must start with a cache_reset. UNAUTHENTICATED when the session is gone,
@@ -142,27 +144,6 @@ class Broker {
   void Shutdown();
 
  private:
-  struct Waiter {
-    enum class Kind { kAcquireName, kAcquireId, kTake };
-    uint64_t session_id = 0;
-    uid_t uid = 0;
-    uint64_t metadata_bytes = 0;  // charged to uid
-    Kind kind = Kind::kAcquireName;
-    std::string target;  // name, or prefix ending in '/' for a take
-    uint64_t tensor_id = 0;
-    uint64_t min_generation = 0;
-    uint64_t timer_id = 0;
-    Completion<tensord::v1::AcquireResponse> done;
-  };
-
-  struct Watcher {
-    uint64_t session_id = 0;
-    std::string prefix;
-    common::PeerCredentials creds;
-    std::shared_ptr<WatchSink> sink;
-    uint64_t metadata_bytes = 0;  // charged to creds.uid
-  };
-
   struct Effects {
     std::vector<std::pair<Completion<tensord::v1::AcquireResponse>, absl::StatusOr<tensord::v1::AcquireResponse>>>
         completions;
@@ -182,9 +163,9 @@ class Broker {
   uint64_t StartWait(Session& session, Waiter waiter, Completion<tensord::v1::AcquireResponse>& done,
                      std::optional<uint64_t> timeout_ms, std::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes a waiter, keeping its session's count of waits and its uid's charges.
-  std::map<uint64_t, Waiter>::iterator EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what a waiter removed from waiters_ held: one of its session's waits (when
+  // the session is still open) and its uid's charges.
+  void ForgetWaiterLocked(const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `session` may not hold one more lease (its cap, or its uid's
   // metadata bytes) / start one more wait.
   absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -203,12 +184,6 @@ class Broker {
   // `desc` under `name` in `ns`; nothing changes on an error.
   absl::Status RechargeMetadataLocked(Tensor& tensor, const tensord::v1::TensorDesc& desc, std::string_view ns,
                                       std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `tensor` may be read with `creds`: by its namespace's ACL, or, with no namespace
-  // yet, by its producer's uid only.
-  bool MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const;
-  // Host bytes of a dedicated buffer in `ns` that count against the producer's per-uid
-  // quota: those outside every namespace an ACL names.
-  uint64_t UidHostBytes(std::string_view ns, uint64_t size) const;
   // Grants a lease on `tensor` to `session`; `by_name`: acquired by its name, so the client
   // may cache it and must hear when the tensor retires.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor, bool by_name = false)
@@ -228,6 +203,9 @@ class Broker {
   void RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the waiter `wait_id`, which `tensor` matched, and completes it: with a lease when
+  // it may be granted one (true), else with why not (false; the tensor stays for the next).
+  bool GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publish's `desc` for a CREATING tensor: same device, and an extent that fits the region
@@ -237,16 +215,10 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
-  // The size of the session's next arena in `ns` for a slot of `slot_bytes`
-  // (kFirstArenaBytes, then doubling up to --arena-bytes).
-  uint64_t NextArenaBytesLocked(const Session& session, const std::string& ns, uint64_t slot_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves quota for one more arena of `bytes` in namespace `ns`.
   absl::Status ReserveArenaLocked(std::string_view ns, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts `tensor` in a free slot of one of the session's arenas for its namespace; false
-  // when none has room.
-  bool PlaceInArenaLocked(Session& session, Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The session closed: its arenas go once empty (those empty now go at once).
+  // The session closed: its arenas go once empty (those empty now go at once, their memory
+  // given back and freed off the RPC threads).
   void ReleaseArenasLocked(Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes memory for `tensor` on the executor (a dedicated buffer, or a new arena) and
   // finishes with FinishAllocate; the bytes are reserved already.
@@ -264,35 +236,23 @@ class Broker {
   void Deliver(Effects& effects);
 
   absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckAccess(const Session& session, std::string_view ns, bool write) const;
-  bool MayRead(const common::PeerCredentials& creds, std::string_view ns) const;
-  absl::Status ReserveHostBytesLocked(uint64_t bytes, std::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const BrokerOptions options_;
   const std::string instance_nonce_;
   const int64_t started_unix_ms_;
-  std::unique_ptr<common::MemoryBackend> host_backend_;
+  const AccessPolicy access_;
+  const std::unique_ptr<BackendRegistry> backends_;
 
   absl::Mutex mu_;
   TensorRegistry registry_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // by id: FIFO order
-  uint64_t last_wait_id_ ABSL_GUARDED_BY(mu_) = 0;
-  // Allocations waiting for an arena being made for (session, namespace): pipelined small
-  // allocations share the new arena instead of each making one. A key exists exactly while
-  // that arena is being made.
-  struct QueuedAllocate {
-    Tensor tensor;
-    Completion<tensord::v1::AllocateResponse> done;
-  };
-  std::map<std::pair<uint64_t, std::string>, std::vector<QueuedAllocate>> arena_queue_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  WaitQueue waiters_ ABSL_GUARDED_BY(mu_);
+  ArenaAllocator arenas_ ABSL_GUARDED_BY(mu_);  // and the allocations waiting for a new arena
+  WatcherSet watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
-  uint64_t last_watcher_id_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t host_bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 

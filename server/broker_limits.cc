@@ -1,10 +1,7 @@
-// The Broker's policy checks: who may read and write what (ACLs, identity from the session),
-// and what a request costs against the limits (host bytes, leases and waits per session,
-// the per-uid charges of UidQuota).
-#include <algorithm>
+// The Broker's limit checks: what a request costs against the caps (leases and waits per
+// session) and the per-uid charges of UidQuota. Who may read and write what is AccessPolicy's.
 #include <map>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
@@ -25,20 +22,7 @@ uint64_t TensorMetadataBytes(const v1::TensorDesc& desc, std::string_view ns, st
   return bytes;
 }
 
-bool Contains(const std::vector<uint32_t>& ids, uint32_t id) {
-  return std::find(ids.begin(), ids.end(), id) != ids.end();
-}
-
 }  // namespace
-
-bool Broker::MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const {
-  if (!tensor.ns.empty()) return MayRead(creds, tensor.ns);
-  return creds.uid == tensor.producer_uid || MayRead(creds, "");
-}
-
-uint64_t Broker::UidHostBytes(std::string_view ns, uint64_t size) const {
-  return options_.acls.contains(std::string(ns)) ? 0 : size;
-}
 
 absl::Status Broker::ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what) {
   const uid_t uid = tensor.producer_uid;
@@ -62,40 +46,6 @@ void Broker::UnchargeTensorLocked(const Tensor& tensor) {
   uid_quota_.Release(tensor.producer_uid, UidResource::kTensors, 1);
   uid_quota_.Release(tensor.producer_uid, UidResource::kMetadataBytes, tensor.uid_metadata_bytes);
   uid_quota_.Release(tensor.producer_uid, UidResource::kHostBytes, tensor.uid_host_bytes);
-}
-
-bool Broker::MayRead(const common::PeerCredentials& creds, std::string_view ns) const {
-  if (creds.uid == 0 || creds.uid == options_.daemon_uid) return true;
-  auto it = options_.acls.find(std::string(ns));
-  if (it == options_.acls.end()) return false;
-  return Contains(it->second.read_uids, creds.uid) || Contains(it->second.read_gids, creds.gid) ||
-         Contains(it->second.write_uids, creds.uid) || Contains(it->second.write_gids, creds.gid);
-}
-
-absl::Status Broker::CheckAccess(const Session& session, std::string_view ns, bool write) const {
-  const common::PeerCredentials& creds = session.creds;
-  if (creds.uid == 0 || creds.uid == options_.daemon_uid) return absl::OkStatus();
-  auto it = options_.acls.find(std::string(ns));
-  bool allowed = false;
-  if (it != options_.acls.end()) {
-    const NamespaceAcl& acl = it->second;
-    allowed = write ? (Contains(acl.write_uids, creds.uid) || Contains(acl.write_gids, creds.gid))
-                    : MayRead(creds, ns);
-  }
-  if (allowed) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat("uid ", creds.uid, " (gid ", creds.gid,
-                                                  ") may not ", write ? "write" : "read",
-                                                  " namespace ", common::QuoteForError(ns)));
-}
-
-absl::Status Broker::ReserveHostBytesLocked(uint64_t bytes, std::string_view what) {
-  if (bytes > options_.max_host_bytes || host_bytes_in_use_ > options_.max_host_bytes - bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        std::string(what), " needs ", bytes, " bytes of host memory: ", host_bytes_in_use_,
-        " bytes are in use of the limit of ", options_.max_host_bytes, " (--max-host-bytes)"));
-  }
-  host_bytes_in_use_ += bytes;
-  return absl::OkStatus();
 }
 
 absl::Status Broker::CheckLeaseCapLocked(const Session& session) const {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/memory/device_names.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "server/broker.h"
@@ -43,41 +44,38 @@ absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view 
 
 uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::AcquireResponse>& done,
                            std::optional<uint64_t> timeout_ms, std::string_view what) {
-  uint64_t id = ++last_wait_id_;
   waiter.session_id = session.id;
   waiter.uid = session.creds.uid;
   waiter.metadata_bytes = kWaitEntryBytes + waiter.target.size();  // as ReserveWaitLocked charged
   waiter.done = std::move(done);
+  uint64_t id = waiters_.Add(std::move(waiter));
   if (timeout_ms) {
     uint64_t ms = std::min(*timeout_ms, kMaxWaitMs);
-    waiter.timer_id = timers_.Schedule(
+    waiters_.Find(id)->timer_id = timers_.Schedule(
         TimerQueue::Clock::now() + std::chrono::milliseconds(ms),
         [this, id, ms, what = std::string(what)] {
           CompleteWaitWith(id, absl::DeadlineExceededError(
                                    absl::StrCat("nothing to ", what, " within ", ms, " ms")));
         });
   }
-  waiters_.emplace(id, std::move(waiter));
   ++session.waits;
   return id;
 }
 
-std::map<uint64_t, Broker::Waiter>::iterator Broker::EraseWaiterLocked(
-    std::map<uint64_t, Waiter>::iterator it) {
-  if (Session* session = sessions_.Find(it->second.session_id); session != nullptr) {
+void Broker::ForgetWaiterLocked(const Waiter& waiter) {
+  if (Session* session = sessions_.Find(waiter.session_id); session != nullptr) {
     TENSORD_CHECK(session->waits > 0);
     --session->waits;
   }
-  uid_quota_.Release(it->second.uid, UidResource::kWaits, 1);
-  uid_quota_.Release(it->second.uid, UidResource::kMetadataBytes, it->second.metadata_bytes);
-  return waiters_.erase(it);
+  uid_quota_.Release(waiter.uid, UidResource::kWaits, 1);
+  uid_quota_.Release(waiter.uid, UidResource::kMetadataBytes, waiter.metadata_bytes);
 }
 
 absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
   if (waiter.kind == Waiter::Kind::kTake) {
-    return CheckAccess(session, common::NamespaceOf(tensor.name), true);
+    return access_.CheckAccess(session.creds, common::NamespaceOf(tensor.name), true);
   }
-  if (MayReadTensor(session.creds, tensor)) return absl::OkStatus();
+  if (access_.MayReadTensor(session.creds, tensor)) return absl::OkStatus();
   // The namespace is not named: an id waiter need not learn where the tensor went.
   return absl::PermissionDeniedError(absl::StrCat("tensor ", tensor.id, " was published where uid ",
                                                   session.creds.uid, " may not read it"));
@@ -111,7 +109,7 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
     } else if (waiter.kind == Waiter::Kind::kAcquireName) {
       std::string_view ns = common::NamespaceOf(waiter.target);
       Tensor* tensor = registry_.FindByName(waiter.target);
-      if (absl::Status access = CheckAccess(**session, ns, false); !access.ok()) {
+      if (absl::Status access = access_.CheckAccess((*session)->creds, ns, false); !access.ok()) {
         result = access;
       } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
         absl::Status cap = CheckLeaseCapLocked(**session);
@@ -130,7 +128,7 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
       // caller may read (its publish may still move it out of reach: checked at the grant);
       // a wait for an id that does not exist could only ever be granted someone else's.
       Tensor* tensor = registry_.Find(waiter.tensor_id);
-      if (tensor == nullptr || !MayReadTensor((*session)->creds, *tensor)) {
+      if (tensor == nullptr || !access_.MayReadTensor((*session)->creds, *tensor)) {
         result = absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id,
                                                   " exists that uid ", (*session)->creds.uid, " may read"));
       } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
@@ -171,7 +169,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
-    absl::Status access = session.ok() ? CheckAccess(**session, common::NamespaceOf(target), true)
+    absl::Status access = session.ok() ? access_.CheckAccess((*session)->creds, common::NamespaceOf(target), true)
                                        : session.status();
     if (!access.ok()) {
       result = access;
@@ -207,18 +205,15 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
 }
 
 void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
-  Completion<v1::AcquireResponse> done;
-  uint64_t timer_id = 0;
+  std::optional<Waiter> waiter;
   {
     absl::MutexLock lock(&mu_);
-    auto it = waiters_.find(wait_id);
-    if (it == waiters_.end()) return;
-    done = std::move(it->second.done);
-    timer_id = it->second.timer_id;
-    EraseWaiterLocked(it);
+    waiter = waiters_.Remove(wait_id);
+    if (!waiter) return;
+    ForgetWaiterLocked(*waiter);
   }
-  if (timer_id != 0) timers_.Cancel(timer_id);
-  std::move(done)(std::move(status));
+  if (waiter->timer_id != 0) timers_.Cancel(waiter->timer_id);
+  std::move(waiter->done)(std::move(status));
 }
 
 void Broker::CancelWait(uint64_t wait_id) {
@@ -262,7 +257,7 @@ absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1:
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), true));
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), true));
     Tensor* tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
@@ -288,7 +283,7 @@ absl::StatusOr<v1::ListResponse> Broker::List(uint64_t session_id, const v1::Lis
   for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
     if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
     if (!common::NameHasPrefix(it->first, request.prefix())) continue;
-    if (!MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+    if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
     if (Tensor* tensor = registry_.Find(it->second)) *response.add_tensors() = registry_.Describe(*tensor);
   }
   return response;
@@ -307,14 +302,14 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
   // out of reach is answered as one that names none.
   Tensor* tensor = nullptr;
   if (request.target_case() == v1::StatRequest::kName) {
-    TENSORD_RETURN_IF_ERROR(CheckAccess(*session, common::NamespaceOf(request.name()), false));
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), false));
     tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
     }
   } else {
     tensor = registry_.Find(request.tensor_id());
-    if (tensor == nullptr || !MayReadTensor(session->creds, *tensor)) {
+    if (tensor == nullptr || !access_.MayReadTensor(session->creds, *tensor)) {
       return absl::NotFoundError(absl::StrCat("no tensor with id ", request.tensor_id(), " exists that uid ",
                                               session->creds.uid, " may read"));
     }
@@ -347,14 +342,22 @@ v1::StatusResponse Broker::GetStatus() {
                  .count();
   response.set_uptime_ms(now - started_unix_ms_);
   absl::MutexLock lock(&mu_);
-  response.set_host_bytes_in_use(host_bytes_in_use_);
-  response.set_host_bytes_limit(options_.max_host_bytes);
+  response.set_host_bytes_in_use(memory_quota_.InUse(MemoryQuota::kHost));
+  response.set_host_bytes_limit(memory_quota_.Limit(MemoryQuota::kHost));
   response.set_tensors(registry_.tensors().size());
   response.set_named_tensors(registry_.names().size());
   response.set_buffers(registry_.buffer_count());
   response.set_leases(leases_.size());
   response.set_sessions(sessions_.size());
   response.set_releases_not_found(releases_not_found_);
+  for (v1::BackendStatus& backend : backends_->Describe()) {
+    for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
+      const std::string key = common::DeviceKey(usage.device());
+      usage.set_bytes_in_use(memory_quota_.InUse(key));
+      usage.set_bytes_limit(memory_quota_.Limit(key));
+    }
+    *response.add_backends() = std::move(backend);
+  }
   return response;
 }
 
@@ -380,15 +383,14 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
       uid_quota_.Release(uid, UidResource::kWatchers, 1);
       return charged;
     }
-    id = ++last_watcher_id_;
-    watchers_.emplace(id, Watcher{session_id, request.prefix(), session->creds, sink, metadata});
+    id = watchers_.Add(Watcher{session_id, request.prefix(), session->creds, sink, metadata});
     if (request.initial()) {
       // Pushed under the lock so no change can slip in between the snapshot and the stream.
       const auto& names = registry_.names();
       for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
         if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
         if (!common::NameHasPrefix(it->first, request.prefix())) continue;
-        if (!MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+        if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
         Tensor* tensor = registry_.Find(it->second);
         v1::WatchEvent event;
         event.set_kind(v1::WatchEvent::KIND_BOUND);
@@ -408,13 +410,10 @@ void Broker::ReleaseWatcherLocked(const Watcher& watcher) {
 }
 
 void Broker::RemoveWatcher(uint64_t watcher_id) {
-  std::shared_ptr<WatchSink> sink;  // released outside the lock
+  std::optional<Watcher> watcher;  // its sink is released outside the lock
   absl::MutexLock lock(&mu_);
-  auto it = watchers_.find(watcher_id);
-  if (it == watchers_.end()) return;
-  sink = std::move(it->second.sink);
-  ReleaseWatcherLocked(it->second);
-  watchers_.erase(it);
+  watcher = watchers_.Remove(watcher_id);
+  if (watcher) ReleaseWatcherLocked(*watcher);
 }
 
 void Broker::Shutdown() {
@@ -424,12 +423,11 @@ void Broker::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (const auto& [id, waiter] : waiters_) pending.push_back(id);
-    for (auto& [id, watcher] : watchers_) {
+    pending = waiters_.Ids();
+    for (Watcher& watcher : watchers_.RemoveAll()) {
       watch_sinks.push_back(std::move(watcher.sink));
       ReleaseWatcherLocked(watcher);
     }
-    watchers_.clear();
     for (const auto& [id, session] : sessions_.sessions()) {
       if (session.sink != nullptr) push_sinks.push_back(session.sink);
     }

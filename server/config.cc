@@ -140,6 +140,39 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
   return absl::Uint128Low64(bytes);
 }
 
+absl::StatusOr<DeviceLimits> ParseDeviceLimitsText(std::string_view text) {
+  DeviceLimits limits;
+  bool have_all = false;
+  for (absl::string_view entry : absl::StrSplit(common::AbslView(text), ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) return Invalid("an empty entry: write SIZE or DEVICE=SIZE between commas");
+    const size_t eq = entry.find('=');
+    absl::string_view name = eq == absl::string_view::npos ? absl::string_view() : absl::StripAsciiWhitespace(entry.substr(0, eq));
+    absl::string_view value = eq == absl::string_view::npos ? entry : entry.substr(eq + 1);
+    absl::StatusOr<uint64_t> bytes = ParseSize(value);
+    if (!bytes.ok()) return Invalid(absl::StrCat(common::QuoteForError(std::string(entry)), ": ", bytes.status().message()));
+    if (eq == absl::string_view::npos) {
+      if (have_all) return Invalid("two values for every device: name the device of the second (DEVICE=SIZE)");
+      have_all = true;
+      limits.all = *bytes;
+      continue;
+    }
+    const bool uuid = absl::StartsWith(name, "GPU-") && name.size() > 4;
+    const size_t colon = name.find(':');
+    const bool ordinal = colon != absl::string_view::npos && colon > 0 && colon + 1 < name.size() &&
+                         std::all_of(name.begin() + static_cast<std::ptrdiff_t>(colon) + 1, name.end(),
+                                     [](char c) { return absl::ascii_isdigit(c); });
+    if (!uuid && !ordinal) {
+      return Invalid(absl::StrCat(common::QuoteForError(std::string(entry)), ": name the device by its UUID (GPU-...) or as "
+                                  "backend:ordinal (cuda:0), as tensorctl status shows it"));
+    }
+    if (!limits.by_device.emplace(std::string(name), *bytes).second) {
+      return Invalid(absl::StrCat(common::QuoteForError(std::string(name)), " is given twice"));
+    }
+  }
+  return limits;
+}
+
 absl::StatusOr<uint64_t> ParseCount(absl::string_view text) {
   static const std::string form = absl::StrCat("a count is a whole decimal number from 1 to ", kMaxCount);
   text = absl::StripAsciiWhitespace(text);
@@ -264,6 +297,9 @@ const std::vector<Setting>& Settings() {
        "size of each arena that small tensors allocated in a namespace share (default 16MiB; 0: off)"},
       {"arena_max_tensor", Kind::kSizeOrZero, nullptr, &Config::arena_max_tensor_bytes, "SIZE",
        "largest tensor that goes into an arena (default 1MiB)"},
+      {"max_device_bytes", Kind::kText, &Config::max_device_bytes, nullptr, "LIMITS",
+       "GPU memory quota: one SIZE for every device, or DEVICE=SIZE entries separated by commas, a device named "
+       "by its UUID (GPU-...) or as cuda:N, e.g. 8GiB,GPU-3f1c...=20GiB (default: each device's own memory)"},
       {"log_level", Kind::kText, &Config::log_level, nullptr, "LEVEL",
        "trace, debug, info, warn, error, critical or off"},
   };
@@ -399,6 +435,20 @@ absl::Status FinishHostBytes(const std::map<std::string, std::string>& origins, 
                                 " bytes) is larger than the host memory quota of all uids, max_host_bytes (",
                                 config.max_host_bytes, " bytes, ", config.max_host_bytes_source, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status FinishDeviceLimits(const std::map<std::string, std::string>& origins, Config& config) {
+  if (config.max_device_bytes.empty()) return absl::OkStatus();
+  auto origin = origins.find("max_device_bytes");
+  const std::string where = origin != origins.end() ? origin->second : "max_device_bytes";
+  absl::StatusOr<DeviceLimits> limits = ParseDeviceLimitsText(config.max_device_bytes);
+  if (!limits.ok()) {
+    return Invalid(absl::StrCat(where, " ", common::QuoteForError(config.max_device_bytes), ": ",
+                                limits.status().message()));
+  }
+  config.device_limits = *std::move(limits);
+  config.device_limits.source = where;
   return absl::OkStatus();
 }
 
@@ -660,7 +710,10 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   TENSORD_RETURN_IF_ERROR(FinishArenaSettings(config));
   TENSORD_RETURN_IF_ERROR(CheckSocketGroup(config, origins));
   TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
+  TENSORD_RETURN_IF_ERROR(FinishDeviceLimits(origins, config));
   return config;
 }
+
+absl::StatusOr<DeviceLimits> ParseDeviceLimits(std::string_view text) { return ParseDeviceLimitsText(text); }
 
 }  // namespace tensord::server

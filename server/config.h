@@ -52,6 +52,20 @@ struct NamespaceAcl {
   std::vector<gid_t> read_gids, write_gids;
 };
 
+// --max-device-bytes: the quota of each GPU's broker-owned and exported memory. `all`
+// binds every device not named in `by_device`; a device with neither is bounded by its
+// own memory only. Names are as `tensorctl status` shows devices: a UUID ("GPU-...") or
+// "<backend>:<daemon ordinal>" ("cuda:0").
+struct DeviceLimits {
+  uint64_t all = 0;  // 0: none
+  std::map<std::string, uint64_t> by_device;
+  std::string source;  // where the setting came from, for errors that name the limit
+};
+
+// Parses "SIZE" or "NAME=SIZE[,NAME=SIZE...]" (a bare SIZE may lead the list: the value
+// for devices not named). INVALID_ARGUMENT naming the entry and why.
+absl::StatusOr<DeviceLimits> ParseDeviceLimits(std::string_view text);
+
 struct Config {
   std::string socket;        // empty: the default path for our uid
   std::string socket_group;  // group of the sockets (mode 0660); empty: our primary group
@@ -81,6 +95,8 @@ struct Config {
   // arena_bytes memfds (0 turns arenas off). Both are page multiples.
   uint64_t arena_bytes = kDefaultArenaBytes;
   uint64_t arena_max_tensor_bytes = kDefaultArenaMaxTensorBytes;
+  std::string max_device_bytes;  // as written; LoadConfig parses it into device_limits
+  DeviceLimits device_limits;
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log

@@ -16,7 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "common/human_bytes.h"
 #include "common/logging.h"
-#include "common/memory/host_backend.h"
+#include "common/memory/backends.h"
+#include "common/memory/device_names.h"
 #include "common/names.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
@@ -150,7 +151,20 @@ absl::Status RunDaemon(const Config& config) {
   options.acls = config.acls;
   options.socket = socket;
   options.version = TENSORD_VERSION;
-  Broker broker(std::move(options), std::make_unique<common::HostBackend>());
+  options.device_limits = config.device_limits;
+  auto backends = std::make_unique<BackendRegistry>(common::MakeBackends(), common::MissingBackends());
+  // Operators see at once which memory kinds this daemon serves, and why not the others.
+  for (const v1::BackendStatus& backend : backends->Describe()) {
+    if (!backend.unavailable_reason().empty()) {
+      spdlog::info("memory backend {}: unavailable: {}", backend.name(), backend.unavailable_reason());
+      continue;
+    }
+    for (const v1::DeviceUsage& device : backend.devices()) {
+      spdlog::info("memory backend {}: device {} {} ({})", backend.name(), device.device().index(),
+                   device.name(), common::DeviceKey(device.device()));
+    }
+  }
+  Broker broker(std::move(options), std::move(backends));
 
   // The server listens on no port of its own: GrpcListener accepts, notes each connection's
   // credentials and hands it over.

@@ -117,17 +117,20 @@ bool Handle(Broker* broker, const FdServer::HelloCheck& hello_check, Connection&
       return Reply(connection, response);
     }
     case v1::FdRequest::kFetch: {
-      absl::StatusOr<std::vector<Broker::FetchedFd>> fetched =
-          broker->FetchFds(connection.session_id, request.fetch());
+      absl::StatusOr<std::vector<Broker::FetchedHandle>> fetched =
+          broker->FetchHandles(connection.session_id, request.fetch());
       if (!fetched.ok()) return ReplyError(connection, request.seq(), fetched.status());
       v1::FdResponse response;
       response.set_seq(request.seq());
       std::vector<int> fds;
-      for (const Broker::FetchedFd& entry : *fetched) {
+      for (const Broker::FetchedHandle& entry : *fetched) {
         v1::FetchedBuffer* buffer = response.mutable_fetched()->add_buffers();
         buffer->set_buffer_id(entry.buffer_id);
         buffer->set_size(entry.size);
-        fds.push_back(entry.fd.get());
+        buffer->set_device_type(entry.device_type);
+        buffer->mutable_handle()->set_data(entry.handle.data);
+        buffer->mutable_handle()->set_fd_count(static_cast<uint32_t>(entry.handle.fds.size()));
+        for (const common::UniqueFd& fd : entry.handle.fds) fds.push_back(fd.get());
       }
       return Reply(connection, response, fds);  // our dups close with `fetched`
     }

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/memory/memory_backend.h"
 #include "server/arena.h"
+#include "server/backend_registry.h"
 #include "common/tensor_desc.h"
 #include "tensord/v1/tensor.pb.h"
 
@@ -26,6 +27,7 @@ namespace tensord::server {
 struct Buffer {
   uint64_t id = 0;
   std::unique_ptr<common::BackendBuffer> memory;
+  const ResolvedDevice* device = nullptr;  // where it lives (BackendRegistry's, constant)
   uint64_t size = 0;
   absl::flat_hash_set<uint64_t> tensor_ids;  // tensors pointing into this buffer
   // Set for an arena. It lives while its owner session does (an empty arena is that
@@ -33,8 +35,8 @@ struct Buffer {
   std::unique_ptr<ArenaSlots> arena;
   uint64_t arena_owner = 0;
   std::string arena_ns;
-  // Its seals passed the readers' check at a publish. A seal cannot be removed, so an
-  // arena's later publishes need not ask the kernel again.
+  // It passed its backend's CheckShareable at a publish (host: the reader seals). A seal
+  // cannot be removed, so an arena's later publishes need not ask again.
   bool reader_sealed = false;
 };
 
@@ -45,6 +47,7 @@ struct Tensor {
   uint64_t generation = 0;
   tensord::v1::TensorDesc desc;
   common::TensorLayout layout;
+  const ResolvedDevice* device = nullptr;  // where its memory lives (BackendRegistry's)
   uint64_t buffer_id = 0;  // 0: zero-byte tensor, no buffer
   uint64_t offset = 0;
   uint64_t slot_bytes = 0;  // in an arena: the slot's length, freed when the tensor goes

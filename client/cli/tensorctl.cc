@@ -295,6 +295,32 @@ Result<std::unique_ptr<Client>> ConnectFromFlags(const Globals& g) {
   return Client::Connect(options);
 }
 
+std::string BackendsJson(const std::vector<BackendInfo>& backends) {
+  std::string out = "[";
+  for (size_t i = 0; i < backends.size(); ++i) {
+    const BackendInfo& b = backends[i];
+    out += std::string(i == 0 ? "" : ",") + "{\"name\":" + JsonString(b.name) +
+           ",\"built\":" + (b.built ? "true" : "false") +
+           ",\"available\":" + (b.built && b.unavailable_reason.empty() ? "true" : "false") +
+           ",\"unavailable_reason\":" + JsonString(b.unavailable_reason) + ",\"devices\":[";
+    for (size_t k = 0; k < b.devices.size(); ++k) {
+      const DeviceUsage& d = b.devices[k];
+      out += std::string(k == 0 ? "" : ",") + "{\"device_type\":" + std::to_string(d.device.device_type) +
+             ",\"device_id\":" + std::to_string(d.device.device_id) + ",\"uuid\":" + JsonString(d.uuid) +
+             ",\"key\":" + JsonString(d.key) + ",\"name\":" + JsonString(d.name) +
+             ",\"total_bytes\":" + std::to_string(d.total_bytes) +
+             ",\"bytes_in_use\":" + std::to_string(d.bytes_in_use) +
+             ",\"bytes_limit\":" + std::to_string(d.bytes_limit) + "}";
+    }
+    out += "]}";
+  }
+  return out + "]";
+}
+
+double Percent(uint64_t part, uint64_t whole) {
+  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
 int CmdStatus(Client& client, const Globals& g) {
   Result<BrokerStatus> st = client.GetStatus();
   if (!st.ok()) return Fail("status", st.status());
@@ -304,10 +330,10 @@ int CmdStatus(Client& client, const Globals& g) {
         "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime_ms\":%" PRId64 ",\"host_bytes_in_use\":%" PRIu64
         ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
         ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
-        ",\"socket\":%s,\"releases_not_found\":%" PRIu64 "}\n",
+        ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"backends\":%s}\n",
         JsonString(s.version).c_str(), s.pid, s.uid, s.uptime_ms, s.host_bytes_in_use,
         s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
-        JsonString(s.socket).c_str(), s.releases_not_found);
+        JsonString(s.socket).c_str(), s.releases_not_found, BackendsJson(s.backends).c_str());
     return 0;
   }
   double pct = s.host_bytes_limit ? 100.0 * static_cast<double>(s.host_bytes_in_use) /
@@ -323,6 +349,21 @@ int CmdStatus(Client& client, const Globals& g) {
   std::printf("leases       %" PRIu64 " in %" PRIu64 " sessions (%" PRIu64
               " releases of unheld leases)\n",
               s.leases, s.sessions, s.releases_not_found);
+  // Every other backend, and by device what the broker holds there (host memory is above).
+  for (const BackendInfo& b : s.backends) {
+    if (b.name == "host") continue;
+    if (!b.built || !b.unavailable_reason.empty()) {
+      std::printf("%-12s %s: %s\n", b.name.c_str(), b.built ? "unavailable" : "not built",
+                  b.unavailable_reason.c_str());
+      continue;
+    }
+    for (const DeviceUsage& d : b.devices) {
+      const std::string device = b.name + ":" + std::to_string(d.device.device_id) + " " + d.name + " " + d.uuid;
+      std::printf("%-12s %s: %s in use of %s (%.1f%%)\n", b.name.c_str(), device.c_str(),
+                  BytesText(d.bytes_in_use).c_str(), BytesText(d.bytes_limit).c_str(),
+                  Percent(d.bytes_in_use, d.bytes_limit));
+    }
+  }
   return 0;
 }
 

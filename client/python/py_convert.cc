@@ -172,6 +172,30 @@ py::dict StatusToDict(const BrokerStatus& s) {
   d["sessions"] = s.sessions;
   d["socket"] = s.socket;
   d["releases_not_found"] = s.releases_not_found;
+  py::list backends;
+  for (const BackendInfo& backend : s.backends) {
+    py::dict b;
+    b["name"] = backend.name;
+    b["built"] = backend.built;
+    b["available"] = backend.built && backend.unavailable_reason.empty();
+    b["unavailable_reason"] = backend.unavailable_reason;
+    py::list devices;
+    for (const DeviceUsage& usage : backend.devices) {
+      py::dict u;
+      u["device_type"] = static_cast<int>(usage.device.device_type);
+      u["device_id"] = usage.device.device_id;
+      u["uuid"] = usage.uuid;
+      u["key"] = usage.key;
+      u["name"] = usage.name;
+      u["total_bytes"] = usage.total_bytes;
+      u["bytes_in_use"] = usage.bytes_in_use;
+      u["bytes_limit"] = usage.bytes_limit;
+      devices.append(u);
+    }
+    b["devices"] = devices;
+    backends.append(b);
+  }
+  d["backends"] = backends;
   return d;
 }
 

@@ -36,8 +36,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/memory/host_backend.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/host_backend.h"
+#include "common/memory/host/memfd.h"
 #include "common/names.h"
 #include "common/tensor_desc.h"
 #include "google/protobuf/stubs/logging.h"
@@ -157,7 +157,7 @@ class Harness {
     options.acls["team"].read_gids = {kTeamGid};
     options.acls["team"].write_gids = {kTeamGid};
     SetSmallCaps(options);
-    broker_ = std::make_unique<Broker>(std::move(options), std::make_unique<common::HostBackend>());
+    broker_ = std::make_unique<Broker>(std::move(options), server::HostOnlyBackends());
     // The auditor reads everything (the daemon's own uid) and is never closed by an op.
     auto welcome = broker_->OpenSession({getuid(), getgid(), getpid()}, "auditor");
     FUZZ_CHECK(welcome.ok()) << welcome.status();

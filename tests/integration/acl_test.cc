@@ -32,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"

@@ -28,7 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fd_channel.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/proc_info.h"

@@ -26,7 +26,7 @@
 #include <sstream>
 #include <string>
 
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"

@@ -125,6 +125,25 @@ struct TensorStat {
   std::vector<LeaseHolder> holders;
 };
 
+// One device a backend serves, and what the broker holds on it.
+struct DeviceUsage {
+  DLDevice device{kDLCPU, 0};  // device_id: the daemon's ordinal, which may differ from yours
+  std::string uuid;            // "GPU-..." for CUDA; empty for host memory
+  std::string key;             // "host", "cuda:GPU-...": what quotas and errors name
+  std::string name;            // "host memory", the driver's device name
+  uint64_t total_bytes = 0;    // 0: not known
+  uint64_t bytes_in_use = 0;
+  uint64_t bytes_limit = 0;
+};
+
+// A memory backend of the daemon: built or not, available or why not, its devices.
+struct BackendInfo {
+  std::string name;  // "host", "cuda", "level_zero"
+  bool built = false;
+  std::string unavailable_reason;  // empty: available
+  std::vector<DeviceUsage> devices;
+};
+
 struct BrokerStatus {
   std::string version;
   uint32_t pid = 0;
@@ -139,6 +158,7 @@ struct BrokerStatus {
   uint64_t sessions = 0;
   std::string socket;
   uint64_t releases_not_found = 0;
+  std::vector<BackendInfo> backends;  // host first
 };
 
 struct WatchEvent {

@@ -15,7 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/memory/memfd.h"
+#include "common/memory/host/host_importer.h"
+#include "common/memory/host/memfd.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +29,23 @@ namespace {
 using common::MapMode;
 using common::testing::StatusIs;
 using ::testing::HasSubstr;
+
+// What FETCH_FD hands out for host memory: one memfd, no handle bytes.
+common::FetchedBuffer HostHandle(common::UniqueFd fd, uint64_t size) {
+  common::FetchedBuffer buffer;
+  buffer.size = size;
+  buffer.handle.fds.push_back(std::move(fd));
+  return buffer;
+}
+
+const common::Importers& HostOnly() {
+  static const common::Importers* importers = [] {
+    std::vector<std::unique_ptr<common::Importer>> list;
+    list.push_back(std::make_unique<common::HostImporter>());
+    return new common::Importers(std::move(list));
+  }();
+  return *importers;
+}
 
 // A fetch function over a real sealed memfd that counts its calls and remembers the fd
 // numbers it handed out (to check that they were closed).
@@ -42,15 +60,16 @@ class FakeBroker {
     w->data()[0] = 42;
   }
   MappingCache::FetchFn Fetch() {
-    return [this]() -> absl::StatusOr<BufferFd> {
+    return [this]() -> absl::StatusOr<common::FetchedBuffer> {
       ++fetches;
       int fd = ::fcntl(memfd_.get(), F_DUPFD_CLOEXEC, 0);
       handed_out.push_back(fd);
-      return BufferFd{common::UniqueFd(fd), size_};
+      return HostHandle(common::UniqueFd(fd), size_);
     };
   }
   int fetches = 0;
   std::vector<int> handed_out;
+  int memfd() const { return memfd_.get(); }
 
  private:
   uint64_t size_;
@@ -61,7 +80,7 @@ bool FdIsOpen(int fd) { return ::fcntl(fd, F_GETFD) != -1 || errno != EBADF; }
 
 TEST(MappingCacheTest, ASecondLookupOfABufferFetchesNoFdAndMapsNothingNew) {
   FakeBroker broker(8192);
-  MappingCache cache;
+  MappingCache cache(HostOnly());
   MappingKey key{"nonce", 1, MapMode::kPrivate};
   auto a = cache.GetOrMap(key, broker.Fetch());
   ASSERT_TRUE(a.ok()) << a.status();
@@ -81,12 +100,11 @@ TEST(MappingCacheTest, ASecondLookupOfABufferFetchesNoFdAndMapsNothingNew) {
 TEST(MappingCacheTest, ConcurrentFirstWritableMappingsOfAnArenaShareOne) {
   auto memfd = common::CreateSealedMemfd("mapping-cache-race", 1 << 16);
   ASSERT_TRUE(memfd.ok()) << memfd.status();
-  MappingCache cache;
+  MappingCache cache(HostOnly());
   const MappingKey key{"nonce", 7, MapMode::kSharedWritable};
-  auto fetch = [&]() -> absl::StatusOr<BufferFd> {
-    return BufferFd{common::UniqueFd(::fcntl(memfd->get(), F_DUPFD_CLOEXEC, 0)), 1 << 16};
+  auto fetch = [&]() -> absl::StatusOr<common::FetchedBuffer> {
+    return HostHandle(common::UniqueFd(::fcntl(memfd->get(), F_DUPFD_CLOEXEC, 0)), 1 << 16);
   };
-  auto seal = [](int fd) { return common::SealFutureWrite(fd, "arena"); };
   constexpr int kThreads = 8;
   std::vector<absl::StatusOr<std::shared_ptr<Mapping>>> results(kThreads, absl::UnknownError("unset"));
   std::atomic<bool> go{false};
@@ -94,7 +112,7 @@ TEST(MappingCacheTest, ConcurrentFirstWritableMappingsOfAnArenaShareOne) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       while (!go.load()) std::this_thread::yield();
-      results[t] = cache.GetOrMap(key, fetch, seal, Retention::kSession);
+      results[t] = cache.GetOrMap(key, fetch, Retention::kSession);
     });
   }
   go = true;
@@ -108,7 +126,7 @@ TEST(MappingCacheTest, ConcurrentFirstWritableMappingsOfAnArenaShareOne) {
 
 TEST(MappingCacheTest, TheLastReferenceUnmapsAndTheNextLookupFetchesAgain) {
   FakeBroker broker(8192);
-  MappingCache cache;
+  MappingCache cache(HostOnly());
   MappingKey key{"nonce", 1, MapMode::kPrivate};
   auto a = cache.GetOrMap(key, broker.Fetch());
   ASSERT_TRUE(a.ok());
@@ -128,7 +146,7 @@ TEST(MappingCacheTest, TheLastReferenceUnmapsAndTheNextLookupFetchesAgain) {
 
 TEST(MappingCacheTest, KeysIncludeTheModeAndTheBrokerInstance) {
   FakeBroker broker(4096);
-  MappingCache cache;
+  MappingCache cache(HostOnly());
   auto priv = cache.GetOrMap({"n1", 1, MapMode::kPrivate}, broker.Fetch());
   auto ro = cache.GetOrMap({"n1", 1, MapMode::kSharedReadOnly}, broker.Fetch());
   auto other = cache.GetOrMap({"n2", 1, MapMode::kPrivate}, broker.Fetch());
@@ -143,9 +161,9 @@ TEST(MappingCacheTest, AnFdSmallerThanTheBrokerSaysIsRefusedBeforeMapping) {
   auto fd = common::CreateSealedMemfd("small", 4096);
   ASSERT_TRUE(fd.ok());
   int raw = fd->get();
-  MappingCache cache;
-  auto result = cache.GetOrMap({"n", 9, MapMode::kPrivate}, [raw]() -> absl::StatusOr<BufferFd> {
-    return BufferFd{common::UniqueFd(::dup(raw)), 1 << 20};
+  MappingCache cache(HostOnly());
+  auto result = cache.GetOrMap({"n", 9, MapMode::kPrivate}, [raw]() -> absl::StatusOr<common::FetchedBuffer> {
+    return HostHandle(common::UniqueFd(::dup(raw)), 1 << 20);
   });
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("buffer 9")));
   EXPECT_EQ(cache.LiveCountForTest(), 0u);
@@ -156,34 +174,110 @@ TEST(MappingCacheTest, AnUnsealedBufferIsRefused) {
   ASSERT_GE(raw, 0);
   common::UniqueFd owner(raw);
   ASSERT_EQ(::ftruncate(raw, 4096), 0);
-  MappingCache cache;
-  auto result = cache.GetOrMapFd({"n", 3, MapMode::kPrivate}, raw, 4096);
+  MappingCache cache(HostOnly());
+  auto result = cache.GetOrMapHandle({"n", 3, MapMode::kPrivate}, HostHandle(common::UniqueFd(::dup(raw)), 4096));
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("shrink")));
 }
 
 TEST(MappingCacheTest, AFailedFetchIsReturnedAndCachesNothing) {
-  MappingCache cache;
-  auto result = cache.GetOrMap({"n", 3, MapMode::kPrivate}, []() -> absl::StatusOr<BufferFd> {
+  MappingCache cache(HostOnly());
+  auto result = cache.GetOrMap({"n", 3, MapMode::kPrivate}, []() -> absl::StatusOr<common::FetchedBuffer> {
     return absl::NotFoundError("buffer 3 is not leased by this session");
   });
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer 3")));
   EXPECT_EQ(cache.LiveCountForTest(), 0u);
 }
 
-TEST(MappingCacheTest, TheAfterMapHookRunsOnTheFdBeforeItCloses) {
+TEST(MappingCacheTest, TheProducersWritableMappingSealsTheBufferForReaders) {
   FakeBroker broker(4096);
-  MappingCache cache;
-  int seen_seals = -1;
-  auto result = cache.GetOrMap({"n", 1, MapMode::kSharedWritable}, broker.Fetch(),
-                               [&](int fd) -> absl::Status {
-                                 TENSORD_RETURN_IF_ERROR(common::SealFutureWrite(fd, "t"));
-                                 auto seals = common::GetSeals(fd, "t");
-                                 seen_seals = seals.ok() ? *seals : -1;
-                                 return absl::OkStatus();
-                               });
+  MappingCache cache(HostOnly());
+  auto result = cache.GetOrMap({"n", 1, MapMode::kSharedWritable}, broker.Fetch());
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(seen_seals & common::kRequiredReaderSeals, common::kRequiredReaderSeals);
+  auto seals = common::GetSeals(broker.memfd(), "t");
+  ASSERT_TRUE(seals.ok());
+  EXPECT_EQ(*seals & common::kRequiredReaderSeals, common::kRequiredReaderSeals);
   (*result)->data()[1] = 7;  // the mapping made before the seal stays writable
+}
+
+// An importer for another device type that counts its regions: the cache keys, keeps and
+// drops them as it does host mappings.
+class CountingImporter final : public common::Importer {
+ public:
+  class Region final : public common::ImportedRegion {
+   public:
+    Region(CountingImporter* owner, uint64_t size, MapMode mode) : owner_(owner), bytes_(size), mode_(mode) {
+      ++owner_->live;
+    }
+    ~Region() override { --owner_->live; }
+    uint8_t* data() const override { return const_cast<uint8_t*>(bytes_.data()); }
+    uint64_t size() const override { return bytes_.size(); }
+    MapMode mode() const override { return mode_; }
+
+   private:
+    CountingImporter* owner_;
+    std::vector<uint8_t> bytes_;
+    MapMode mode_;
+  };
+  tensord::v1::DeviceType device_type() const override { return tensord::v1::DEVICE_TYPE_CUDA; }
+  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> Import(const common::FetchedBuffer& buffer, MapMode mode,
+                                                                 const std::string& what) override {
+    ++imports;
+    last_handle = buffer.handle.data;
+    if (buffer.handle.data.empty()) return absl::DataLossError(what + ": no handle bytes");
+    return std::make_unique<Region>(this, buffer.size, mode);
+  }
+  std::atomic<int> imports{0};
+  std::atomic<int> live{0};
+  std::string last_handle;
+};
+
+TEST(MappingCacheTest, EveryDeviceTypeGoesThroughItsImporterWithTheSameKeysAndRetention) {
+  auto counting = std::make_unique<CountingImporter>();
+  CountingImporter* device = counting.get();
+  std::vector<std::unique_ptr<common::Importer>> list;
+  list.push_back(std::make_unique<common::HostImporter>());
+  list.push_back(std::move(counting));
+  common::Importers importers(std::move(list));
+  MappingCache cache(importers);
+  auto fetch = [] {
+    common::FetchedBuffer buffer;
+    buffer.buffer_id = 4;
+    buffer.size = 2 << 20;
+    buffer.device_type = tensord::v1::DEVICE_TYPE_CUDA;
+    buffer.handle.data = "device handle";
+    return absl::StatusOr<common::FetchedBuffer>(std::move(buffer));
+  };
+  const MappingKey key{"n", 4, MapMode::kPrivate};
+  auto a = cache.GetOrMap(key, fetch);
+  auto b = cache.GetOrMap(key, fetch);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ(device->imports, 1);
+  EXPECT_EQ(device->last_handle, "device handle");
+  EXPECT_EQ((*a)->size(), uint64_t{2} << 20);
+  EXPECT_EQ(device->live, 1);
+  a->reset();
+  b->reset();
+  EXPECT_EQ(device->live, 0);  // the last reference undid the import
+
+  // An arena-like retention keeps it past its last user, as for host memory.
+  auto kept = cache.GetOrMap({"n", 5, MapMode::kSharedWritable}, fetch, Retention::kSession);
+  ASSERT_TRUE(kept.ok());
+  kept->reset();
+  EXPECT_EQ(device->live, 1);
+  cache.ReleaseKept();
+  EXPECT_EQ(device->live, 0);
+
+  // A device type no importer serves fails with a reason and maps nothing.
+  auto level_zero = [] {
+    common::FetchedBuffer buffer;
+    buffer.size = 4096;
+    buffer.device_type = tensord::v1::DEVICE_TYPE_ONEAPI;
+    return absl::StatusOr<common::FetchedBuffer>(std::move(buffer));
+  };
+  EXPECT_THAT(cache.GetOrMap({"n", 6, MapMode::kPrivate}, level_zero),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("DEVICE_TYPE_ONEAPI")));
 }
 
 // Several sealed memfds, by buffer id, behind a FetchManyFn that records each call.
@@ -191,13 +285,13 @@ class FakeBrokerMany {
  public:
   void Add(uint64_t id, uint64_t size) { buffers_.emplace(id, std::make_unique<FakeBroker>(size)); }
   MappingCache::FetchManyFn Fetch() {
-    return [this](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<BufferFd>> {
+    return [this](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<common::FetchedBuffer>> {
       calls.emplace_back(ids.begin(), ids.end());
-      std::vector<BufferFd> out;
+      std::vector<common::FetchedBuffer> out;
       for (uint64_t id : ids) {
         auto it = buffers_.find(id);
         if (it == buffers_.end()) return absl::NotFoundError("buffer " + std::to_string(id) + " is not held");
-        absl::StatusOr<BufferFd> fd = it->second->Fetch()();
+        absl::StatusOr<common::FetchedBuffer> fd = it->second->Fetch()();
         if (!fd.ok()) return fd.status();
         out.push_back(*std::move(fd));
       }
@@ -213,8 +307,8 @@ class FakeBrokerMany {
 TEST(MappingCacheTest, GetOrMapManyFetchesOnlyTheMissingBuffersInOneCall) {
   FakeBrokerMany broker;
   for (uint64_t id : {1, 2, 3}) broker.Add(id, 4096);
-  MappingCache cache;
-  auto held = cache.GetOrMap({"n", 2, MapMode::kPrivate}, [&]() -> absl::StatusOr<BufferFd> {
+  MappingCache cache(HostOnly());
+  auto held = cache.GetOrMap({"n", 2, MapMode::kPrivate}, [&]() -> absl::StatusOr<common::FetchedBuffer> {
     auto fds = broker.Fetch()(std::vector<uint64_t>{2});
     if (!fds.ok()) return fds.status();
     return std::move((*fds)[0]);
@@ -251,15 +345,15 @@ TEST(MappingCacheTest, GetOrMapManyFetchesOnlyTheMissingBuffersInOneCall) {
 TEST(MappingCacheTest, GetOrMapManyReportsAFailedFetchAndCachesNothing) {
   FakeBrokerMany broker;
   broker.Add(1, 4096);
-  MappingCache cache;
+  MappingCache cache(HostOnly());
   std::vector<BufferToMap> wanted = {{{"n", 1, MapMode::kPrivate}}, {{"n", 7, MapMode::kPrivate}}};
   auto mapped = cache.GetOrMapMany(wanted, broker.Fetch());
   EXPECT_THAT(mapped, StatusIs(absl::StatusCode::kNotFound, HasSubstr("buffer 7")));
   EXPECT_EQ(cache.LiveCountForTest(), 0u);
 
   // A fetch that answers with the wrong number of fds is refused.
-  auto short_fetch = [](std::span<const uint64_t>) -> absl::StatusOr<std::vector<BufferFd>> {
-    return std::vector<BufferFd>{};
+  auto short_fetch = [](std::span<const uint64_t>) -> absl::StatusOr<std::vector<common::FetchedBuffer>> {
+    return std::vector<common::FetchedBuffer>{};
   };
   EXPECT_THAT(cache.GetOrMapMany(wanted, short_fetch),
               StatusIs(absl::StatusCode::kInternal, HasSubstr("asked for 2 buffers, got 0")));
@@ -269,24 +363,19 @@ TEST(MappingCacheTest, GetOrMapManyKeepsTheGoodMappingsWhenOneBufferIsBad) {
   FakeBrokerMany broker;
   broker.Add(1, 4096);
   broker.Add(2, 4096);
-  MappingCache cache;
+  MappingCache cache(HostOnly());
   // Buffer 2's fd is smaller than the broker claims.
-  auto lying = [&](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<BufferFd>> {
-    TENSORD_ASSIGN_OR_RETURN(std::vector<BufferFd> fds, broker.Fetch()(ids));
+  auto lying = [&](std::span<const uint64_t> ids) -> absl::StatusOr<std::vector<common::FetchedBuffer>> {
+    TENSORD_ASSIGN_OR_RETURN(std::vector<common::FetchedBuffer> fds, broker.Fetch()(ids));
     fds[1].size = 1 << 20;
     return fds;
   };
   std::vector<BufferToMap> wanted = {{{"n", 1, MapMode::kSharedWritable}, Retention::kSession},
                                      {{"n", 2, MapMode::kSharedWritable}, Retention::kSession}};
-  int sealed = 0;
-  auto mapped = cache.GetOrMapMany(wanted, lying, [&](int) {
-    ++sealed;
-    return absl::OkStatus();
-  });
+  auto mapped = cache.GetOrMapMany(wanted, lying);
   EXPECT_THAT(mapped, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("buffer 2")));
   // Buffer 1 was mapped (and sealed): a producer could never map it writable again, so it
   // stays.
-  EXPECT_EQ(sealed, 1);
   EXPECT_EQ(cache.KeptCountForTest(), 1u);
   auto one = cache.GetOrMapMany(std::span(wanted).first(1), broker.Fetch());
   ASSERT_TRUE(one.ok());
@@ -295,9 +384,9 @@ TEST(MappingCacheTest, GetOrMapManyKeepsTheGoodMappingsWhenOneBufferIsBad) {
 
 TEST(MappingCacheTest, ASessionMappingOutlivesItsLastUserUntilReleaseKept) {
   FakeBroker broker(8192);
-  MappingCache cache(std::chrono::milliseconds(0));
+  MappingCache cache(HostOnly(), std::chrono::milliseconds(0));
   MappingKey key{"n", 5, MapMode::kSharedWritable};
-  auto first = cache.GetOrMap(key, broker.Fetch(), {}, Retention::kSession);
+  auto first = cache.GetOrMap(key, broker.Fetch(), Retention::kSession);
   ASSERT_TRUE(first.ok());
   const uint8_t* addr = (*first)->data();
   first = absl::CancelledError("dropped");
@@ -305,7 +394,7 @@ TEST(MappingCacheTest, ASessionMappingOutlivesItsLastUserUntilReleaseKept) {
   // Sweeps leave it alone however late.
   cache.Sweep(MappingCache::Clock::now() + std::chrono::hours(24));
   EXPECT_TRUE(testing::IsMapped(addr));
-  auto second = cache.GetOrMap(key, broker.Fetch(), {}, Retention::kSession);
+  auto second = cache.GetOrMap(key, broker.Fetch(), Retention::kSession);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ((*second)->data(), addr);
   EXPECT_EQ(broker.fetches, 1);
@@ -319,9 +408,9 @@ TEST(MappingCacheTest, ALingerMappingGoesOnceUnusedForTheLinger) {
   using Clock = MappingCache::Clock;
   using std::chrono::milliseconds;
   FakeBroker broker(8192);
-  MappingCache cache(milliseconds(50));
+  MappingCache cache(HostOnly(), milliseconds(50));
   MappingKey key{"n", 6, MapMode::kPrivate};
-  auto mapping = cache.GetOrMap(key, broker.Fetch(), {}, Retention::kLinger);
+  auto mapping = cache.GetOrMap(key, broker.Fetch(), Retention::kLinger);
   ASSERT_TRUE(mapping.ok());
   const uint8_t* addr = (*mapping)->data();
   const Clock::time_point t0 = Clock::now();
@@ -334,20 +423,20 @@ TEST(MappingCacheTest, ALingerMappingGoesOnceUnusedForTheLinger) {
   EXPECT_EQ(cache.Sweep(t0 + milliseconds(49)), t0 + milliseconds(50));
   EXPECT_TRUE(testing::IsMapped(addr));
   // Used again within the linger: its linger starts over at the next sweep.
-  ASSERT_TRUE(cache.GetOrMap(key, broker.Fetch(), {}, Retention::kLinger).ok());
+  ASSERT_TRUE(cache.GetOrMap(key, broker.Fetch(), Retention::kLinger).ok());
   EXPECT_EQ(broker.fetches, 1);
   EXPECT_EQ(cache.Sweep(t0 + milliseconds(60)), t0 + milliseconds(110));
   EXPECT_TRUE(testing::IsMapped(addr));
   EXPECT_EQ(cache.Sweep(t0 + milliseconds(110)), Clock::time_point::max());
   EXPECT_FALSE(testing::IsMapped(addr));
   EXPECT_EQ(cache.KeptCountForTest(), 0u);
-  ASSERT_TRUE(cache.GetOrMap(key, broker.Fetch(), {}, Retention::kLinger).ok());
+  ASSERT_TRUE(cache.GetOrMap(key, broker.Fetch(), Retention::kLinger).ok());
   EXPECT_EQ(broker.fetches, 2);
 }
 
 TEST(MappingCacheTest, SweepsLeaveDedicatedBuffersToTheirViews) {
   FakeBroker broker(4096);
-  MappingCache cache(std::chrono::milliseconds(0));
+  MappingCache cache(HostOnly(), std::chrono::milliseconds(0));
   auto mapping = cache.GetOrMap({"n", 8, MapMode::kPrivate}, broker.Fetch());
   ASSERT_TRUE(mapping.ok());
   const uint8_t* addr = (*mapping)->data();
@@ -380,7 +469,7 @@ WriterAndReader MapTwice(const char* name) {
   EXPECT_TRUE(writer.ok()) << writer.status();
   auto reader = common::MappedRegion::Map(fd->get(), 4 * 4096, MapMode::kPrivate, "r");
   EXPECT_TRUE(reader.ok()) << reader.status();
-  return WriterAndReader{*std::move(writer), Mapping(*std::move(reader))};
+  return WriterAndReader{*std::move(writer), Mapping(std::make_unique<common::HostRegion>(*std::move(reader)))};
 }
 
 TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
@@ -401,7 +490,7 @@ TEST(MappingCacheTest, DiscardingPrivatePagesShowsTheBuffersContentsAgain) {
   EXPECT_EQ(mapping.data()[2 * 4096], 2);
 
   // A shared mapping has no private copies to discard.
-  Mapping shared(std::move(writer_region));
+  Mapping shared(std::make_unique<common::HostRegion>(std::move(writer_region)));
   ASSERT_TRUE(shared.DiscardPrivatePages(4096, 4096).ok());
   EXPECT_EQ(shared.data()[4096], 10);
 }

@@ -12,8 +12,9 @@
 #include "client/lease_view.h"
 #include "client/mapping_cache.h"
 #include "client/release_queue.h"
-#include "common/memory/mapped_region.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/host_importer.h"
+#include "common/memory/host/mapped_region.h"
+#include "common/memory/host/memfd.h"
 #include "gtest/gtest.h"
 
 namespace tensord::internal::testing {
@@ -46,7 +47,7 @@ inline std::shared_ptr<Mapping> NewPatternMapping(uint64_t size, common::MapMode
   for (uint64_t i = 0; i < size; ++i) writer->data()[i] = static_cast<uint8_t>(i % 251);
   auto region = common::MappedRegion::Map(fd->get(), size, mode, "test");
   EXPECT_TRUE(region.ok()) << region.status();
-  return std::make_shared<Mapping>(*std::move(region));
+  return std::make_shared<Mapping>(std::make_unique<common::HostRegion>(*std::move(region)));
 }
 
 // True while [addr, addr+len) is mapped in this process.

@@ -1,4 +1,4 @@
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -7,8 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/memory/host_backend.h"
-#include "common/memory/mapped_region.h"
+#include "common/memory/host/mapped_region.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/status_matchers.h"
@@ -145,19 +144,6 @@ TEST(MemfdTest, PrepareExportedMemfdRefusesUnsealable) {
   UniqueFd file(open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
   EXPECT_THAT(PrepareExportedMemfd(file.get(), "export 6"),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a memfd")));
-}
-
-TEST(HostBackendTest, AllocatesSealedBuffers) {
-  HostBackend backend;
-  EXPECT_EQ(backend.device_type(), v1::DEVICE_TYPE_CPU);
-  EXPECT_EQ(backend.unavailable_reason(), "");
-  auto buffer = backend.Allocate(4096, "tensor 7");
-  ASSERT_THAT(buffer, IsOk());
-  EXPECT_EQ((*buffer)->size(), 4096u);
-  auto seals = GetSeals((*buffer)->shareable_fd(), "tensor 7");
-  ASSERT_THAT(seals, IsOk());
-  EXPECT_EQ(*seals & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW);
-  EXPECT_THAT(backend.Allocate(0, "zero"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zero")));
 }
 
 }  // namespace

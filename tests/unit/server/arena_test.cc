@@ -254,7 +254,7 @@ TEST_F(BrokerArenaTest, AnArenaOutlivesItsProducerWhileATensorInItLives) {
   EXPECT_EQ(broker_->GetStatus().tensors(), 1u);
   v1::FetchFd fetch;
   fetch.add_buffer_ids(kept->tensor().buffer().buffer_id());
-  ASSERT_TRUE(broker_->FetchFds(reader, fetch).ok());
+  ASSERT_TRUE(broker_->FetchHandles(reader, fetch).ok());
   v1::DeleteRequest del;
   del.set_name("ns/kept");
   ASSERT_TRUE(broker_->Delete(reader, del).ok());

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "common/memory/host_backend.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/host_backend.h"
+#include "common/memory/host/memfd.h"
 #include "gtest/gtest.h"
 #include "server/broker.h"
 
@@ -31,7 +31,7 @@ class BrokerTest : public ::testing::Test {
     options.daemon_uid = getuid();
     options.acls["shared"].read_uids = {4242};
     adjust(options);
-    broker_ = std::make_unique<Broker>(options, std::make_unique<common::HostBackend>());
+    broker_ = std::make_unique<Broker>(options, HostOnlyBackends());
   }
 
   uint64_t Open(uid_t uid = getuid()) {
@@ -68,9 +68,9 @@ class BrokerTest : public ::testing::Test {
   void Seal(uint64_t session, const v1::AllocateResponse& allocated) {
     v1::FetchFd fetch;
     fetch.add_buffer_ids(allocated.tensor().buffer().buffer_id());
-    auto fds = broker_->FetchFds(session, fetch);
+    auto fds = broker_->FetchHandles(session, fetch);
     ASSERT_TRUE(fds.ok()) << fds.status();
-    ASSERT_TRUE(common::SealFutureWrite((*fds)[0].fd.get(), "test").ok());
+    ASSERT_TRUE(common::SealFutureWrite((*fds)[0].handle.fds[0].get(), "test").ok());
   }
 
   absl::StatusOr<v1::PublishResponse> Publish(uint64_t session, uint64_t tensor_id, const std::string& name) {

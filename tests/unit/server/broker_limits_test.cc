@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 #include "gtest/gtest.h"
 #include "tests/unit/server/broker_fixture.h"
 

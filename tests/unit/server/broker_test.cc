@@ -124,7 +124,7 @@ TEST_F(BrokerTest, UnknownTokensAreUnauthenticated) {
   uint64_t session = Open();
   v1::FetchFd fetch;
   fetch.add_buffer_ids(12345);
-  EXPECT_EQ(broker_->FetchFds(session, fetch).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(broker_->FetchHandles(session, fetch).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

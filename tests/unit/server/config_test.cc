@@ -621,5 +621,51 @@ TEST(Config, HelpAndVersionPrintAndCancel) {
                                                                    ": /srv/tensord-help-test.sock"))));
 }
 
+TEST(DeviceLimits, OneValueForEveryDeviceOrPerDeviceEntries) {
+  auto all = ParseDeviceLimits("8GiB");
+  ASSERT_THAT(all, IsOk());
+  EXPECT_EQ(all->all, uint64_t{8} << 30);
+  EXPECT_TRUE(all->by_device.empty());
+
+  auto mixed = ParseDeviceLimits(" 4G , GPU-3f1c2a9e-0000-1111-2222-333344445555=20GiB,cuda:1=1MiB");
+  ASSERT_THAT(mixed, IsOk());
+  EXPECT_EQ(mixed->all, uint64_t{4} << 30);
+  EXPECT_EQ(mixed->by_device.at("GPU-3f1c2a9e-0000-1111-2222-333344445555"), uint64_t{20} << 30);
+  EXPECT_EQ(mixed->by_device.at("cuda:1"), uint64_t{1} << 20);
+  auto named_only = ParseDeviceLimits("cuda:0=1G");
+  ASSERT_THAT(named_only, IsOk());
+  EXPECT_EQ(named_only->all, 0u);
+}
+
+TEST(DeviceLimits, RefusesWhatItCannotReadNamingTheEntry) {
+  EXPECT_THAT(ParseDeviceLimits("8GiB,,cuda:0=1G"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty entry")));
+  EXPECT_THAT(ParseDeviceLimits("gpu0=1G"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'gpu0=1G': name the device by its UUID")));
+  EXPECT_THAT(ParseDeviceLimits("cuda:x=1G"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("UUID")));
+  EXPECT_THAT(ParseDeviceLimits("cuda:0=lots"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'cuda:0=lots'")));
+  EXPECT_THAT(ParseDeviceLimits("1G,2G"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("two values")));
+  EXPECT_THAT(ParseDeviceLimits("cuda:0=1G,cuda:0=2G"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'cuda:0' is given twice")));
+}
+
+TEST(DeviceLimits, TheFlagTheVariableAndTheFileAreNamedInErrors) {
+  auto flag = Load({"--max-device-bytes", "cuda:0=2GiB"});
+  ASSERT_THAT(flag, IsOk());
+  EXPECT_EQ(flag->device_limits.by_device.at("cuda:0"), uint64_t{2} << 30);
+  EXPECT_EQ(flag->device_limits.source, "--max-device-bytes");
+  EXPECT_THAT(Load({"--max-device-bytes", "nope=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max-device-bytes 'nope=1'")));
+  {
+    ScopedEnv env("TENSORD_MAX_DEVICE_BYTES", "1G,2G");
+    EXPECT_THAT(Load({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("environment TENSORD_MAX_DEVICE_BYTES (--max-device-bytes) '1G,2G'")));
+  }
+  std::string path = WriteToml("max_device_bytes = \"16GiB\"\n");
+  auto file = Load({"--config", path});
+  ASSERT_THAT(file, IsOk());
+  EXPECT_EQ(file->device_limits.all, uint64_t{16} << 30);
+  EXPECT_THAT(file->device_limits.source, HasSubstr(path + ":1"));
+}
+
 }  // namespace
 }  // namespace tensord::server

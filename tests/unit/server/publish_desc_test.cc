@@ -142,7 +142,8 @@ TEST_F(PublishDescTest, ABadDescIsRefusedAsAllocateRefusesItNamingTheField) {
   v1::TensorDesc on_gpu = Desc(v1::DTYPE_CODE_FLOAT, 32, {4});
   on_gpu.mutable_device()->set_type(v1::DEVICE_TYPE_CUDA);
   EXPECT_THAT(PublishAs(producer, id, "ns/x", on_gpu),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only host")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("was allocated on DEVICE_TYPE_CPU device 0, not DEVICE_TYPE_CUDA device 0")));
   v1::TensorDesc other_cpu = Desc(v1::DTYPE_CODE_FLOAT, 32, {4});
   other_cpu.mutable_device()->set_index(1);
   EXPECT_THAT(PublishAs(producer, id, "ns/x", other_cpu),

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "common/memory/host_backend.h"
+#include "common/memory/host/host_backend.h"
 #include "gtest/gtest.h"
 
 namespace tensord::server {
@@ -41,7 +41,7 @@ TEST(TensorRegistry, UnbindOnlyRemovesItsOwnBinding) {
 TEST(TensorRegistry, RemovingTheLastTensorOfABufferHandsBackItsMemory) {
   TensorRegistry registry;
   common::HostBackend backend;
-  auto memory = backend.Allocate(4096, "test");
+  auto memory = backend.Allocate(backend.devices().front(), 4096, "test");
   ASSERT_TRUE(memory.ok());
   Buffer buffer;
   buffer.id = registry.NextBufferId();

@@ -1,4 +1,4 @@
-#include "common/memory/mapped_region.h"
+#include "common/memory/host/mapped_region.h"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "common/memory/memfd.h"
+#include "common/memory/host/memfd.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

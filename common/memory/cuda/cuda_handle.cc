@@ -1,0 +1,97 @@
+#include "common/memory/cuda/cuda_handle.h"
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+
+namespace tensord::common {
+namespace {
+
+constexpr char kMagic[4] = {'T', 'D', 'C', 'U'};
+
+void PutLe(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+uint64_t GetLe(std::string_view in, size_t at, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) {
+    value |= static_cast<uint64_t>(static_cast<uint8_t>(in[at + static_cast<size_t>(i)])) << (8 * i);
+  }
+  return value;
+}
+
+}  // namespace
+
+const char* CudaHandleKindName(CudaHandleKind kind) {
+  switch (kind) {
+    case CudaHandleKind::kVmmFd:
+      return "VMM fd";
+    case CudaHandleKind::kLegacyIpc:
+      return "legacy IPC";
+  }
+  return "unknown";
+}
+
+std::string EncodeCudaHandle(const CudaHandle& handle) {
+  TENSORD_CHECK(handle.uuid.size() == kCudaUuidBytes);
+  std::string out;
+  out.reserve(kCudaLegacyIpcHandleBytes);
+  out.append(kMagic, sizeof(kMagic));
+  PutLe(out, kCudaHandleVersion, 2);
+  PutLe(out, static_cast<uint16_t>(handle.kind), 2);
+  out.append(handle.uuid);
+  PutLe(out, handle.size, 8);
+  if (handle.kind == CudaHandleKind::kLegacyIpc) {
+    PutLe(out, handle.offset, 8);
+    out.append(reinterpret_cast<const char*>(handle.ipc_handle.data()), handle.ipc_handle.size());
+  }
+  return out;
+}
+
+absl::StatusOr<CudaHandle> DecodeCudaHandle(std::string_view data) {
+  if (data.size() < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda handle: ", data.size(), " bytes, too short for its header (8)"));
+  }
+  if (std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::InvalidArgumentError("cuda handle: wrong magic (not a tensord cuda handle)");
+  }
+  const uint64_t version = GetLe(data, 4, 2);
+  if (version != kCudaHandleVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda handle: version ", version, ", this build reads version ", kCudaHandleVersion));
+  }
+  const uint64_t kind = GetLe(data, 6, 2);
+  size_t expected = 0;
+  if (kind == static_cast<uint16_t>(CudaHandleKind::kVmmFd)) {
+    expected = kCudaVmmHandleBytes;
+  } else if (kind == static_cast<uint16_t>(CudaHandleKind::kLegacyIpc)) {
+    expected = kCudaLegacyIpcHandleBytes;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("cuda handle: unknown kind ", kind));
+  }
+  CudaHandle handle;
+  handle.kind = static_cast<CudaHandleKind>(kind);
+  if (data.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda handle: ", data.size(), " bytes for a ",
+                                                   CudaHandleKindName(handle.kind), " handle, expected ",
+                                                   expected));
+  }
+  handle.uuid = std::string(data.substr(8, kCudaUuidBytes));
+  handle.size = GetLe(data, 24, 8);
+  if (handle.size == 0) return absl::InvalidArgumentError("cuda handle: allocation size is 0");
+  if (handle.kind == CudaHandleKind::kLegacyIpc) {
+    handle.offset = GetLe(data, 32, 8);
+    if (handle.offset >= handle.size) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda handle: offset ", handle.offset,
+                                                     " is outside the allocation of ", handle.size, " bytes"));
+    }
+    std::memcpy(handle.ipc_handle.data(), data.data() + 40, kCudaIpcHandleBytes);
+  }
+  return handle;
+}
+
+}  // namespace tensord::common

@@ -1,0 +1,60 @@
+// CudaHandle: the bytes of a CUDA buffer's MemoryHandle.data, as the cuda backend writes
+// them and the cuda importer reads them. Versioned, fixed layout, little-endian:
+//
+//   offset  size  field
+//   0       4     magic "TDCU"
+//   4       2     version (1)
+//   6       2     kind: 1 = VMM allocation exported as a POSIX fd (the fd travels beside
+//                 the bytes), 2 = legacy CUDA IPC (no fd)
+//   8       16    device UUID (raw bytes, as cuDeviceGetUuid gives them)
+//   24      8     size: bytes of the allocation the handle names
+//   -- kind 2 only --
+//   32      8     offset: where the buffer starts within the allocation (the producer's
+//                 pointer minus the allocation base from cuMemGetAddressRange)
+//   40      64    CUipcMemHandle of the allocation base
+//
+// A VMM handle is 32 bytes, a legacy IPC handle 104. Decoding is strict: anything else is
+// INVALID_ARGUMENT naming what is wrong. The bytes are a capability (legacy IPC ones in
+// particular): never log them or put them in an error.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace tensord::common {
+
+enum class CudaHandleKind : uint16_t {
+  kVmmFd = 1,
+  kLegacyIpc = 2,
+};
+
+inline constexpr uint16_t kCudaHandleVersion = 1;
+inline constexpr size_t kCudaUuidBytes = 16;
+inline constexpr size_t kCudaIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
+inline constexpr size_t kCudaVmmHandleBytes = 32;
+inline constexpr size_t kCudaLegacyIpcHandleBytes = 104;
+
+struct CudaHandle {
+  CudaHandleKind kind = CudaHandleKind::kVmmFd;
+  std::string uuid;    // 16 raw bytes
+  uint64_t size = 0;   // bytes of the allocation
+  uint64_t offset = 0; // legacy IPC: the buffer's start within the allocation; VMM: 0
+  std::array<uint8_t, kCudaIpcHandleBytes> ipc_handle{};  // legacy IPC only
+};
+
+// The wire bytes of `handle`. `handle.uuid` must be 16 bytes (a broken invariant
+// otherwise: CHECKed).
+std::string EncodeCudaHandle(const CudaHandle& handle);
+
+// Parses and checks `data`: magic, version, kind, the exact length for the kind, a
+// non-zero size, and for legacy IPC an offset inside the allocation.
+absl::StatusOr<CudaHandle> DecodeCudaHandle(std::string_view data);
+
+// "VMM fd" or "legacy IPC", for messages.
+const char* CudaHandleKindName(CudaHandleKind kind);
+
+}  // namespace tensord::common

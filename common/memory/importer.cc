@@ -1,0 +1,29 @@
+#include "common/memory/importer.h"
+
+#include <utility>
+
+namespace tensord::common {
+
+Importers::Importers(std::vector<std::unique_ptr<Importer>> importers) {
+  for (std::unique_ptr<Importer>& importer : importers) {
+    const tensord::v1::DeviceType type = importer->device_type();
+    by_type_[type] = std::move(importer);
+  }
+}
+
+absl::StatusOr<Importer*> Importers::For(tensord::v1::DeviceType type) const {
+  auto it = by_type_.find(type);
+  if (it == by_type_.end()) {
+    return absl::UnimplementedError("device type " + tensord::v1::DeviceType_Name(type) +
+                                    " is not supported by this client build");
+  }
+  return it->second.get();
+}
+
+absl::Status Importers::NameDevice(tensord::v1::Device& device) const {
+  absl::StatusOr<Importer*> importer = For(device.type());
+  if (!importer.ok()) return importer.status();
+  return (*importer)->NameDevice(device);
+}
+
+}  // namespace tensord::common

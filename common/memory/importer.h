@@ -1,0 +1,91 @@
+// Importer: the client half of the memory seam. One per device type turns a buffer's
+// handle (as FETCH_FD returned it) into a region mapped in this process; the client's
+// mapping cache keeps regions by (broker instance, buffer id, mode) whatever the device.
+//
+// An ImportedRegion owns what the import made (a host mmap; a device virtual-address
+// reservation, its mapping and the imported allocation) and undoes it in its destructor.
+// The destructor must not block on a lock the client holds: it runs where the last
+// reference to a mapping goes (the release sender, a DLPack deleter after the client
+// stopped). data() is a pointer on the buffer's device: a host address for host memory, a
+// device address for a GPU.
+//
+// Thread-safe: Import may run on several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/memory/host/mapped_region.h"
+#include "common/memory/memory_handle.h"
+#include "tensord/v1/tensor.pb.h"
+
+namespace tensord::common {
+
+class ImportedRegion {
+ public:
+  virtual ~ImportedRegion() = default;
+  virtual uint8_t* data() const = 0;
+  virtual uint64_t size() const = 0;
+  virtual MapMode mode() const = 0;
+  // This process's ordinal of the region's device: the consumer's DLDevice.device_id,
+  // which may differ from the producer's and the daemon's. 0 for host memory.
+  virtual int32_t device_ordinal() const { return 0; }
+  // Copy-on-write host mappings: throws away this process's private copies of the pages of
+  // [offset, offset + length) so they read the buffer again. Other regions have no private
+  // copies: OK, nothing done.
+  virtual absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const {
+    (void)offset;
+    (void)length;
+    return absl::OkStatus();
+  }
+};
+
+// A buffer as the broker handed it out.
+struct FetchedBuffer {
+  uint64_t buffer_id = 0;
+  uint64_t size = 0;  // the bytes the broker says the buffer holds
+  tensord::v1::DeviceType device_type = tensord::v1::DEVICE_TYPE_CPU;
+  MemoryHandle handle;
+};
+
+class Importer {
+ public:
+  virtual ~Importer() = default;
+  virtual tensord::v1::DeviceType device_type() const = 0;
+  // Maps `buffer` in `mode`. kSharedWritable is the producer's own mapping: for host memory
+  // the importer then seals the memfd F_SEAL_FUTURE_WRITE, which is what protects readers.
+  // The handle's fds may be closed once this returns. DATA_LOSS when the handle does not
+  // back `buffer.size` bytes, FAILED_PRECONDITION when it is not safe to map; errors name
+  // `what`.
+  virtual absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
+                                                                 const std::string& what) = 0;
+  // Completes a device this process names by its own ordinal with the name that holds in
+  // every process (a GPU's UUID), before it goes to the broker. Host memory needs none.
+  // FAILED_PRECONDITION / UNAVAILABLE when there is no such device here.
+  virtual absl::Status NameDevice(tensord::v1::Device& device) const {
+    (void)device;
+    return absl::OkStatus();
+  }
+};
+
+// The importers of one client, by device type (memory/backends.h makes those this build
+// has: host always, the GPU ones when built; each loads its driver on first use).
+class Importers {
+ public:
+  explicit Importers(std::vector<std::unique_ptr<Importer>> importers);
+  Importers(const Importers&) = delete;
+  Importers& operator=(const Importers&) = delete;
+  // UNIMPLEMENTED naming the device type when this build cannot import it.
+  absl::StatusOr<Importer*> For(tensord::v1::DeviceType type) const;
+  // For(device.type())->NameDevice(device).
+  absl::Status NameDevice(tensord::v1::Device& device) const;
+
+ private:
+  std::map<tensord::v1::DeviceType, std::unique_ptr<Importer>> by_type_;
+};
+
+}  // namespace tensord::common

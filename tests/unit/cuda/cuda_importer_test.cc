@@ -1,0 +1,381 @@
+#include "common/memory/cuda/cuda_importer.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/memory/cuda/cuda_backend.h"
+#include "common/memory/cuda/cuda_handle.h"
+#include "common/unique_fd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/cuda/fake_cuda_env.h"
+
+extern char** environ;
+
+namespace tensord::common {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::FakeFailNext;
+using testing::FakeLiveObjects;
+using testing::FakeUuid;
+using testing::FakeUuidText;
+
+constexpr uint64_t kMiB = 1u << 20;
+constexpr size_t kProbe = 64;
+
+BackendDevice Cuda(int index) {
+  BackendDevice d;
+  d.device.set_type(tensord::v1::DEVICE_TYPE_CUDA);
+  d.device.set_index(index);
+  return d;
+}
+
+std::vector<uint8_t> Pattern(uint8_t seed) {  // as cuda_fake_peer.cc
+  std::vector<uint8_t> p(kProbe);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed + i * 3);
+  return p;
+}
+
+CUdeviceptr Ptr(const ImportedRegion& region) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(region.data()));
+}
+
+FetchedBuffer Fetched(MemoryHandle handle, uint64_t size) {
+  FetchedBuffer b;
+  b.buffer_id = 7;
+  b.size = size;
+  b.device_type = tensord::v1::DEVICE_TYPE_CUDA;
+  b.handle = std::move(handle);
+  return b;
+}
+
+// A cuda_fake_peer child with `env` added to this process's environment.
+struct Peer {
+  pid_t pid = -1;
+  UniqueFd sock;
+
+  // The child's exit status, or -1.
+  int Wait() {
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid) return -1;
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ~Peer() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      Wait();
+    }
+  }
+};
+
+void StartPeer(Peer* peer, const char* mode, const std::vector<std::string>& env) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  peer->sock.reset(sv[0]);
+  UniqueFd child_end(sv[1]);
+  std::vector<std::string> strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    bool overridden = false;
+    for (const std::string& o : env) overridden |= entry.substr(0, entry.find('=')) == o.substr(0, o.find('='));
+    if (!overridden) strings.push_back(entry);
+  }
+  strings.insert(strings.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (std::string& s : strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string fd_arg = std::to_string(child_end.get());
+  char* argv[] = {const_cast<char*>(TENSORD_CUDA_FAKE_PEER_PATH), const_cast<char*>(mode), fd_arg.data(), nullptr};
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::fcntl(child_end.get(), F_SETFD, 0);  // the child's end survives exec
+    ::execve(argv[0], argv, envp.data());
+    ::_exit(127);
+  }
+  peer->pid = pid;
+}
+
+void Send(int sock, const std::string& bytes, int fd = -1) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  ASSERT_EQ(::sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+}
+
+std::string Receive(int sock) {
+  char buf[4096];
+  ssize_t n = ::recv(sock, buf, sizeof(buf), 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+class CudaImporterTest : public ::testing::Test {
+ protected:
+  const CudaDriver& driver_ = CudaDriver::Get();
+  CudaBackend backend_;
+  CudaImporter importer_;
+};
+
+TEST_F(CudaImporterTest, ImportsAVmmBufferWritableAndReadOnly) {
+  const int before = FakeLiveObjects();
+  auto buffer = backend_.Allocate(Cuda(1), 4 * kMiB, "t1");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  {
+    auto writable = importer_.Import(Fetched(*(*buffer)->Export(), 3 * kMiB), MapMode::kSharedWritable, "buffer 7");
+    ASSERT_TRUE(writable.ok()) << writable.status();
+    auto* w = static_cast<CudaRegion*>(writable->get());
+    EXPECT_NE(w->data(), nullptr);
+    EXPECT_EQ(w->size(), 3 * kMiB);
+    EXPECT_EQ(w->mode(), MapMode::kSharedWritable);
+    EXPECT_EQ(w->device_ordinal(), 1);
+    EXPECT_TRUE(w->access_enforced());
+
+    auto reader = importer_.Import(Fetched(*(*buffer)->Export(), 4 * kMiB), MapMode::kSharedReadOnly, "buffer 7");
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    auto* r = static_cast<CudaRegion*>(reader->get());
+    EXPECT_NE(r->data(), w->data());  // its own mapping of the same allocation
+    EXPECT_TRUE(r->access_enforced());
+
+    auto context = ScopedCudaContext::Push(driver_, 1);
+    ASSERT_TRUE(context.ok()) << context.status();
+    std::vector<uint8_t> pattern = Pattern(1);
+    ASSERT_EQ(driver_.cuMemcpyHtoD_v2(Ptr(*w) + kMiB, pattern.data(), kProbe), CUDA_SUCCESS);
+    std::vector<uint8_t> got(kProbe);
+    ASSERT_EQ(driver_.cuMemcpyDtoH_v2(got.data(), Ptr(*r) + kMiB, kProbe), CUDA_SUCCESS);
+    EXPECT_EQ(got, pattern);
+    // The reader's mapping refuses writes.
+    EXPECT_EQ(driver_.cuMemcpyHtoD_v2(Ptr(*r), pattern.data(), kProbe), CUDA_ERROR_ILLEGAL_ADDRESS);
+    EXPECT_EQ(FakeLiveObjects("mapping"), 2);
+  }
+  EXPECT_EQ(FakeLiveObjects("mapping"), 0);
+  EXPECT_EQ(FakeLiveObjects("reservation"), 0);
+  buffer->reset();
+  EXPECT_EQ(FakeLiveObjects(), before);
+}
+
+TEST_F(CudaImporterTest, AFailedMapUndoesTheImportAndTheReservation) {
+  auto buffer = backend_.Allocate(Cuda(0), 2 * kMiB, "t2");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  const int before = FakeLiveObjects();
+  FakeFailNext("cuMemMap", CUDA_ERROR_OUT_OF_MEMORY);
+  auto region = importer_.Import(Fetched(*(*buffer)->Export(), 2 * kMiB), MapMode::kPrivate, "buffer 8");
+  EXPECT_EQ(region.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(region.status().message(), HasSubstr("buffer 8: cuMemMap of 2097152 bytes: CUDA_ERROR_OUT_OF_MEMORY"));
+  EXPECT_EQ(FakeLiveObjects(), before);
+
+  FakeFailNext("cuMemSetAccess", CUDA_ERROR_INVALID_DEVICE);
+  region = importer_.Import(Fetched(*(*buffer)->Export(), 2 * kMiB), MapMode::kPrivate, "buffer 8");
+  EXPECT_EQ(region.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FakeLiveObjects(), before);
+}
+
+TEST_F(CudaImporterTest, RefusesMalformedOrMismatchedBuffers) {
+  auto buffer = backend_.Allocate(Cuda(0), 2 * kMiB, "t3");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+
+  MemoryHandle no_fd = *(*buffer)->Export();
+  no_fd.fds.clear();
+  auto r1 = importer_.Import(Fetched(std::move(no_fd), 2 * kMiB), MapMode::kPrivate, "buffer 9");
+  EXPECT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r1.status().message(), HasSubstr("buffer 9: a VMM handle comes with one fd, got 0"));
+
+  auto r2 = importer_.Import(Fetched(*(*buffer)->Export(), 2 * kMiB + 1), MapMode::kPrivate, "buffer 9");
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r2.status().message(), HasSubstr("the cuda handle backs 2097152 bytes, the buffer has 2097153"));
+
+  MemoryHandle garbage;
+  garbage.data = "TDCU";
+  auto r3 = importer_.Import(Fetched(std::move(garbage), 2 * kMiB), MapMode::kPrivate, "buffer 9");
+  EXPECT_EQ(r3.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r3.status().message(), HasSubstr("buffer 9: cuda handle: 4 bytes, too short"));
+
+  FetchedBuffer host = Fetched(*(*buffer)->Export(), 2 * kMiB);
+  host.device_type = tensord::v1::DEVICE_TYPE_CPU;
+  EXPECT_EQ(importer_.Import(host, MapMode::kPrivate, "buffer 9").status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  CudaHandle elsewhere;
+  elsewhere.uuid = FakeUuid(9);
+  elsewhere.size = 2 * kMiB;
+  MemoryHandle absent;
+  absent.data = EncodeCudaHandle(elsewhere);
+  absent.fds.push_back(std::move((*buffer)->Export()->fds[0]));
+  auto r4 = importer_.Import(Fetched(std::move(absent), 2 * kMiB), MapMode::kPrivate, "buffer 9");
+  EXPECT_EQ(r4.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r4.status().message(),
+            "buffer 9: device GPU-8a3f1c5e-2241-4b7d-9c0e-6f1355a20009 is not visible in this process "
+            "(CUDA_VISIBLE_DEVICES unset)");
+}
+
+TEST(CudaImporterReadOnlyTest, ADriverThatRefusesReadOnlyGetsAWritableMappingThatSaysSo) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        ::setenv("TENSORD_FAKE_CUDA_NO_READ_ONLY", "1", 1);
+        CudaBackend backend;
+        CudaImporter importer;
+        auto buffer = backend.Allocate(Cuda(0), 2 * kMiB, "t");
+        if (!buffer.ok()) std::_Exit(3);
+        auto region = importer.Import(Fetched(*(*buffer)->Export(), 2 * kMiB), MapMode::kSharedReadOnly, "b");
+        if (!region.ok()) std::_Exit(4);
+        auto* r = static_cast<CudaRegion*>(region->get());
+        std::fprintf(stderr, "mode_ro=%d enforced=%d\n", r->mode() == MapMode::kSharedReadOnly,
+                     r->access_enforced());
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "mode_ro=1 enforced=0");
+}
+
+// The daemon's buffer (parent, sees both devices: the buffer is on its cuda:1) imported by
+// a process that sees only that device, by UUID: there it is cuda:0.
+TEST_F(CudaImporterTest, AnotherProcessImportsByUuidUnderItsOwnOrdinal) {
+  auto buffer = backend_.Allocate(Cuda(1), 2 * kMiB, "t5");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  auto producer = importer_.Import(Fetched(*(*buffer)->Export(), 2 * kMiB), MapMode::kSharedWritable, "buffer 5");
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  EXPECT_EQ(static_cast<CudaRegion*>(producer->get())->device_ordinal(), 1);
+  auto context = ScopedCudaContext::Push(driver_, 1);
+  ASSERT_TRUE(context.ok());
+  std::vector<uint8_t> pattern = Pattern(1);
+  ASSERT_EQ(driver_.cuMemcpyHtoD_v2(Ptr(**producer), pattern.data(), kProbe), CUDA_SUCCESS);
+
+  for (MapMode mode : {MapMode::kPrivate, MapMode::kSharedReadOnly}) {
+    Peer peer;
+    StartPeer(&peer, "import", {"CUDA_VISIBLE_DEVICES=" + FakeUuidText(1)});
+    MemoryHandle handle = *(*buffer)->Export();
+    uint64_t size = 2 * kMiB;
+    std::string msg(reinterpret_cast<const char*>(&size), 8);
+    msg.push_back(static_cast<char>(mode));
+    msg += handle.data;
+    Send(peer.sock.get(), msg, handle.fds[0].get());
+    handle.fds.clear();
+    std::string report = Receive(peer.sock.get());
+    EXPECT_EQ(peer.Wait(), 0);
+    std::vector<uint8_t> got(kProbe);
+    ASSERT_EQ(driver_.cuMemcpyDtoH_v2(got.data(), Ptr(**producer), kProbe), CUDA_SUCCESS);
+    if (mode == MapMode::kPrivate) {
+      EXPECT_EQ(report, "ordinal=0 read=ok write=CUDA_SUCCESS (no error) enforced=1 live_after=0");
+      EXPECT_EQ(got, Pattern(2));  // the peer's write, seen here
+      ASSERT_EQ(driver_.cuMemcpyHtoD_v2(Ptr(**producer), pattern.data(), kProbe), CUDA_SUCCESS);
+    } else {
+      EXPECT_EQ(report,
+                "ordinal=0 read=ok write=CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered) "
+                "enforced=1 live_after=0");
+      EXPECT_EQ(got, pattern);  // unchanged
+    }
+  }
+}
+
+TEST_F(CudaImporterTest, AProcessThatCannotSeeTheDeviceIsToldWhich) {
+  auto buffer = backend_.Allocate(Cuda(1), 2 * kMiB, "t6");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  Peer peer;
+  StartPeer(&peer, "import", {"CUDA_VISIBLE_DEVICES=0"});
+  MemoryHandle handle = *(*buffer)->Export();
+  uint64_t size = 2 * kMiB;
+  std::string msg(reinterpret_cast<const char*>(&size), 8);
+  msg.push_back(static_cast<char>(MapMode::kPrivate));
+  msg += handle.data;
+  Send(peer.sock.get(), msg, handle.fds[0].get());
+  EXPECT_EQ(Receive(peer.sock.get()),
+            "error=FAILED_PRECONDITION: buffer 1: device GPU-8a3f1c5e-2241-4b7d-9c0e-6f1355a20001 is not visible "
+            "in this process (CUDA_VISIBLE_DEVICES=0)");
+  EXPECT_EQ(peer.Wait(), 0);
+}
+
+// A producer's legacy IPC export (peer: sees physical device 1 as its cuda:0), adopted by
+// the daemon's backend and imported here twice: one open, refcounted.
+TEST_F(CudaImporterTest, LegacyIpcOpensOnceAndClosesOnTheLastRelease) {
+  Peer producer;
+  StartPeer(&producer, "export-ipc", {"CUDA_VISIBLE_DEVICES=1"});
+  std::string bytes = Receive(producer.sock.get());
+  ASSERT_EQ(bytes.size(), kCudaLegacyIpcHandleBytes);
+
+  MemoryHandle sent;
+  sent.data = bytes;
+  auto adopted = backend_.Adopt(Cuda(1), std::move(sent), 2 * kMiB - 4096, "tensor 3");
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  auto exported = (*adopted)->Export();
+  ASSERT_TRUE(exported.ok());
+  EXPECT_EQ(exported->data, bytes);
+
+  const int opens_before = FakeLiveObjects("ipc_open");
+  auto first = importer_.Import(Fetched(std::move(*exported), 2 * kMiB - 4096), MapMode::kPrivate, "buffer 3");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = importer_.Import(Fetched(*(*adopted)->Export(), kMiB), MapMode::kSharedReadOnly, "buffer 3");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*first)->data(), (*second)->data());
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before + 1);
+  auto* r = static_cast<CudaRegion*>(second->get());
+  EXPECT_EQ(r->device_ordinal(), 1);
+  EXPECT_FALSE(r->access_enforced());  // legacy IPC cannot be mapped read-only
+  EXPECT_EQ((*first)->size(), 2 * kMiB - 4096);
+
+  {
+    auto context = ScopedCudaContext::Push(driver_, 1);
+    ASSERT_TRUE(context.ok());
+    std::vector<uint8_t> got(kProbe);
+    ASSERT_EQ(driver_.cuMemcpyDtoH_v2(got.data(), Ptr(**first), kProbe), CUDA_SUCCESS);
+    EXPECT_EQ(got, Pattern(1));  // the producer wrote at offset 4096: data() includes it
+  }
+
+  first->reset();
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before + 1);
+  second->reset();
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before);
+
+  // Closed for good: a new import opens again.
+  auto third = importer_.Import(Fetched(*(*adopted)->Export(), kMiB), MapMode::kPrivate, "buffer 3");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before + 1);
+  third->reset();
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before);
+
+  Send(producer.sock.get(), "done");
+  EXPECT_EQ(producer.Wait(), 0);
+}
+
+TEST_F(CudaImporterTest, RegionsOutliveTheirImporter) {
+  Peer producer;
+  StartPeer(&producer, "export-ipc", {"CUDA_VISIBLE_DEVICES=1"});
+  MemoryHandle handle;
+  handle.data = Receive(producer.sock.get());
+  const int opens_before = FakeLiveObjects("ipc_open");
+  std::unique_ptr<ImportedRegion> region;
+  {
+    CudaImporter importer;
+    auto imported = importer.Import(Fetched(std::move(handle), kMiB), MapMode::kPrivate, "buffer 4");
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    region = std::move(*imported);
+  }
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before + 1);
+  region.reset();
+  EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before);
+  Send(producer.sock.get(), "done");
+  EXPECT_EQ(producer.Wait(), 0);
+}
+
+}  // namespace
+}  // namespace tensord::common
