@@ -528,27 +528,31 @@ class Harness {
     Export(session, request);
   }
 
-  // What a producer does before publishing: fetch the fd and seal it against writes.
+  // What a producer does before publishing: fetch the handle and seal its memfd against writes.
   void FetchAndSealOp(FuzzedDataProvider& in) {
     uint64_t session = PickSession(in);
     v1::FetchFd request;
     int count = in.ConsumeIntegralInRange<int>(0, 9) == 0 ? in.ConsumeIntegralInRange<int>(0, 300)
                                                           : in.ConsumeIntegralInRange<int>(1, 2);
     for (int i = 0; i < count; ++i) request.add_buffer_ids(Pick(in, buffers_));
-    absl::StatusOr<std::vector<Broker::FetchedFd>> fetched = broker_->FetchFds(session, request);
-    Check(fetched.status(), "FetchFds");
+    absl::StatusOr<std::vector<Broker::FetchedHandle>> fetched = broker_->FetchHandles(session, request);
+    Check(fetched.status(), "FetchHandles");
     if (!fetched.ok()) return;
+    // Host buffers have one fd each, so a reply within 253 fds holds every buffer asked for.
     FUZZ_CHECK(fetched->size() == static_cast<size_t>(count));
     bool seal = in.ConsumeIntegralInRange<int>(0, 4) != 0;
     for (size_t i = 0; i < fetched->size(); ++i) {
-      const Broker::FetchedFd& fd = (*fetched)[i];
-      FUZZ_CHECK(fd.buffer_id == request.buffer_ids(static_cast<int>(i)) && fd.fd.valid());
+      const Broker::FetchedHandle& entry = (*fetched)[i];
+      FUZZ_CHECK(entry.buffer_id == request.buffer_ids(static_cast<int>(i)) && entry.handle.fds.size() == 1 &&
+                 entry.handle.fds[0].valid() && entry.handle.data.empty() &&
+                 entry.device_type == v1::DEVICE_TYPE_CPU);
       // The client maps `size` bytes and refuses an fd that holds fewer.
-      absl::StatusOr<uint64_t> size = common::FdSize(fd.fd.get(), "fetched fd");
-      FUZZ_CHECK(size.ok() && *size >= fd.size)
-          << "buffer " << fd.buffer_id << ": the fd holds " << *size << " bytes, the broker says "
-          << fd.size;
-      if (seal) (void)common::SealFutureWrite(fd.fd.get(), "fetched fd");
+      const int fd = entry.handle.fds[0].get();
+      absl::StatusOr<uint64_t> size = common::FdSize(fd, "fetched fd");
+      FUZZ_CHECK(size.ok() && *size >= entry.size)
+          << "buffer " << entry.buffer_id << ": the fd holds " << *size << " bytes, the broker says "
+          << entry.size;
+      if (seal) (void)common::SealFutureWrite(fd, "fetched fd");
     }
   }
 
