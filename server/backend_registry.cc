@@ -41,8 +41,12 @@ absl::StatusOr<const ResolvedDevice*> BackendRegistry::Resolve(const v1::Device&
             absl::StrCat("this tensord has no ", missing.name, " backend: ", missing.reason));
       }
     }
-    return absl::InvalidArgumentError(absl::StrCat("desc.device: ", v1::DeviceType_Name(type),
-                                                   " memory is not something the broker allocates"));
+    if (type == v1::DEVICE_TYPE_CUDA_HOST) {
+      return absl::InvalidArgumentError(
+          "desc.device: DEVICE_TYPE_CUDA_HOST is a view of host memory a client asks for, not memory "
+          "the broker allocates: allocate host (CPU) memory");
+    }
+    return absl::FailedPreconditionError(absl::StrCat("this tensord serves no ", backend_name, " memory"));
   }
   if (std::string reason = backend->unavailable_reason(); !reason.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("the ", backend_name, " backend is unavailable: ", reason));

@@ -156,7 +156,8 @@ absl::Status RunDaemon(const Config& config) {
   // Operators see at once which memory kinds this daemon serves, and why not the others.
   for (const v1::BackendStatus& backend : backends->Describe()) {
     if (!backend.unavailable_reason().empty()) {
-      spdlog::info("memory backend {}: unavailable: {}", backend.name(), backend.unavailable_reason());
+      spdlog::info("memory backend {}: {}: {}", backend.name(), backend.built() ? "unavailable" : "not built",
+                   backend.unavailable_reason());
       continue;
     }
     for (const v1::DeviceUsage& device : backend.devices()) {

@@ -39,9 +39,9 @@ const Importers& ProcessImporters() {
 std::vector<MissingBackend> MissingBackends() {
   std::vector<MissingBackend> missing;
 #if !defined(TENSORD_HAVE_CUDA)
-  missing.push_back({"cuda", tensord::v1::DEVICE_TYPE_CUDA, "not built: this build found no cuda.h (or was configured with TENSORD_WITH_CUDA=OFF)"});
+  missing.push_back({"cuda", tensord::v1::DEVICE_TYPE_CUDA, "this build found no cuda.h (or was configured with TENSORD_WITH_CUDA=OFF)"});
 #endif
-  missing.push_back({"level_zero", tensord::v1::DEVICE_TYPE_ONEAPI, "not built: this version of tensord has no level_zero backend yet"});
+  missing.push_back({"level_zero", tensord::v1::DEVICE_TYPE_ONEAPI, "this version of tensord has no level_zero backend yet"});
   return missing;
 }
 

@@ -58,7 +58,7 @@ BackendRegistry Make(std::string cuda_reason = "", bool with_cuda = true) {
   if (with_cuda) {
     backends.push_back(std::make_unique<TwoGpus>(std::move(cuda_reason)));
   } else {
-    missing.push_back({"cuda", v1::DEVICE_TYPE_CUDA, "not built: CMake found no cuda.h"});
+    missing.push_back({"cuda", v1::DEVICE_TYPE_CUDA, "this build found no cuda.h"});
   }
   missing.push_back({"level_zero", v1::DEVICE_TYPE_ONEAPI, "not built"});
   return BackendRegistry(std::move(backends), std::move(missing));
@@ -114,7 +114,7 @@ TEST(BackendRegistry, EveryFailureSaysWhy) {
   EXPECT_EQ(no_driver.devices().size(), 1u);  // host memory keeps working
   BackendRegistry not_built = Make("", false);
   EXPECT_THAT(not_built.Resolve(Cuda(0)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no cuda backend: not built: CMake found no cuda.h")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no cuda backend: this build found no cuda.h")));
 }
 
 TEST(BackendRegistry, DescribeListsEveryBackendBuiltOrNot) {
