@@ -79,7 +79,8 @@ class PyTensor {
 
   py::object DLPack(py::object stream, py::object max_version, py::object dl_device,
                     py::object copy) const {
-    // Host memory has no stream to synchronise with: `stream` is accepted and ignored.
+    // No stream order yet (host memory has none; CUDA producers synchronise before publish,
+    // docs/memory-backends.md): `stream` is accepted and ignored.
     (void)stream;
     if (!copy.is_none() && copy.cast<bool>()) {
       throw py::buffer_error("tensord exports zero-copy views only (copy=True refused); "
@@ -313,10 +314,11 @@ class PyClient {
   }
 
   std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
-                                  std::optional<std::string> ns) {
+                                  std::optional<std::string> ns, std::pair<int32_t, int32_t> device) {
     TensorSpec spec;
     spec.dtype = DtypeFromName(dtype);
     spec.shape = std::move(shape);
+    spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
     spec.isolated = !ns.has_value();
     std::shared_ptr<Client> client = Core();
     Result<TensorRef> ref = [&]() -> Result<TensorRef> {
@@ -663,7 +665,7 @@ PYBIND11_MODULE(_tensord, m) {
                   py::arg("client_name") = py::none(), py::arg("lease_cache") = true,
                   py::arg("lease_cache_linger") = 2.0)
       .def("empty", &PyClient::Empty, py::arg("shape"), py::arg("dtype"),
-           py::arg("ns") = py::none())
+           py::arg("ns") = py::none(), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}))
       .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
            py::arg("ttl") = py::none())

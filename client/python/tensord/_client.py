@@ -21,6 +21,24 @@ def dtype_name(dtype):
         raise TypeError(f"not a dtype: {dtype!r}") from e
 
 
+# DLPack device types (DLDeviceType) by the names torch and users write.
+_DEVICE_TYPES = {"cpu": 1, "cuda": 2}
+
+
+def device_tuple(device):
+    """(device_type, device_id) as __dlpack_device__ gives it, from None or 'cpu', 'cuda',
+    'cuda:1', a torch.device, or such a tuple. The id is this process's ordinal."""
+    if device is None:
+        return (1, 0)
+    if isinstance(device, tuple) and len(device) == 2:
+        return (int(device[0]), int(device[1]))
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if kind not in _DEVICE_TYPES or (index and not index.isdigit()):
+        raise ValueError(f"device {device!r}: give 'cpu', 'cuda', 'cuda:N' or a (device_type, device_id) tuple")
+    return (_DEVICE_TYPES[kind], int(index) if index else 0)
+
+
 def _shape(shape):
     if isinstance(shape, int):
         return [shape]
@@ -146,12 +164,18 @@ class Client:
 
     # Producing.
 
-    def empty(self, shape, dtype, ns=None):
+    def empty(self, shape, dtype, ns=None, device=None):
         """A writable tensor in broker memory: fill it in place (numpy.from_dlpack(t),
         torch.from_dlpack(t) or t.numpy()), then publish(t, name). Without a namespace it
         gets a dedicated buffer; with one it may be carved from that namespace's arena and can
-        only be published into that namespace."""
-        return self._core.empty(_shape(shape), dtype_name(dtype), ns)
+        only be published into that namespace.
+
+        device: None or 'cpu' (host memory), or 'cuda:N' for this process's GPU N (the
+        broker knows it by its UUID; each consumer sees its own ordinal for it). A CUDA
+        tensor is filled through torch.from_dlpack(t) on a CUDA build of torch; .numpy()
+        refuses it. Nothing orders the producer's kernels before a consumer's reads yet:
+        synchronise (torch.cuda.synchronize()) before publish."""
+        return self._core.empty(_shape(shape), dtype_name(dtype), ns, device_tuple(device))
 
     def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True):
         """Seals the tensor from empty() and binds it to name, without a copy. if_absent /

@@ -27,8 +27,15 @@ def to_numpy(self):
     """A numpy array over this tensor's memory (no copy).
 
     The array holds its own reference on the lease: it stays valid after release() and
-    after the tensor object is gone. Read-only gets give a non-writeable array.
+    after the tensor object is gone. Read-only gets give a non-writeable array. A tensor on
+    a GPU raises TypeError: numpy reads host memory only.
     """
+    device_type, device_id = self.__dlpack_device__()
+    if device_type != 1:
+        raise TypeError(
+            f"tensord tensor {self.name or self.tensor_id!r} lives on device ({device_type}, {device_id}), "
+            "not in host memory: numpy cannot read it; use torch.from_dlpack(t) with a CUDA build of torch"
+        )
     return self._numpy()
 
 
