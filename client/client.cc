@@ -80,6 +80,12 @@ Result<TensorRef> Client::Export(int memfd, uint64_t offset, std::string_view ns
   return Guard("export", [&] { return core_->Export(memfd, offset, ns, spec); });
 }
 
+Result<TensorRef> Client::ExportDevice(const void* device_ptr, std::string_view ns, const TensorSpec& spec,
+                                       std::shared_ptr<const void> source) {
+  return Guard("export device memory",
+               [&] { return core_->ExportDevice(device_ptr, ns, spec, std::move(source)); });
+}
+
 Result<TensorInfo> Client::Publish(const TensorRef& tensor, std::string_view name,
                                    const PublishOptions& options) {
   return Guard("publish", [&] { return core_->Publish(tensor, name, options); });

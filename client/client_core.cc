@@ -272,6 +272,12 @@ Result<TensorRef> ClientCore::Export(int memfd, uint64_t offset, std::string_vie
   return ToRef(session->Export(memfd, offset, ns, spec));
 }
 
+Result<TensorRef> ClientCore::ExportDevice(const void* device_ptr, std::string_view ns,
+                                           const TensorSpec& spec, std::shared_ptr<const void> source) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToRef(session->ExportDevice(device_ptr, ns, spec, std::move(source)));
+}
+
 Result<TensorInfo> ClientCore::Publish(const TensorRef& tensor, std::string_view name,
                                        const PublishOptions& options) {
   LeaseView* view = ViewOf(tensor);

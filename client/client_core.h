@@ -46,6 +46,8 @@ class ClientCore {
 
   Result<TensorRef> Allocate(std::string_view ns, const TensorSpec& spec);
   Result<TensorRef> Export(int memfd, uint64_t offset, std::string_view ns, const TensorSpec& spec);
+  Result<TensorRef> ExportDevice(const void* device_ptr, std::string_view ns, const TensorSpec& spec,
+                                 std::shared_ptr<const void> source);
   Result<TensorInfo> Publish(const TensorRef& tensor, std::string_view name,
                              const PublishOptions& options);
   Status PublishNoWait(const TensorRef& tensor, std::string_view name, const PublishOptions& options);

@@ -12,7 +12,6 @@
 #include "common/fd_channel.h"
 #include "common/logging.h"
 #include "common/memory/backends.h"
-#include "common/memory/host/memfd.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
 
@@ -400,7 +399,7 @@ absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::T
 absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
                                                const tensord::v1::TensorInfo& tensor,
                                                ViewKind kind, std::string_view cache_name,
-                                               std::string_view what, int export_fd,
+                                               std::string_view what, const OwnMemory& own,
                                                bool described_here) {
   auto give_back = [&](absl::Status status) -> absl::Status {
     queue_->PushLeaseIds({lease_id});
@@ -418,7 +417,8 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   std::shared_ptr<Mapping> mapping;
   uint64_t offset = 0;
   if (valid->layout.nbytes > 0) {
-    absl::StatusOr<std::shared_ptr<Mapping>> mapped = MapBuffer(tensor, kind, export_fd);
+    absl::StatusOr<std::shared_ptr<Mapping>> mapped =
+        own.mapping != nullptr ? own.mapping : MapBuffer(tensor, kind, own.memfd);
     if (!mapped.ok()) return give_back(Annotate(mapped.status(), what));
     mapping = *std::move(mapped);
     offset = valid->buffer_offset + valid->info.byte_offset;
@@ -578,7 +578,7 @@ LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
   tensor.mutable_buffer()->set_extent(layout.extent);
   tensor.set_nbytes(layout.nbytes);
   absl::StatusOr<LeaseView*> view = AdoptLease(entry->lease_id, tensor, ViewKind::kProducer, "",
-                                               what, /*export_fd=*/-1, /*described_here=*/true);
+                                               what, /*own=*/{}, /*described_here=*/true);
   // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
   return view.ok() ? *view : nullptr;
 }
@@ -605,31 +605,6 @@ std::optional<AllocationPool::Entry> Session::RefillPool(std::string_view ns, ui
       pool_.Refill(ns, class_bytes, std::move(granted), release);
   queue_->PushLeaseIds(release);
   return mine;
-}
-
-absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::string_view ns,
-                                           const TensorSpec& spec) {
-  TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const std::string what = "export into '" + std::string(ns) + "'";
-  absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
-  if (!desc.ok()) return Annotate(desc.status(), what);
-  absl::StatusOr<uint64_t> size = common::PrepareExportedMemfd(memfd, what);
-  if (!size.ok()) return size.status();
-  absl::StatusOr<uint64_t> staged = fd_->Stage(memfd);
-  if (!staged.ok()) return Annotate(staged.status(), what);
-  tensord::v1::ExportRequest request;
-  request.set_staged_fd_id(*staged);
-  request.set_ns(std::string(ns));
-  *request.mutable_desc() = *std::move(desc);
-  request.set_offset(offset);
-  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
-  tensord::v1::AllocateResponse response;
-  {
-    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
-    grpc::Status status = call.stub()->Export(call.context(), request, &response);
-    if (!status.ok()) return ToAbsl(FromGrpc(status));
-  }
-  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, memfd);
 }
 
 absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(

@@ -51,6 +51,14 @@
 
 namespace tensord::internal {
 
+// What the producer of an export has of its buffer already, so the broker's handle is
+// never fetched: the memfd it exported (mapped again here), or its own memory as it is
+// (a device pointer: a process cannot import its own CUDA IPC handle).
+struct OwnMemory {
+  int memfd = -1;
+  std::shared_ptr<Mapping> mapping;
+};
+
 class Session final : public ReleaseSink {
  public:
   // Connects: socket directory check, fd channel (uid check, HELLO/WELCOME), gRPC connection
@@ -65,8 +73,13 @@ class Session final : public ReleaseSink {
   absl::StatusOr<LeaseView*> Acquire(const Target& target, const AcquireOptions& options);
   absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, Wait wait);
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
+  // Exports (session_export.cc): a memfd the caller has, or device memory at a pointer it
+  // has (Importer::ExportExisting of spec.device's type makes the handle; the producer's
+  // view is the pointer itself, holding `source`).
   absl::StatusOr<LeaseView*> Export(int memfd, uint64_t offset, std::string_view ns,
                                     const TensorSpec& spec);
+  absl::StatusOr<LeaseView*> ExportDevice(const void* device_ptr, std::string_view ns,
+                                          const TensorSpec& spec, std::shared_ptr<const void> source);
   absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
                                      const PublishOptions& options);
   // Writes a quiet publish and returns: the broker answers only a failure, which the next
@@ -227,7 +240,7 @@ class Session final : public ReleaseSink {
   // is ours, not the broker's yet.
   absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
                                         ViewKind kind, std::string_view cache_name,
-                                        std::string_view what, int export_fd = -1,
+                                        std::string_view what, const OwnMemory& own = {},
                                         bool described_here = false);
   // A view of a pooled slot of `class_bytes` described as `desc`, refilling the pool when it
   // is empty; nullptr when a plain Allocate must serve the call (the class is not pooled

@@ -169,6 +169,8 @@ void Broker::CloseSession(uint64_t session_id) {
     std::optional<Session> session = sessions_.Close(session_id);
     if (!session) return;
     uid_quota_.Release(session->creds.uid, UidResource::kSessions, 1);
+    // Before its leases go: a tensor its own lease still holds is retired, not just dropped.
+    RetireProducerMemoryLocked(*session, effects);
     for (uint64_t lease_id : session->leases) {
       std::optional<Lease> lease = leases_.Remove(lease_id, session_id);
       TENSORD_CHECK(lease.has_value());
@@ -186,6 +188,38 @@ void Broker::CloseSession(uint64_t session_id) {
   }
   spdlog::debug("session {} closed: {} leases released", session_id, released);
   Deliver(effects);
+}
+
+void Broker::RetireProducerMemoryLocked(const Session& session, Effects& effects) {
+  if (session.producer_owned_buffers.empty()) return;
+  const std::string why = absl::StrCat("its producer (pid ", session.creds.pid, ", session ", session.id,
+                                       ") exited; its memory was the producer's");
+  for (uint64_t buffer_id : session.producer_owned_buffers) {
+    Buffer* buffer = registry_.FindBuffer(buffer_id);
+    TENSORD_CHECK(buffer != nullptr);  // MaybeRemoveLocked forgets a buffer it frees
+    buffer->producer_exited = why;
+    // Unbinding may drop a tensor, and with the last one the buffer.
+    const std::vector<uint64_t> tensor_ids(buffer->tensor_ids.begin(), buffer->tensor_ids.end());
+    for (uint64_t tensor_id : tensor_ids) {
+      Tensor* tensor = registry_.Find(tensor_id);
+      if (tensor == nullptr) continue;
+      spdlog::info("tensor {} ({}) retired: {}", tensor->id,
+                   tensor->name.empty() ? std::string("unnamed") : tensor->name, why);
+      if (!tensor->name.empty()) {
+        UnbindLocked(*tensor, effects);
+      } else if (tensor->state == v1::TENSOR_STATE_SEALED) {
+        tensor->state = v1::TENSOR_STATE_RETIRED;
+      }
+    }
+  }
+}
+
+absl::Status Broker::CheckMemoryLiveLocked(const Tensor& tensor) {
+  if (tensor.buffer_id == 0) return absl::OkStatus();
+  const Buffer* buffer = registry_.FindBuffer(tensor.buffer_id);
+  TENSORD_CHECK(buffer != nullptr);
+  if (buffer->producer_exited.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("tensor ", tensor.id, ": ", buffer->producer_exited));
 }
 
 absl::StatusOr<uint64_t> Broker::Authenticate(std::string_view token,
@@ -235,6 +269,10 @@ absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t
     if (!held) {
       return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not held by session ",
                                               session->id, ": acquire a tensor in it first"));
+    }
+    // A lease taken before its producer exited does not make the memory come back.
+    if (!buffer->producer_exited.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("buffer ", buffer_id, ": ", buffer->producer_exited));
     }
     absl::StatusOr<common::MemoryHandle> handle = buffer->memory->Export();
     if (!handle.ok()) {
@@ -317,11 +355,16 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
   UnchargeTensorLocked(tensor);
   uint64_t id = tensor.id;
+  const uint64_t buffer_id = tensor.buffer_id;
+  const uint64_t producer_session = tensor.producer_session;
   const ResolvedDevice* device = tensor.device;
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
     // Buffer sizes are rounded by their backend, the same as what was reserved.
     memory_quota_.Release(device->key, memory->size());
+    if (memory->OwnedByProducer()) {
+      if (Session* producer = sessions_.Find(producer_session)) producer->producer_owned_buffers.erase(buffer_id);
+    }
     effects.garbage.push_back(std::move(memory));
   }
   spdlog::trace("tensor {} dropped", id);
@@ -681,7 +724,11 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
       UnchargeTensorLocked(tensor);
       return reserved;
     }
-    return RegisterLocked(*session, std::move(tensor), std::move(memory), size);
+    const bool producer_owned = memory->OwnedByProducer();
+    v1::AllocateResponse response = RegisterLocked(*session, std::move(tensor), std::move(memory), size);
+    // The memory goes with this session's process: its tensors retire when it closes.
+    if (producer_owned) session->producer_owned_buffers.insert(response.tensor().buffer().buffer_id());
+    return response;
   }
 }
 

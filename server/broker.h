@@ -7,13 +7,19 @@
 // after the mutex is released.
 //
 // Rules it keeps: a tensor lives while bound or leased; closing a session releases every
-// lease it held and cancels its waits; every description is validated before anything is
-// registered; quota failures answer RESOURCE_EXHAUSTED with use and limit; identity is the
-// session's SO_PEERCRED credentials, never a field in a request.
+// lease it held and cancels its waits; a tensor in memory its producer owns
+// (BackendBuffer::OwnedByProducer: legacy CUDA IPC) retires when that producer's session
+// closes, since the memory may go with its process: its name is unbound, new acquires by
+// id and fetches of its buffer fail, and leases already held stay until released; every
+// description is validated before anything is registered; quota failures answer
+// RESOURCE_EXHAUSTED with use and limit; identity is the session's SO_PEERCRED
+// credentials, never a field in a request.
 //
 // Errors: INVALID_ARGUMENT (bad description, name), NOT_FOUND (no such name/tensor/lease),
 // DEADLINE_EXCEEDED (a wait expired), ALREADY_EXISTS / ABORTED (conditional publish),
-// FAILED_PRECONDITION (wrong state, missing seals), PERMISSION_DENIED (ACL),
+// FAILED_PRECONDITION (wrong state, missing seals, a tensor whose memory went with its
+// producer: "tensor N: its producer (pid P, session S) exited; ..."),
+// PERMISSION_DENIED (ACL),
 // RESOURCE_EXHAUSTED (quota, memory, and the caps on sessions, leases per session, pending
 // waits per session and the per-uid limits of UidQuota: the message names the cap and its
 // value; nothing is made),
@@ -195,6 +201,11 @@ class Broker {
   // Drops a lease its session (of uid `holder_uid`) no longer holds.
   void DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `session` closed: every tensor in memory it owned (its producer_owned_buffers) retires,
+  // unbound as a Delete would; the buffers remember why (Buffer::producer_exited).
+  void RetireProducerMemoryLocked(const Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION naming `tensor` when its memory went with its producer.
+  absl::Status CheckMemoryLiveLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Binds (retiring what was bound) and tells watchers; waking waiters is the caller's.
   void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

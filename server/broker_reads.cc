@@ -131,6 +131,8 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
       if (tensor == nullptr || !access_.MayReadTensor((*session)->creds, *tensor)) {
         result = absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id,
                                                   " exists that uid ", (*session)->creds.uid, " may read"));
+      } else if (absl::Status live = CheckMemoryLiveLocked(*tensor); !live.ok()) {
+        result = live;
       } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
         absl::Status cap = CheckLeaseCapLocked(**session);
         result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;

@@ -41,6 +41,9 @@ struct Session {
   size_t waits = 0;  // pending acquires and takes
   // Arena buffers this session allocates small tensors from, by namespace.
   absl::flat_hash_map<std::string, std::vector<uint64_t>> arenas;
+  // Buffers this session exported whose memory only its process keeps alive
+  // (BackendBuffer::OwnedByProducer): their tensors retire when it closes.
+  absl::flat_hash_set<uint64_t> producer_owned_buffers;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
 };

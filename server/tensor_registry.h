@@ -38,6 +38,9 @@ struct Buffer {
   // It passed its backend's CheckShareable at a publish (host: the reader seals). A seal
   // cannot be removed, so an arena's later publishes need not ask again.
   bool reader_sealed = false;
+  // Memory its producer owns (BackendBuffer::OwnedByProducer) whose producer exited: why
+  // nothing may acquire or fetch it any more. Empty otherwise.
+  std::string producer_exited;
 };
 
 struct Tensor {

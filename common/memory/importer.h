@@ -44,6 +44,32 @@ class ImportedRegion {
   }
 };
 
+// Memory this process had before it exported it (ExportExisting): the producer's own view
+// of its export is its own pointer, never an import of its own handle (a process cannot
+// open its own CUDA IPC handle). Unmaps and frees nothing; holds `source`, if any, for as
+// long as the region lives, so a caller can tie the memory's owner to the views of it.
+class BorrowedRegion final : public ImportedRegion {
+ public:
+  BorrowedRegion(void* data, uint64_t size, MapMode mode, int32_t device_ordinal,
+                 std::shared_ptr<const void> source)
+      : data_(static_cast<uint8_t*>(data)),
+        size_(size),
+        mode_(mode),
+        device_ordinal_(device_ordinal),
+        source_(std::move(source)) {}
+  uint8_t* data() const override { return data_; }
+  uint64_t size() const override { return size_; }
+  MapMode mode() const override { return mode_; }
+  int32_t device_ordinal() const override { return device_ordinal_; }
+
+ private:
+  uint8_t* const data_;
+  const uint64_t size_;
+  const MapMode mode_;
+  const int32_t device_ordinal_;
+  const std::shared_ptr<const void> source_;
+};
+
 // A buffer as the broker handed it out.
 struct FetchedBuffer {
   uint64_t buffer_id = 0;
@@ -69,6 +95,22 @@ class Importer {
   virtual absl::Status NameDevice(tensord::v1::Device& device) const {
     (void)device;
     return absl::OkStatus();
+  }
+  // The handle other processes import to reach `bytes` of memory this process already has
+  // at `ptr` on `device` (as NameDevice completed it), for the broker's Export: the buffer
+  // the handle names starts at `ptr`. The handle may give importers more than those bytes
+  // (CUDA legacy IPC opens the whole allocation that holds `ptr`). The memory stays the
+  // caller's, who must keep it alive. UNIMPLEMENTED (the default) where the memory kind
+  // cannot be exported by pointer; INVALID_ARGUMENT naming `what` for a pointer the
+  // memory kind does not know, or bytes past the end of its allocation.
+  // Inline, as the other defaults: the importers' own libraries need no vtable from here.
+  virtual absl::StatusOr<MemoryHandle> ExportExisting(const void* ptr, uint64_t bytes,
+                                                      const tensord::v1::Device& device,
+                                                      const std::string& what) const {
+    (void)ptr;
+    (void)bytes;
+    return absl::UnimplementedError(what + ": " + tensord::v1::DeviceType_Name(device.type()) +
+                                    " memory cannot be exported by pointer");
   }
 };
 

@@ -43,6 +43,11 @@ class BackendBuffer {
   // the first publish of a tensor in the buffer; FAILED_PRECONDITION naming `what` and the
   // reason otherwise.
   virtual absl::Status CheckShareable(const std::string& what) const = 0;
+  // True when the memory is its producer's, not the buffer's (a legacy CUDA IPC export):
+  // the buffer keeps nothing alive, so the memory can go when the producer's process exits,
+  // and the broker must then retire every tensor in it. False for memory the buffer owns
+  // (a memfd, a VMM allocation), which outlives its producer.
+  virtual bool OwnedByProducer() const { return false; }
 };
 
 class MemoryBackend {

@@ -5,8 +5,8 @@
 // "device memory" is host memory in memfds. See README.md beside it.
 //
 // It implements exactly the entry points CudaDriver resolves (common/memory/cuda/
-// cuda_driver.h), plus what a test producer needs (cuMemAlloc_v2, cuMemFree_v2,
-// cuIpcGetMemHandle) and test-only queries (tensord_fake_cuda_*), looked up with dlsym.
+// cuda_driver.h), plus what a test producer needs (cuMemAlloc_v2, cuMemFree_v2) and
+// test-only queries (tensord_fake_cuda_*), looked up with dlsym.
 //
 // Environment (read at cuInit):
 //   TENSORD_FAKE_CUDA_DEVICES=N        physical devices (default 1; 0: cuInit answers
@@ -18,9 +18,11 @@
 //                                      with CUDA_ERROR_INVALID_VALUE (a driver that cannot
 //                                      map read-only)
 //
-// Modelled strictly, to catch ordering bugs: VMM calls need no context, legacy IPC and
-// copies need a current one; cuMemSetAccess must name the allocation's own device (no
-// peer access); cuMemAddressFree of a range that is still mapped fails; a second
+// Modelled strictly, to catch ordering bugs: VMM calls and cuPointerGetAttribute need no
+// context, legacy IPC, cuMemGetAddressRange and copies need a current one (for
+// cuMemGetAddressRange and cuIpcGetMemHandle, one on the memory's device); cuMemSetAccess
+// must name the allocation's own device (no peer access); cuMemAddressFree of a range that
+// is still mapped fails; a second
 // cuIpcOpenMemHandle of one allocation in one process answers CUDA_ERROR_ALREADY_MAPPED;
 // opening a handle in its exporting process fails. Copies into a read-only mapping answer
 // CUDA_ERROR_ILLEGAL_ADDRESS instead of faulting.
@@ -248,6 +250,7 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char** pStr) {
     FAKE_NAME(CUDA_ERROR_ILLEGAL_ADDRESS)
     FAKE_NAME(CUDA_ERROR_NOT_PERMITTED)
     FAKE_NAME(CUDA_ERROR_NOT_SUPPORTED)
+    FAKE_NAME(CUDA_ERROR_NOT_FOUND)
     FAKE_NAME(CUDA_ERROR_UNKNOWN)
 #undef FAKE_NAME
     default:
@@ -270,6 +273,7 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char** pStr) {
     case CUDA_ERROR_ILLEGAL_ADDRESS: *pStr = "an illegal memory access was encountered"; break;
     case CUDA_ERROR_NOT_PERMITTED: *pStr = "operation not permitted"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *pStr = "operation not supported"; break;
+    case CUDA_ERROR_NOT_FOUND: *pStr = "named symbol not found"; break;
     case CUDA_ERROR_UNKNOWN: *pStr = "unknown error"; break;
     default: *pStr = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
@@ -636,6 +640,51 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 namespace {
+// The cuMemAlloc'ed block or opened IPC handle that holds `ptr`, or null.
+const std::pair<const uintptr_t, Linear>* LinearHolding(CUdeviceptr ptr) {
+  for (const std::map<uintptr_t, Linear>* m : {&S().allocs, &S().opens}) {
+    auto it = m->upper_bound(ptr);
+    if (it == m->begin()) continue;
+    --it;
+    if (ptr >= it->first && ptr < it->first + it->second.size) return &*it;
+  }
+  return nullptr;
+}
+
+// This process's ordinal of physical device `physical`, or -1 when it cannot see it.
+int OrdinalOfPhysical(int physical) {
+  for (size_t i = 0; i < S().visible.size(); ++i) {
+    if (S().visible[i] == physical) return static_cast<int>(i);
+  }
+  return -1;
+}
+}  // namespace
+
+// Only CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, of cuMemAlloc'ed or IPC-opened memory.
+CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  FAKE_ENTER("cuPointerGetAttribute");
+  if (data == nullptr || attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) return CUDA_ERROR_INVALID_VALUE;
+  const auto* held = LinearHolding(ptr);
+  if (held == nullptr) return CUDA_ERROR_INVALID_VALUE;  // as for a host pointer
+  const int ordinal = OrdinalOfPhysical(held->second.physical);
+  if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+  *static_cast<int*>(data) = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  FAKE_ENTER("cuMemGetAddressRange_v2");
+  CUctx_st* ctx = Current();
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const auto* held = LinearHolding(dptr);
+  if (held == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (held->second.physical != ctx->physical) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pbase != nullptr) *pbase = held->first;
+  if (psize != nullptr) *psize = held->second.size;
+  return CUDA_SUCCESS;
+}
+
+namespace {
 struct IpcBytes {  // the fake's CUipcMemHandle layout
   char magic[8];
   int32_t pid;
@@ -650,9 +699,11 @@ static_assert(sizeof(IpcBytes) <= CU_IPC_HANDLE_SIZE);
 
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   FAKE_ENTER("cuIpcGetMemHandle");
-  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  CUctx_st* ctx = Current();
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   auto it = S().allocs.find(dptr);
   if (it == S().allocs.end()) return CUDA_ERROR_INVALID_VALUE;  // not an allocation's base
+  if (it->second.physical != ctx->physical) return CUDA_ERROR_INVALID_CONTEXT;
   IpcBytes b{};
   std::memcpy(b.magic, kIpcMagic, sizeof(b.magic));
   b.pid = static_cast<int32_t>(::getpid());

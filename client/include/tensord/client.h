@@ -276,6 +276,46 @@ class TENSORD_EXPORT Client {
   // Registers a memfd the caller already has (sealed SHRINK|GROW here if it is not yet).
   Result<TensorRef> Export(int memfd, uint64_t offset, std::string_view ns,
                            const TensorSpec& spec);
+  // Registers GPU memory this process already has, without copying it: `device_ptr` is
+  // element 0 of a tensor laid out as `spec` says on `spec.device` (kDLCUDA, this process's
+  // ordinal), e.g. a torch CUDA tensor's data_ptr(). Publish it as any other tensor.
+  // CUDA: legacy IPC (cuIpcGetMemHandle) of the allocation that holds the pointer
+  // (cuMemGetAddressRange), in the device's primary context; memory from cuMemAlloc /
+  // cudaMalloc, as torch's caching allocator hands out, not VMM or pool allocations.
+  //
+  // OPT-IN: a consumer can reach the WHOLE allocation that holds `device_ptr`, not only the
+  // tensor's bytes. With a caching allocator that is the rest of its segment: other tensors
+  // of this process, also later ones placed there. Export only memory whose whole
+  // allocation any consumer of the namespace may read and write (copy the tensor into an
+  // allocation of its own, or use Allocate, when that is not so).
+  //
+  // Lifetime: the memory stays this process's; the broker keeps nothing alive. The returned
+  // TensorRef points at `device_ptr` itself (its info().device is spec.device) and holds
+  // `source`, if given, until it and every DLPack view made from it are gone: pass the
+  // owner of the memory to have the client hold it. The client does not (yet) learn when
+  // consumers let go, so you must keep the allocation alive (neither freed nor given back
+  // to a caching allocator) for as long as any consumer may read it: while the tensor is
+  // bound to a name and until every lease on it is released (Stat(TensorId) lists the
+  // holders). Keeping the TensorRef, and with it `source`, until then does that.
+  // Order: nothing orders a consumer's reads after your kernels yet: finish writing
+  // (synchronize the stream) before Publish.
+  //
+  // When this process exits, however it exits, the broker retires the tensor: its name is
+  // unbound (watchers and holders hear it, as for a Delete) and acquiring it by id fails
+  // with FAILED_PRECONDITION "tensor N: its producer (pid P, session S) exited; its memory
+  // was the producer's". Consumers keep the leases they hold until they release them, and
+  // a consumer that mapped it keeps its mapping, but on a real GPU the memory may be gone
+  // with the process: reading it then is undefined. This process cannot Acquire its own
+  // export (a process cannot open its own CUDA IPC handle): use the returned TensorRef.
+  //
+  // Errors: INVALID_ARGUMENT (a bad spec, a null pointer, a tensor of no elements, a
+  // pointer the driver does not know or on another device than spec.device, the tensor
+  // reaching past the end of its allocation); UNIMPLEMENTED (spec.device is host memory:
+  // export a memfd with Export; a device type this build cannot export); the driver's
+  // error, naming cuIpcGetMemHandle, for memory it will not share; FAILED_PRECONDITION /
+  // UNAVAILABLE (no such device here, no driver); and what Export answers from the broker.
+  Result<TensorRef> ExportDevice(const void* device_ptr, std::string_view ns, const TensorSpec& spec,
+                                 std::shared_ptr<const void> source = nullptr);
   // Seals the tensor against writes by anyone else and binds it to `name` (empty: unnamed).
   Result<TensorInfo> Publish(const TensorRef& tensor, std::string_view name,
                              const PublishOptions& options = {});

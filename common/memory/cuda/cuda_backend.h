@@ -74,6 +74,7 @@ class CudaVmmBuffer final : public BackendBuffer {
 };
 
 // A producer's legacy IPC handle, kept as the bytes it came in; owns no device resource.
+// The memory lives only as long as the producer's process keeps it: OwnedByProducer().
 class CudaIpcBuffer final : public BackendBuffer {
  public:
   CudaIpcBuffer(std::string handle_bytes, uint64_t size)
@@ -81,6 +82,7 @@ class CudaIpcBuffer final : public BackendBuffer {
   uint64_t size() const override { return size_; }
   absl::StatusOr<MemoryHandle> Export() const override;
   absl::Status CheckShareable(const std::string& what) const override;
+  bool OwnedByProducer() const override { return true; }
 
  private:
   const std::string handle_bytes_;

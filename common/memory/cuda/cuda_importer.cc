@@ -248,6 +248,66 @@ absl::Status CudaImporter::NameDevice(tensord::v1::Device& device) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<MemoryHandle> CudaImporter::ExportExisting(const void* ptr, uint64_t bytes,
+                                                          const tensord::v1::Device& device,
+                                                          const std::string& what) const {
+  const CudaDriver& driver = driver_ != nullptr ? *driver_ : CudaDriver::Get();
+  if (!driver.available()) {
+    return absl::UnavailableError(absl::StrCat(what, ": cuda: ", driver.unavailable_reason()));
+  }
+  if (ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": the device pointer is null"));
+  if (bytes == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no bytes to export"));
+  const auto dptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
+  int ordinal = -1;
+  if (CUresult r = driver.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr);
+      r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the pointer is not CUDA device memory this process knows (cuPointerGetAttribute: ",
+        driver.ErrorText(r), ")"));
+  }
+  if (ordinal != device.index()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the pointer is on cuda:", ordinal,
+                                                   ", the tensor's device is cuda:", device.index()));
+  }
+  CUdevice cu_device = 0;
+  TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuDeviceGet(&cu_device, ordinal),
+                                            absl::StrCat(what, ": cuDeviceGet ", ordinal)));
+  TENSORD_ASSIGN_OR_RETURN(std::string uuid, driver.DeviceUuid(cu_device));
+  if (!device.uuid().empty() && device.uuid() != uuid) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cuda:", ordinal, " is ", FormatGpuUuid(uuid),
+                                                   ", not ", FormatGpuUuid(device.uuid())));
+  }
+  // The allocation and its IPC handle are asked for in the context the memory is mapped in
+  // on this device: the primary one, which the CUDA runtime (and torch) allocate in.
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, cu_device));
+  CUdeviceptr base = 0;
+  size_t allocation = 0;
+  TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuMemGetAddressRange_v2(&base, &allocation, dptr),
+                                            absl::StrCat(what, ": cuMemGetAddressRange on cuda:", ordinal)));
+  const uint64_t offset = dptr - base;
+  if (dptr < base || offset >= allocation || bytes > allocation - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", bytes,
+                                                   " bytes from the pointer reach past its allocation of ",
+                                                   allocation, " bytes (the pointer is at offset ", offset, ")"));
+  }
+  CUipcMemHandle ipc;
+  if (CUresult r = driver.cuIpcGetMemHandle(&ipc, base); r != CUDA_SUCCESS) {
+    return driver.CudaStatus(
+        r, absl::StrCat(what, ": cuIpcGetMemHandle of the allocation on cuda:", ordinal,
+                        " (legacy IPC shares memory from cuMemAlloc/cudaMalloc, not VMM or pool allocations)"));
+  }
+  CudaHandle handle;
+  handle.kind = CudaHandleKind::kLegacyIpc;
+  handle.uuid = std::move(uuid);
+  handle.size = allocation;
+  handle.offset = offset;
+  static_assert(sizeof(ipc.reserved) == kCudaIpcHandleBytes);
+  std::memcpy(handle.ipc_handle.data(), ipc.reserved, kCudaIpcHandleBytes);
+  MemoryHandle out;
+  out.data = EncodeCudaHandle(handle);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ImportedRegion>> CudaImporter::Import(const FetchedBuffer& buffer, MapMode mode,
                                                                      const std::string& what) {
   const CudaDriver& driver = driver_ != nullptr ? *driver_ : CudaDriver::Get();

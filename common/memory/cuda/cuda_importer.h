@@ -20,6 +20,9 @@
 // DLPack flag. Which drivers accept PROT_READ on a device's own memory is not verified on
 // hardware here.
 //
+// Exports (ExportExisting): a legacy IPC handle of memory this process already has, for
+// the broker to adopt; see the method.
+//
 // Legacy IPC: cuIpcOpenMemHandle(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in the device's
 // primary context, plus the handle's offset; cuIpcCloseMemHandle when the last region of
 // that allocation goes. A process may open one allocation only once (older drivers answer
@@ -72,6 +75,19 @@ class CudaImporter final : public Importer {
                                                          const std::string& what) override;
   // Sets the UUID of this process's device `device.index()`.
   absl::Status NameDevice(tensord::v1::Device& device) const override;
+  // A legacy IPC handle for `bytes` of device memory this process has at `ptr` (memory from
+  // cuMemAlloc / cudaMalloc, as a caching allocator such as torch's hands out): the device
+  // from cuPointerGetAttribute(DEVICE_ORDINAL), which must be `device`; then, in that
+  // device's primary context, the allocation from cuMemGetAddressRange and
+  // cuIpcGetMemHandle of its base. The handle names the allocation's size, the offset of
+  // `ptr` in it, and the device's UUID; whoever opens it reaches the WHOLE allocation (with
+  // a caching allocator: the rest of its segment, other tensors included). Not verified on
+  // hardware. INVALID_ARGUMENT naming `what` for a pointer the driver does not know, on
+  // another device, or `bytes` past the end of the allocation; the driver's error
+  // otherwise (memory cuIpcGetMemHandle refuses, such as a VMM or stream-ordered pool
+  // allocation); UNAVAILABLE without a driver.
+  absl::StatusOr<MemoryHandle> ExportExisting(const void* ptr, uint64_t bytes, const tensord::v1::Device& device,
+                                              const std::string& what) const override;
 
   class IpcOpens;  // the legacy IPC open cache (cuda_importer.cc)
 

@@ -115,4 +115,14 @@ absl::StatusOr<std::unique_ptr<ImportedRegion>> HostImporter::Import(const Fetch
   return std::make_unique<HostRegion>(std::move(region));
 }
 
+absl::StatusOr<MemoryHandle> HostImporter::ExportExisting(const void* ptr, uint64_t bytes,
+                                                          const tensord::v1::Device& device,
+                                                          const std::string& what) const {
+  (void)ptr;
+  (void)bytes;
+  (void)device;
+  return absl::UnimplementedError(what + ": host memory is not exported by pointer; export a memfd "
+                                  "(Client::Export), whose seals keep readers safe");
+}
+
 }  // namespace tensord::common

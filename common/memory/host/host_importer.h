@@ -37,6 +37,10 @@ class HostImporter final : public Importer {
   tensord::v1::DeviceType device_type() const override { return tensord::v1::DEVICE_TYPE_CPU; }
   absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
                                                          const std::string& what) override;
+  // UNIMPLEMENTED: host memory is shared as a memfd (the broker seals it; a bare pointer
+  // cannot be), which Client::Export takes.
+  absl::StatusOr<MemoryHandle> ExportExisting(const void* ptr, uint64_t bytes, const tensord::v1::Device& device,
+                                              const std::string& what) const override;
 };
 
 }  // namespace tensord::common

@@ -2,8 +2,13 @@
 // with libtensord_fake_cuda.so standing in for libcuda (tests/fake_cuda/README.md): device
 // memory there is memfds, so this proves the plumbing (allocation, the handle on the fd
 // channel, import by UUID, quotas, status, a producer exiting), never the hardware.
+#include <signal.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -96,6 +101,82 @@ TEST_F(CudaFakeDaemonTest, ATensorOnOneGpuOutlivesItsProducerAndIsReadByUuidUnde
   auto after = client->GetStatus();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(Cuda(*after)->devices[1].bytes_in_use, 0u);
+}
+
+// A producer's own CUDA memory (cuMemAlloc, the tensor inside the block), exported by
+// pointer: a consumer reads it at the right offset under its own ordinal; the producer's
+// kill -9 retires it, and new acquires say why.
+TEST_F(CudaFakeDaemonTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProducerIsKilled) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_NE(client, nullptr);
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_NE(Cuda(*status), nullptr);
+  ASSERT_EQ(Cuda(*status)->devices.size(), 2u);
+  const std::string second_gpu = Cuda(*status)->devices[1].uuid;
+
+  ChildProcess producer({TENSORD_CUDA_PEER, "export", daemon.socket(), "gpu/e", "1", "1000"});
+  ASSERT_EQ(producer.WaitForLine(""), "exported 1");
+  EXPECT_EQ(RunPeer({"consume", daemon.socket(), "gpu/e", "1000"}, second_gpu.c_str()),
+            std::string("device 2 0|ok"));
+  EXPECT_EQ(RunPeer({"consume", daemon.socket(), "gpu/e", "1000"}), std::string("device 2 1|ok"));
+
+  // This process holds a lease across the producer's death (by id: no name to cache).
+  auto stat = client->Stat("gpu/e");
+  ASSERT_TRUE(stat.ok()) << stat.status().ToString();
+  const uint64_t id = stat->info.tensor_id;
+  auto held = client->Acquire(TensorId{id});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(held->info().device.device_id, 1);
+  const pid_t producer_pid = producer.pid();
+  producer.Kill(SIGKILL);
+
+  // The daemon hears the fd channel close on its own time.
+  Result<TensorStat> retired = client->Stat(TensorId{id});
+  for (int i = 0; i < 500 && retired.ok() && retired->info.state != TensorState::kRetired; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    retired = client->Stat(TensorId{id});
+  }
+  ASSERT_TRUE(retired.ok()) << retired.status().ToString();
+  EXPECT_EQ(retired->info.state, TensorState::kRetired);
+  EXPECT_EQ(client->Acquire("gpu/e").status().code(), StatusCode::kNotFound);
+  auto again = client->Acquire(TensorId{id});
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(),
+              AllOf(HasSubstr("tensor " + std::to_string(id) + ": its producer (pid " + std::to_string(producer_pid)),
+                    HasSubstr("exited; its memory was the producer's")));
+  EXPECT_THAT(RunPeer({"consume", daemon.socket(), "gpu/e", "1000"}),
+              AllOf(StartsWith("error acquire: NOT_FOUND"), HasSubstr("gpu/e")));
+
+  // The last lease gone, nothing of it is left.
+  held->Release();
+  ASSERT_TRUE(client->Flush().ok());
+  auto after = client->GetStatus();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->tensors, 0u);
+  EXPECT_EQ(Cuda(*after)->devices[1].bytes_in_use, 0u);
+}
+
+TEST_F(CudaFakeDaemonTest, ExportDeviceRefusesHostMemoryAndPointersTheDriverDoesNotKnow) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_NE(client, nullptr);
+  std::vector<float> host(16, 1.0f);
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {16};
+  auto on_cpu = client->ExportDevice(host.data(), "cpu", spec);
+  EXPECT_EQ(on_cpu.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(on_cpu.status().message(), AllOf(HasSubstr("host memory is not exported by pointer"),
+                                                HasSubstr("Client::Export")));
+  spec.device = DLDevice{kDLCUDA, 0};
+  auto not_device_memory = client->ExportDevice(host.data(), "gpu", spec);
+  EXPECT_EQ(not_device_memory.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_device_memory.status().message(), HasSubstr("not CUDA device memory"));
+  auto list = client->List("");
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
 }
 
 TEST_F(CudaFakeDaemonTest, EachGpuHasItsQuota) {

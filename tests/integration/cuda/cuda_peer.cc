@@ -8,8 +8,14 @@
 //                                      "published <device_id>", exit
 //   consume SOCKET NAME COUNT          acquire NAME, print "device <type> <id>", then "ok"
 //                                      when every element is i * 0.5, else "mismatch"
+//   export SOCKET NAME ORDINAL COUNT   cuMemAlloc a block on cuda:ORDINAL with kSlack bytes
+//                                      of -1.0f in front of float32[COUNT] (element i is
+//                                      i * 0.5), ExportDevice that interior pointer,
+//                                      publish NAME, print "exported <device_id>", and
+//                                      sleep until killed
 // A failure prints "error <what>: <status>" and exits 1.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +28,10 @@
 namespace {
 
 using CopyToDevice = int (*)(uint64_t dst, const void* src, size_t bytes);
+using AllocDevice = int (*)(uint64_t* ptr, size_t bytes);
+
+// What `export` puts in front of the tensor in its allocation.
+constexpr size_t kSlack = 256 * 1024;
 using CopyToHost = int (*)(void* dst, uint64_t src, size_t bytes);
 
 int Fail(const std::string& what, const tensord::Status& status) {
@@ -36,21 +46,25 @@ void* Driver(const char* symbol) {
   return library == nullptr ? nullptr : ::dlsym(library, symbol);
 }
 
-// Copies need a current context, as on a real driver: the device's primary one.
+// Copies need a current context, as on a real driver: the device's primary one. cuInit
+// first, as a program with CUDA memory of its own has done before tensord sees it.
 bool MakeCurrent(int ordinal) {
+  using Init = int (*)(unsigned flags);
   using Retain = int (*)(void** context, int device);
   using Push = int (*)(void* context);
+  auto init = reinterpret_cast<Init>(Driver("cuInit"));
   auto retain = reinterpret_cast<Retain>(Driver("cuDevicePrimaryCtxRetain"));
   auto push = reinterpret_cast<Push>(Driver("cuCtxPushCurrent_v2"));
   void* context = nullptr;
-  return retain != nullptr && push != nullptr && retain(&context, ordinal) == 0 && push(context) == 0;
+  return init != nullptr && retain != nullptr && push != nullptr && init(0) == 0 && retain(&context, ordinal) == 0 &&
+         push(context) == 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: tensord_cuda_peer produce|consume SOCKET NAME ...\n");
+    std::fprintf(stderr, "usage: tensord_cuda_peer produce|consume|export SOCKET NAME ...\n");
     return 2;
   }
   const std::string command = argv[1];
@@ -80,6 +94,40 @@ int main(int argc, char** argv) {
     if (!published.ok()) return Fail("publish", published.status());
     std::printf("published %d\n", tensor->info().device.device_id);
     return 0;
+  }
+  if (command == "export" && argc == 6) {
+    const int ordinal = std::atoi(argv[4]);
+    const int64_t count = std::atoll(argv[5]);
+    // As a program with its own CUDA memory (a torch tensor) has it: cuMemAlloc in the
+    // device's primary context, the tensor somewhere inside the block.
+    std::vector<float> values(kSlack / sizeof(float) + static_cast<size_t>(count), -1.0f);
+    const size_t first = kSlack / sizeof(float);
+    for (int64_t i = 0; i < count; ++i) values[first + static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
+    auto alloc = reinterpret_cast<AllocDevice>(Driver("cuMemAlloc_v2"));
+    auto copy = reinterpret_cast<CopyToDevice>(Driver("cuMemcpyHtoD_v2"));
+    const size_t bytes = values.size() * sizeof(float);
+    uint64_t block = 0;
+    if (alloc == nullptr || copy == nullptr || !MakeCurrent(ordinal) || alloc(&block, bytes) != 0 ||
+        copy(block, values.data(), bytes) != 0) {
+      std::printf("error copy: cuMemAlloc or cuMemcpyHtoD failed\n");
+      return 1;
+    }
+    tensord::TensorSpec spec;
+    spec.dtype = tensord::dtypes::kFloat32;
+    spec.shape = {count};
+    spec.device = tensord::DLDevice{tensord::kDLCUDA, ordinal};
+    const void* tensor_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(block + kSlack));
+    auto tensor = (*client)->ExportDevice(tensor_ptr, name.substr(0, name.find('/')), spec);
+    if (!tensor.ok()) return Fail("export", tensor.status());
+    if (tensor->data() != tensor_ptr) {
+      std::printf("error export: the producer's view is not its own pointer\n");
+      return 1;
+    }
+    auto published = (*client)->Publish(*tensor, name);
+    if (!published.ok()) return Fail("publish", published.status());
+    std::printf("exported %d\n", tensor->info().device.device_id);
+    std::fflush(stdout);
+    for (;;) ::pause();  // the memory is ours: keep it until killed
   }
   if (command == "consume" && argc == 5) {
     const int64_t count = std::atoll(argv[4]);

@@ -27,6 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::FakeFailNext;
 using testing::FakeLiveObjects;
+using testing::FakeSymbol;
 using testing::FakeUuid;
 using testing::FakeUuidText;
 
@@ -355,6 +356,93 @@ TEST_F(CudaImporterTest, LegacyIpcOpensOnceAndClosesOnTheLastRelease) {
 
   Send(producer.sock.get(), "done");
   EXPECT_EQ(producer.Wait(), 0);
+}
+
+// The producer's half of legacy IPC: a pointer inside a cuMemAlloc'ed block becomes a
+// handle that names the block, the pointer's offset in it and the device's UUID. Another
+// process that sees the device under another ordinal reads and writes the bytes at the
+// pointer through it; the broker's backend adopts it as memory its producer owns.
+TEST_F(CudaImporterTest, ExportsAnInteriorPointerAsItsAllocationAndTheOffset) {
+  auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(FakeSymbol("cuMemAlloc_v2"));
+  auto free_block = reinterpret_cast<CUresult (*)(CUdeviceptr)>(FakeSymbol("cuMemFree_v2"));
+  CUdeviceptr base = 0;
+  const std::vector<uint8_t> pattern = Pattern(1);
+  {
+    auto context = ScopedCudaContext::Push(driver_, 1);
+    ASSERT_TRUE(context.ok());
+    ASSERT_EQ(alloc(&base, 2 * kMiB), CUDA_SUCCESS);
+    ASSERT_EQ(driver_.cuMemcpyHtoD_v2(base + 4096, pattern.data(), kProbe), CUDA_SUCCESS);
+  }
+  const void* interior = reinterpret_cast<const void*>(static_cast<uintptr_t>(base + 4096));
+  const tensord::v1::Device gpu1 = Cuda(1).device;
+  auto exported = importer_.ExportExisting(interior, kMiB, gpu1, "tensor 9");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_TRUE(exported->fds.empty());
+  auto handle = DecodeCudaHandle(exported->data);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(handle->kind, CudaHandleKind::kLegacyIpc);
+  EXPECT_EQ(handle->uuid, testing::FakeUuid(1));
+  EXPECT_EQ(handle->size, 2 * kMiB);
+  EXPECT_EQ(handle->offset, 4096u);
+
+  MemoryHandle sent;
+  sent.data = exported->data;
+  auto adopted = backend_.Adopt(Cuda(1), std::move(sent), kMiB, "tensor 9");
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_TRUE((*adopted)->OwnedByProducer());
+
+  Peer peer;
+  StartPeer(&peer, "import", {"CUDA_VISIBLE_DEVICES=" + FakeUuidText(1)});
+  uint64_t size = kMiB;
+  std::string msg(reinterpret_cast<const char*>(&size), 8);
+  msg.push_back(static_cast<char>(MapMode::kPrivate));
+  msg += exported->data;
+  Send(peer.sock.get(), msg);
+  EXPECT_THAT(Receive(peer.sock.get()), HasSubstr("ordinal=0 read=ok write=CUDA_SUCCESS"));
+  EXPECT_EQ(peer.Wait(), 0);
+  {
+    auto context = ScopedCudaContext::Push(driver_, 1);
+    ASSERT_TRUE(context.ok());
+    std::vector<uint8_t> got(kProbe);
+    ASSERT_EQ(driver_.cuMemcpyDtoH_v2(got.data(), base + 4096, kProbe), CUDA_SUCCESS);
+    EXPECT_EQ(got, Pattern(2));  // the peer wrote where the pointer points
+    ASSERT_EQ(free_block(base), CUDA_SUCCESS);
+  }
+}
+
+TEST_F(CudaImporterTest, ExportRefusesWhatItCannotShareAndSaysWhy) {
+  auto alloc = reinterpret_cast<CUresult (*)(CUdeviceptr*, size_t)>(FakeSymbol("cuMemAlloc_v2"));
+  auto free_block = reinterpret_cast<CUresult (*)(CUdeviceptr)>(FakeSymbol("cuMemFree_v2"));
+  auto context = ScopedCudaContext::Push(driver_, 1);
+  ASSERT_TRUE(context.ok());
+  CUdeviceptr base = 0;
+  ASSERT_EQ(alloc(&base, 2 * kMiB), CUDA_SUCCESS);
+  const void* interior = reinterpret_cast<const void*>(static_cast<uintptr_t>(base + 4096));
+  const tensord::v1::Device gpu1 = Cuda(1).device;
+
+  auto past_the_end = importer_.ExportExisting(interior, 2 * kMiB, gpu1, "tensor 10");
+  EXPECT_EQ(past_the_end.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(past_the_end.status().message(),
+              HasSubstr("tensor 10: 2097152 bytes from the pointer reach past its allocation of 2097152 bytes "
+                        "(the pointer is at offset 4096)"));
+  auto other_device = importer_.ExportExisting(interior, 64, Cuda(0).device, "tensor 10");
+  EXPECT_EQ(other_device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_device.status().message(), HasSubstr("the pointer is on cuda:1, the tensor's device is cuda:0"));
+  tensord::v1::Device wrong_uuid = gpu1;
+  wrong_uuid.set_uuid(testing::FakeUuid(0));
+  EXPECT_EQ(importer_.ExportExisting(interior, 64, wrong_uuid, "tensor 10").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  int on_the_host = 0;
+  auto host = importer_.ExportExisting(&on_the_host, sizeof(on_the_host), gpu1, "tensor 10");
+  EXPECT_EQ(host.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(host.status().message(), HasSubstr("not CUDA device memory"));
+  EXPECT_EQ(importer_.ExportExisting(nullptr, 64, gpu1, "tensor 10").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  FakeFailNext("cuIpcGetMemHandle", CUDA_ERROR_NOT_SUPPORTED);
+  auto refused = importer_.ExportExisting(interior, 64, gpu1, "tensor 10");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(refused.status().message(), HasSubstr("cuIpcGetMemHandle"));
+  ASSERT_EQ(free_block(base), CUDA_SUCCESS);
 }
 
 TEST_F(CudaImporterTest, RegionsOutliveTheirImporter) {

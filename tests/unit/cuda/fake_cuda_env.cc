@@ -17,6 +17,8 @@ namespace {
   return true;
 }();
 
+}  // namespace
+
 void* FakeSymbol(const char* name) {
   // The library CudaDriver loaded (RTLD_NOLOAD: never a second copy).
   (void)CudaDriver::Get();
@@ -26,8 +28,6 @@ void* FakeSymbol(const char* name) {
   TENSORD_CHECK(symbol != nullptr);
   return symbol;
 }
-
-}  // namespace
 
 int FakeLiveObjects(const char* kind) {
   return reinterpret_cast<int (*)(const char*)>(FakeSymbol("tensord_fake_cuda_live_objects"))(kind);

@@ -11,6 +11,9 @@ namespace tensord::common::testing {
 // The fake's test-only queries (tests/fake_cuda/fake_cuda.cc), looked up with dlsym in the
 // library CudaDriver loaded. `kind` null counts everything.
 int FakeLiveObjects(const char* kind = nullptr);
+// Any symbol of the fake CudaDriver loaded (CHECKed to exist): e.g. the test producer's
+// cuMemAlloc_v2, which CudaDriver does not resolve.
+void* FakeSymbol(const char* name);
 int FakePrimaryContextRetains(int ordinal);
 void FakeFailNext(const char* symbol, int cuda_result);
 

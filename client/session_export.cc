@@ -1,0 +1,83 @@
+// Session's exports of memory the producer already has: a memfd (the host backend adopts
+// it) or device memory at a pointer (the device's importer makes a handle the backend
+// adopts). The producer's own view is what it had; the broker's handle is never fetched.
+#include <string>
+#include <utility>
+
+#include "client/session.h"
+#include "client/status_util.h"
+#include "client/tensor_convert.h"
+#include "common/memory/backends.h"
+#include "common/memory/host/memfd.h"
+#include "common/status.h"
+
+namespace tensord::internal {
+
+absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::string_view ns,
+                                           const TensorSpec& spec) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "export into '" + std::string(ns) + "'";
+  absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
+  if (!desc.ok()) return Annotate(desc.status(), what);
+  absl::StatusOr<uint64_t> size = common::PrepareExportedMemfd(memfd, what);
+  if (!size.ok()) return size.status();
+  absl::StatusOr<uint64_t> staged = fd_->Stage(memfd);
+  if (!staged.ok()) return Annotate(staged.status(), what);
+  tensord::v1::ExportRequest request;
+  request.set_staged_fd_id(*staged);
+  request.set_ns(std::string(ns));
+  *request.mutable_desc() = *std::move(desc);
+  request.set_offset(offset);
+  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
+  tensord::v1::AllocateResponse response;
+  {
+    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
+    grpc::Status status = call.stub()->Export(call.context(), request, &response);
+    if (!status.ok()) return ToAbsl(FromGrpc(status));
+  }
+  OwnMemory own;
+  own.memfd = memfd;
+  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
+}
+
+absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::string_view ns,
+                                                 const TensorSpec& spec, std::shared_ptr<const void> source) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string what = "export device memory into '" + std::string(ns) + "'";
+  // Names the device by its UUID too: the handle carries it, the broker resolves it.
+  absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
+  if (!desc.ok()) return Annotate(desc.status(), what);
+  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(*desc));
+  if (layout.extent == 0) {
+    return absl::InvalidArgumentError(what + ": a tensor of no elements has no memory to export");
+  }
+  absl::StatusOr<common::Importer*> importer = common::ProcessImporters().For(desc->device().type());
+  if (!importer.ok()) return Annotate(importer.status(), what);
+  // The buffer the handle names starts at `device_ptr` and holds the tensor's extent; the
+  // tensor is at its start.
+  TENSORD_ASSIGN_OR_RETURN(common::MemoryHandle handle,
+                           (*importer)->ExportExisting(device_ptr, layout.extent, desc->device(), what));
+  if (!handle.fds.empty()) {
+    return absl::UnimplementedError(what + ": a device handle that travels with fds is not exported yet");
+  }
+  tensord::v1::ExportRequest request;
+  request.set_handle_data(std::move(handle.data));
+  request.set_size(layout.extent);
+  request.set_offset(0);
+  request.set_ns(std::string(ns));
+  *request.mutable_desc() = *std::move(desc);
+  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
+  tensord::v1::AllocateResponse response;
+  {
+    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
+    grpc::Status status = call.stub()->Export(call.context(), request, &response);
+    if (!status.ok()) return ToAbsl(FromGrpc(status));
+  }
+  OwnMemory own;
+  own.mapping = std::make_shared<Mapping>(std::make_unique<common::BorrowedRegion>(
+      const_cast<void*>(device_ptr), layout.extent, common::MapMode::kSharedWritable, spec.device.device_id,
+      std::move(source)));
+  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
+}
+
+}  // namespace tensord::internal
