@@ -242,6 +242,11 @@ class Session final : public ReleaseSink {
                                         ViewKind kind, std::string_view cache_name,
                                         std::string_view what, const OwnMemory& own = {},
                                         bool described_here = false);
+  // Sends an Export of what `request` names (a staged memfd or a device handle) as `desc`
+  // in `ns` with `spec`'s tags, and adopts the producer's lease over `own`.
+  absl::StatusOr<LeaseView*> RegisterExport(tensord::v1::ExportRequest request, std::string_view ns,
+                                            tensord::v1::TensorDesc desc, const TensorSpec& spec,
+                                            const OwnMemory& own, const std::string& what);
   // A view of a pooled slot of `class_bytes` described as `desc`, refilling the pool when it
   // is empty; nullptr when a plain Allocate must serve the call (the class is not pooled
   // yet or any more, or the refill or the adoption failed: the plain call then reports).

@@ -25,19 +25,10 @@ absl::StatusOr<LeaseView*> Session::Export(int memfd, uint64_t offset, std::stri
   if (!staged.ok()) return Annotate(staged.status(), what);
   tensord::v1::ExportRequest request;
   request.set_staged_fd_id(*staged);
-  request.set_ns(std::string(ns));
-  *request.mutable_desc() = *std::move(desc);
   request.set_offset(offset);
-  request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
-  tensord::v1::AllocateResponse response;
-  {
-    TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());
-    grpc::Status status = call.stub()->Export(call.context(), request, &response);
-    if (!status.ok()) return ToAbsl(FromGrpc(status));
-  }
   OwnMemory own;
   own.memfd = memfd;
-  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
+  return RegisterExport(std::move(request), ns, *std::move(desc), spec, own, what);
 }
 
 absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::string_view ns,
@@ -64,8 +55,18 @@ absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::st
   request.set_handle_data(std::move(handle.data));
   request.set_size(layout.extent);
   request.set_offset(0);
+  OwnMemory own;
+  own.mapping = std::make_shared<Mapping>(std::make_unique<common::BorrowedRegion>(
+      const_cast<void*>(device_ptr), layout.extent, common::MapMode::kSharedWritable, spec.device.device_id,
+      std::move(source)));
+  return RegisterExport(std::move(request), ns, *std::move(desc), spec, own, what);
+}
+
+absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest request, std::string_view ns,
+                                                   tensord::v1::TensorDesc desc, const TensorSpec& spec,
+                                                   const OwnMemory& own, const std::string& what) {
   request.set_ns(std::string(ns));
-  *request.mutable_desc() = *std::move(desc);
+  *request.mutable_desc() = std::move(desc);
   request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
   tensord::v1::AllocateResponse response;
   {
@@ -73,10 +74,6 @@ absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::st
     grpc::Status status = call.stub()->Export(call.context(), request, &response);
     if (!status.ok()) return ToAbsl(FromGrpc(status));
   }
-  OwnMemory own;
-  own.mapping = std::make_shared<Mapping>(std::make_unique<common::BorrowedRegion>(
-      const_cast<void*>(device_ptr), layout.extent, common::MapMode::kSharedWritable, spec.device.device_id,
-      std::move(source)));
   return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
 }
 

@@ -22,6 +22,7 @@
 #include "common/memory/cuda/cuda_driver.h"
 #include "common/memory/cuda/cuda_handle.h"
 #include "common/memory/cuda/cuda_importer.h"
+#include "tests/unit/cuda/fd_passing.h"
 
 namespace tc = tensord::common;
 
@@ -39,43 +40,8 @@ int LiveObjects() {
   return f == nullptr ? -1 : f(nullptr);
 }
 
-bool Send(int sock, const std::string& bytes, int fd = -1) {
-  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
-  return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
-}
-
-// One datagram and at most one fd (-1 when none came).
-bool Receive(int sock, std::string* bytes, int* fd) {
-  char buf[4096];
-  iovec iov{buf, sizeof(buf)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  if (n <= 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) return false;
-  *fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(c), sizeof(int));
-  }
-  bytes->assign(buf, static_cast<size_t>(n));
-  return true;
-}
+using tensord::common::testing::ReceiveWithFd;
+using tensord::common::testing::SendWithFd;
 
 std::vector<uint8_t> Pattern(uint8_t seed) {
   std::vector<uint8_t> p(kProbe);
@@ -86,7 +52,7 @@ std::vector<uint8_t> Pattern(uint8_t seed) {
 int Import(int sock) {
   std::string msg;
   int fd = -1;
-  if (!Receive(sock, &msg, &fd) || msg.size() < 9) return 10;
+  if (!ReceiveWithFd(sock, &msg, &fd) || msg.size() < 9) return 10;
   uint64_t size = 0;
   std::memcpy(&size, msg.data(), 8);
   const auto mode = static_cast<tc::MapMode>(msg[8]);
@@ -103,7 +69,7 @@ int Import(int sock) {
     auto region = importer.Import(buffer, mode, "buffer 1");
     buffer.handle.fds.clear();  // closed once imported, as the client does
     if (!region.ok()) {
-      Send(sock, absl::StrCat("error=", region.status().ToString()));
+      SendWithFd(sock, absl::StrCat("error=", region.status().ToString()));
       return 0;
     }
     auto* cuda = static_cast<tc::CudaRegion*>(region->get());
@@ -119,7 +85,7 @@ int Import(int sock) {
                           " write=", driver.ErrorText(wrote), " enforced=", cuda->access_enforced() ? 1 : 0);
   }
   absl::StrAppend(&report, " live_after=", LiveObjects());
-  return Send(sock, report) ? 0 : 12;
+  return SendWithFd(sock, report) ? 0 : 12;
 }
 
 int ExportIpc(int sock) {
@@ -146,11 +112,11 @@ int ExportIpc(int sock) {
   handle.size = size;
   handle.offset = 4096;
   std::memcpy(handle.ipc_handle.data(), ipc.reserved, sizeof(ipc.reserved));
-  if (!Send(sock, tc::EncodeCudaHandle(handle))) return 27;
+  if (!SendWithFd(sock, tc::EncodeCudaHandle(handle))) return 27;
   // The exporter must outlive every importer.
   std::string done;
   int fd = -1;
-  if (!Receive(sock, &done, &fd) || done != "done") return 28;
+  if (!ReceiveWithFd(sock, &done, &fd) || done != "done") return 28;
   return free_(base) == CUDA_SUCCESS ? 0 : 29;
 }
 

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/cuda/fake_cuda_env.h"
+#include "tests/unit/cuda/fd_passing.h"
 
 extern char** environ;
 
@@ -27,6 +28,8 @@ namespace {
 using ::testing::HasSubstr;
 using testing::FakeFailNext;
 using testing::FakeLiveObjects;
+using testing::ReceiveWithFd;
+using testing::SendWithFd;
 using testing::FakeSymbol;
 using testing::FakeUuid;
 using testing::FakeUuidText;
@@ -108,28 +111,15 @@ void StartPeer(Peer* peer, const char* mode, const std::vector<std::string>& env
   peer->pid = pid;
 }
 
-void Send(int sock, const std::string& bytes, int fd = -1) {
-  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
-  ASSERT_EQ(::sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
-}
+void Send(int sock, const std::string& bytes, int fd = -1) { ASSERT_TRUE(SendWithFd(sock, bytes, fd)); }
 
+// One datagram; an fd that came with it is closed. Empty on end of file or an error.
 std::string Receive(int sock) {
-  char buf[4096];
-  ssize_t n = ::recv(sock, buf, sizeof(buf), 0);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  std::string bytes;
+  int fd = -1;
+  if (!ReceiveWithFd(sock, &bytes, &fd)) return std::string();
+  if (fd >= 0) ::close(fd);
+  return bytes;
 }
 
 class CudaImporterTest : public ::testing::Test {
