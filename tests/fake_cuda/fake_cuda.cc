@@ -246,6 +246,8 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char** pStr) {
     FAKE_NAME(CUDA_ERROR_INVALID_DEVICE)
     FAKE_NAME(CUDA_ERROR_INVALID_CONTEXT)
     FAKE_NAME(CUDA_ERROR_ALREADY_MAPPED)
+    FAKE_NAME(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+    FAKE_NAME(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
     FAKE_NAME(CUDA_ERROR_INVALID_HANDLE)
     FAKE_NAME(CUDA_ERROR_ILLEGAL_ADDRESS)
     FAKE_NAME(CUDA_ERROR_NOT_PERMITTED)
@@ -269,6 +271,8 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char** pStr) {
     case CUDA_ERROR_INVALID_DEVICE: *pStr = "invalid device ordinal"; break;
     case CUDA_ERROR_INVALID_CONTEXT: *pStr = "invalid device context"; break;
     case CUDA_ERROR_ALREADY_MAPPED: *pStr = "resource already mapped"; break;
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: *pStr = "part or all of the requested memory range is already mapped"; break;
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: *pStr = "pointer does not correspond to a registered memory region"; break;
     case CUDA_ERROR_INVALID_HANDLE: *pStr = "invalid resource handle"; break;
     case CUDA_ERROR_ILLEGAL_ADDRESS: *pStr = "an illegal memory access was encountered"; break;
     case CUDA_ERROR_NOT_PERMITTED: *pStr = "operation not permitted"; break;
@@ -762,18 +766,22 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   return CUDA_SUCCESS;
 }
 
+// Pinned host memory: the section at the end of this file. Called with S().mu held.
+static int LiveHostRegistrationsLocked();
+
 // ---- Test-only queries ----
 
 // Objects the fake holds for this process: live allocations (handles, or released ones
 // still mapped), address reservations, mappings, cuMemAlloc'ed blocks and open IPC
-// handles. `kind` null: all of them; else one of "allocation", "reservation", "mapping",
-// "alloc", "ipc_open" (-1 for anything else).
+// handles, host ranges registered with cuMemHostRegister. `kind` null: all of them; else
+// one of "allocation", "reservation", "mapping", "alloc", "ipc_open", "host_register" (-1
+// for anything else).
 __attribute__((visibility("default"))) int tensord_fake_cuda_live_objects(const char* kind) {
   std::lock_guard<std::mutex> lock(S().mu);
   auto n = [](size_t v) { return static_cast<int>(v); };
   if (kind == nullptr) {
     return n(S().allocations.size() + S().reservations.size() + S().mappings.size() + S().allocs.size() +
-             S().opens.size());
+             S().opens.size()) + LiveHostRegistrationsLocked();
   }
   std::string k = kind;
   if (k == "allocation") return n(S().allocations.size());
@@ -781,6 +789,7 @@ __attribute__((visibility("default"))) int tensord_fake_cuda_live_objects(const 
   if (k == "mapping") return n(S().mappings.size());
   if (k == "alloc") return n(S().allocs.size());
   if (k == "ipc_open") return n(S().opens.size());
+  if (k == "host_register") return LiveHostRegistrationsLocked();
   return -1;
 }
 
@@ -795,6 +804,96 @@ __attribute__((visibility("default"))) int tensord_fake_cuda_primary_context_ret
 __attribute__((visibility("default"))) void tensord_fake_cuda_fail_next(const char* symbol, int result) {
   std::lock_guard<std::mutex> lock(S().mu);
   S().fail_next[symbol] = static_cast<CUresult>(result);
+}
+
+}  // extern "C"
+
+// ---- Pinned host memory: cuMemHostRegister_v2 / cuMemHostUnregister ----
+//
+// Nothing is page-locked: the fake records the ranges and checks what the real driver
+// documents (a current context; no range registered twice; unregister by the base that was
+// registered; CU_MEMHOSTREGISTER_READ_ONLY for a mapping the CPU may not write, refused
+// with CUDA_ERROR_NOT_SUPPORTED where the device cannot do it), plus one rule of its own:
+// a range must still be mapped when it is unregistered.
+//   TENSORD_FAKE_CUDA_NO_READ_ONLY_HOST_REGISTER=1  CU_MEMHOSTREGISTER_READ_ONLY answers
+//                                                   CUDA_ERROR_NOT_SUPPORTED (a device
+//                                                   without READ_ONLY_HOST_REGISTER_SUPPORTED)
+
+namespace {
+
+constexpr unsigned kKnownHostRegisterFlags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                             CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+
+// Registered ranges by base address -> size. Guarded by S().mu.
+std::map<uintptr_t, size_t>& HostRegistrations() {
+  static auto* ranges = new std::map<uintptr_t, size_t>();
+  return *ranges;
+}
+
+// Whether [begin, end) is mapped in this process, and whether all of it is writable, from
+// /proc/self/maps. False when any byte is not mapped.
+bool HostRangeMapped(uintptr_t begin, uintptr_t end, bool* writable) {
+  FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return false;
+  *writable = true;
+  uintptr_t covered = begin;
+  char line[512];
+  while (covered < end && std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered || lo > covered) continue;  // the file is sorted by address
+    if (perms[1] != 'w') *writable = false;
+    covered = hi;
+  }
+  std::fclose(maps);
+  return covered >= end;
+}
+
+}  // namespace
+
+extern "C" {
+
+static int LiveHostRegistrationsLocked() { return static_cast<int>(HostRegistrations().size()); }
+
+CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  FAKE_ENTER("cuMemHostRegister_v2");
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (p == nullptr || bytesize == 0 || (Flags & ~kKnownHostRegisterFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
+  const char* no_read_only = std::getenv("TENSORD_FAKE_CUDA_NO_READ_ONLY_HOST_REGISTER");
+  if ((Flags & CU_MEMHOSTREGISTER_READ_ONLY) != 0 && no_read_only != nullptr && std::strcmp(no_read_only, "1") == 0) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t end = begin + bytesize;
+  bool writable = false;
+  if (end < begin || !HostRangeMapped(begin, end, &writable)) return CUDA_ERROR_INVALID_VALUE;
+  // Pinning pages for a device that may write them needs write access (a guess at the
+  // code; cuda.h says READ_ONLY "is required in order to register memory mapped to the CPU
+  // as read-only").
+  if (!writable && (Flags & CU_MEMHOSTREGISTER_READ_ONLY) == 0) return CUDA_ERROR_NOT_PERMITTED;
+  auto& ranges = HostRegistrations();
+  auto next = ranges.lower_bound(begin);
+  if (next != ranges.end() && next->first < end) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  if (next != ranges.begin() && std::prev(next)->first + std::prev(next)->second > begin) {
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  ranges.emplace(begin, bytesize);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void* p) {
+  FAKE_ENTER("cuMemHostUnregister");
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  auto& ranges = HostRegistrations();
+  auto it = ranges.find(reinterpret_cast<uintptr_t>(p));
+  if (it == ranges.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  // Strict on purpose: pages unmapped while pinned mean the caller got the order wrong
+  // (unregister, then munmap); the registration then stays counted, as a leak.
+  bool writable = false;
+  if (!HostRangeMapped(it->first, it->first + it->second, &writable)) return CUDA_ERROR_INVALID_VALUE;
+  ranges.erase(it);
+  return CUDA_SUCCESS;
 }
 
 }  // extern "C"

@@ -16,11 +16,12 @@
 // cuMemAddressReserve, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
 // cuMemGetAllocationGranularity) take a device in a CUmemLocation and do not list
 // CUDA_ERROR_INVALID_CONTEXT among their results in cuda.h; legacy IPC
-// (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle), cuMemGetAddressRange and
-// copies do, and work in the current context. cuPointerGetAttribute is called without one
-// (unified addressing names the device from the pointer; not checked on hardware). So
-// nothing here creates a context until a caller asks for one with ScopedCudaContext: the
-// daemon, which only makes VMM calls, never does, and costs a GPU no context memory.
+// (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle), cuMemGetAddressRange,
+// cuMemHostRegister / cuMemHostUnregister and copies do, and work in the current context.
+// cuPointerGetAttribute is called without one (unified addressing names the device from
+// the pointer; not checked on hardware). So nothing here creates a context until a caller
+// asks for one with ScopedCudaContext: the daemon, which only makes VMM calls, never does,
+// and costs a GPU no context memory.
 //
 // Primary contexts are retained once per device per process, on first use, and never
 // released: a client that opened legacy IPC memory must keep the context the pointers
@@ -78,7 +79,9 @@ namespace tensord::common {
   X(cuIpcOpenMemHandle_v2)                  \
   X(cuIpcCloseMemHandle)                    \
   X(cuMemcpyHtoD_v2)                        \
-  X(cuMemcpyDtoH_v2)
+  X(cuMemcpyDtoH_v2)                        \
+  X(cuMemHostRegister_v2)                   \
+  X(cuMemHostUnregister)
 
 // How many devices a process can see at most; ordinals beyond are refused.
 inline constexpr int kMaxCudaDevices = 64;
