@@ -1,5 +1,6 @@
 #include "common/memory/importer.h"
 
+#include <string>
 #include <utility>
 
 namespace tensord::common {
@@ -18,6 +19,22 @@ absl::StatusOr<Importer*> Importers::For(tensord::v1::DeviceType type) const {
                                     " is not supported by this client build");
   }
   return it->second.get();
+}
+
+absl::Status UnbuiltImporter::Unbuilt(const std::string& what) const {
+  return absl::UnimplementedError(what + ": " + tensord::v1::DeviceType_Name(type_) + " needs the " + backend_ +
+                                  " backend, which this build does not have: " + reason_);
+}
+
+absl::StatusOr<std::unique_ptr<ImportedRegion>> UnbuiltImporter::Import(const FetchedBuffer& buffer, MapMode mode,
+                                                                        const std::string& what) {
+  (void)buffer;
+  (void)mode;
+  return Unbuilt(what);
+}
+
+absl::Status UnbuiltImporter::NameDevice(tensord::v1::Device& device) const {
+  return Unbuilt("device " + std::to_string(device.index()));
 }
 
 absl::Status Importers::NameDevice(tensord::v1::Device& device) const {

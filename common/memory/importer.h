@@ -2,6 +2,10 @@
 // handle (as FETCH_FD returned it) into a region mapped in this process; the client's
 // mapping cache keeps regions by (broker instance, buffer id, mode) whatever the device.
 //
+// An importer may also make another kind of view of a buffer of some other device type:
+// the cuda backend's CUDA_HOST importer maps host memory and pins it (cuda_host_importer.h).
+// The mapping cache picks that importer by the view asked for, and keys the view kind too.
+//
 // An ImportedRegion owns what the import made (a host mmap; a device virtual-address
 // reservation, its mapping and the imported allocation) and undoes it in its destructor.
 // The destructor must not block on a lock the client holds: it runs where the last
@@ -34,6 +38,9 @@ class ImportedRegion {
   // This process's ordinal of the region's device: the consumer's DLDevice.device_id,
   // which may differ from the producer's and the daemon's. 0 for host memory.
   virtual int32_t device_ordinal() const { return 0; }
+  // The device type views of this region name when it is not the buffer's own: a pinned
+  // view of host memory is DEVICE_TYPE_CUDA_HOST. UNSPECIFIED (the default): the buffer's.
+  virtual tensord::v1::DeviceType view_device_type() const { return tensord::v1::DEVICE_TYPE_UNSPECIFIED; }
   // Copy-on-write host mappings: throws away this process's private copies of the pages of
   // [offset, offset + length) so they read the buffer again. Other regions have no private
   // copies: OK, nothing done.
@@ -112,6 +119,25 @@ class Importer {
     return absl::UnimplementedError(what + ": " + tensord::v1::DeviceType_Name(device.type()) +
                                     " memory cannot be exported by pointer");
   }
+};
+
+// The importer of a device type this build lacks the backend of, so that asking for it
+// says why: Import and NameDevice answer UNIMPLEMENTED "<what>: <type> needs the <backend>
+// backend, which this build does not have: <reason>".
+class UnbuiltImporter final : public Importer {
+ public:
+  UnbuiltImporter(tensord::v1::DeviceType type, std::string backend, std::string reason)
+      : type_(type), backend_(std::move(backend)), reason_(std::move(reason)) {}
+  tensord::v1::DeviceType device_type() const override { return type_; }
+  absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
+                                                         const std::string& what) override;
+  absl::Status NameDevice(tensord::v1::Device& device) const override;
+
+ private:
+  absl::Status Unbuilt(const std::string& what) const;
+  const tensord::v1::DeviceType type_;
+  const std::string backend_;
+  const std::string reason_;
 };
 
 // The importers of one client, by device type (memory/backends.h makes those this build

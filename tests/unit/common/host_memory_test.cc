@@ -173,6 +173,24 @@ TEST(ImportersTest, ByDeviceTypeAndAClearErrorForOthers) {
   EXPECT_THAT(importers.For(v1::DEVICE_TYPE_ONEAPI),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("DEVICE_TYPE_ONEAPI")));
   EXPECT_EQ(&ProcessImporters(), &ProcessImporters());
+  // Pinned host views are always asked of someone: the cuda importer, or one that says
+  // why this build has none.
+  auto pinned = importers.For(v1::DEVICE_TYPE_CUDA_HOST);
+  ASSERT_THAT(pinned, IsOk());
+  EXPECT_EQ((*pinned)->device_type(), v1::DEVICE_TYPE_CUDA_HOST);
+}
+
+TEST(ImportersTest, AnUnbuiltBackendsImporterSaysWhy) {
+  UnbuiltImporter importer(v1::DEVICE_TYPE_CUDA_HOST, "cuda", "this build found no cuda.h");
+  FetchedBuffer buffer;
+  buffer.size = 4096;
+  EXPECT_THAT(importer.Import(buffer, MapMode::kSharedReadOnly, "acquire 'cpu/x'"),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("acquire 'cpu/x': DEVICE_TYPE_CUDA_HOST needs the cuda backend, which this "
+                                 "build does not have: this build found no cuda.h")));
+  v1::Device device;
+  device.set_type(v1::DEVICE_TYPE_CUDA_HOST);
+  EXPECT_THAT(importer.NameDevice(device), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("cuda backend")));
 }
 
 }  // namespace

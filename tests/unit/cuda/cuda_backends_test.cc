@@ -22,6 +22,12 @@ TEST(CudaBackendsTest, ClientsImportCuda) {
   EXPECT_EQ((*importer)->device_type(), tensord::v1::DEVICE_TYPE_CUDA);
 }
 
+TEST(CudaBackendsTest, ClientsMakePinnedHostViews) {
+  auto importer = ProcessImporters().For(tensord::v1::DEVICE_TYPE_CUDA_HOST);
+  ASSERT_TRUE(importer.ok()) << importer.status();
+  EXPECT_EQ((*importer)->device_type(), tensord::v1::DEVICE_TYPE_CUDA_HOST);
+}
+
 TEST(CudaBackendsTest, CudaIsNotMissing) {
   for (const MissingBackend& missing : MissingBackends()) EXPECT_NE(missing.name, "cuda");
 }
