@@ -4,7 +4,8 @@
 
 namespace tensord::internal {
 namespace {
-constexpr ViewKind kAllKinds[] = {ViewKind::kPrivate, ViewKind::kReadOnly, ViewKind::kProducer};
+constexpr ViewKind kAllKinds[] = {ViewKind::kPrivate, ViewKind::kReadOnly, ViewKind::kProducer,
+                                   ViewKind::kPinned};
 }  // namespace
 
 bool LeaseTable::Claim(LeaseView* view) {

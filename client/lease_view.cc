@@ -17,8 +17,18 @@ common::MapMode MapModeOf(ViewKind kind) {
     case ViewKind::kPrivate: return common::MapMode::kPrivate;
     case ViewKind::kReadOnly: return common::MapMode::kSharedReadOnly;
     case ViewKind::kProducer: return common::MapMode::kSharedWritable;
+    case ViewKind::kPinned: return common::MapMode::kSharedReadOnly;
   }
   return common::MapMode::kPrivate;
+}
+
+tensord::v1::DeviceType ViewTypeOf(ViewKind kind) {
+  return kind == ViewKind::kPinned ? tensord::v1::DEVICE_TYPE_CUDA_HOST : tensord::v1::DEVICE_TYPE_UNSPECIFIED;
+}
+
+ViewKind ConsumerViewKind(const AcquireOptions& options) {
+  if (options.pinned) return ViewKind::kPinned;
+  return options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
 }
 
 LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)

@@ -37,8 +37,13 @@ enum class ViewKind : uint8_t {
   kPrivate,   // consumer, copy-on-write (MAP_PRIVATE)
   kReadOnly,  // consumer, readonly=true (MAP_SHARED, PROT_READ)
   kProducer,  // the producer's writable mapping (MAP_SHARED, PROT_READ|PROT_WRITE)
+  kPinned,    // consumer, pinned=true: MAP_SHARED, PROT_READ, cuMemHostRegister'ed
 };
 common::MapMode MapModeOf(ViewKind kind);
+// The view kind's own importer (MappingKey::view): CUDA_HOST for kPinned, else UNSPECIFIED.
+tensord::v1::DeviceType ViewTypeOf(ViewKind kind);
+// The kind AcquireOptions ask for: pinned (always read-only), else readonly or private.
+ViewKind ConsumerViewKind(const AcquireOptions& options);
 
 class LeaseView {
  public:
@@ -87,7 +92,8 @@ class LeaseView {
   uint64_t session_id() const { return session_id_; }
   ViewKind kind() const { return kind_; }
   bool described_here() const { return described_here_; }
-  bool readonly() const { return kind_ == ViewKind::kReadOnly; }
+  // A pinned view is a read-only mapping too.
+  bool readonly() const { return kind_ == ViewKind::kReadOnly || kind_ == ViewKind::kPinned; }
   // Element 0; a static non-null byte for a zero-byte tensor.
   uint8_t* data() const { return data_; }
   bool has_mapping() const { return mapping_ != nullptr; }

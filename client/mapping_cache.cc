@@ -107,7 +107,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> MappingCache::GetOrMapMany
 
 absl::StatusOr<std::shared_ptr<Mapping>> MappingCache::Map(const MappingKey& key,
                                                            const common::FetchedBuffer& buffer) {
-  TENSORD_ASSIGN_OR_RETURN(common::Importer * importer, importers_.For(buffer.device_type));
+  const tensord::v1::DeviceType type =
+      key.view != tensord::v1::DEVICE_TYPE_UNSPECIFIED ? key.view : buffer.device_type;
+  TENSORD_ASSIGN_OR_RETURN(common::Importer * importer, importers_.For(type));
   TENSORD_ASSIGN_OR_RETURN(std::unique_ptr<common::ImportedRegion> region,
                            importer->Import(buffer, key.mode, Describe(key)));
   return std::make_shared<Mapping>(std::move(region));

@@ -1,5 +1,5 @@
-// MappingCache: one mapping per (broker instance nonce, buffer id, map mode), shared by
-// every LeaseView into that buffer, so a second acquire of a buffer (another tensor in the
+// MappingCache: one mapping per (broker instance nonce, buffer id, map mode, view kind),
+// shared by every LeaseView into that buffer, so a second acquire of a buffer (another tensor in the
 // same arena, or the same tensor again) fetches no fd and maps nothing new.
 //
 // A Mapping is owned by shared_ptr: each LeaseView holds one. How long the cache itself
@@ -22,7 +22,8 @@
 // GetOrMap() on a miss calls `fetch` (which returns the buffer's handle, e.g. FETCH_FD on
 // the fd channel), has the importer of the buffer's device type map it (the host importer
 // checks the memfd's size and seals; see common/memory/importer.h), and closes the handle's
-// fds at once. Keys and retention are the same for every device. GetOrMapMany() does the
+// fds at once; a key that names a view kind (a pinned view) is mapped by that kind's
+// importer instead. Keys and retention are the same for every device. GetOrMapMany() does the
 // same for a batch, with one call of its fetch function for all the buffers not mapped yet. Two concurrent misses may
 // both fetch; the first to insert wins and the other's mapping is dropped. Expired weak
 // entries are swept on lookup and by Sweep(). Thread-safe; nothing is unmapped while the
@@ -57,6 +58,8 @@ class Mapping {
   common::MapMode mode() const { return region_->mode(); }
   // This process's ordinal of the buffer's device (DLDevice.device_id).
   int32_t device_ordinal() const { return region_->device_ordinal(); }
+  // DEVICE_TYPE_CUDA_HOST for a pinned view; UNSPECIFIED: the buffer's own device type.
+  tensord::v1::DeviceType view_device_type() const { return region_->view_device_type(); }
   // See ImportedRegion::DiscardPrivatePages: copy-on-write host mappings read the buffer's
   // contents again; other regions have nothing to discard.
   absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const {
@@ -71,8 +74,13 @@ struct MappingKey {
   std::string instance_nonce;
   uint64_t buffer_id = 0;
   common::MapMode mode = common::MapMode::kPrivate;
+  // The kind of view, when it is not the buffer's own memory kind: DEVICE_TYPE_CUDA_HOST
+  // is a pinned view of host memory, mapped by that type's importer. A pinned and an
+  // unpinned view of one buffer are different regions. UNSPECIFIED: the buffer's own
+  // device type's importer.
+  tensord::v1::DeviceType view = tensord::v1::DEVICE_TYPE_UNSPECIFIED;
   bool operator<(const MappingKey& o) const {
-    return std::tie(instance_nonce, buffer_id, mode) < std::tie(o.instance_nonce, o.buffer_id, o.mode);
+    return std::tie(instance_nonce, buffer_id, mode, view) < std::tie(o.instance_nonce, o.buffer_id, o.mode, o.view);
   }
 };
 

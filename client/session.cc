@@ -369,7 +369,7 @@ Retention Session::RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind 
 }
 
 MappingKey Session::KeyFor(uint64_t buffer_id, ViewKind kind) const {
-  return MappingKey{instance_nonce_, buffer_id, MapModeOf(kind)};
+  return MappingKey{instance_nonce_, buffer_id, MapModeOf(kind), ViewTypeOf(kind)};
 }
 
 absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::TensorInfo& tensor,
@@ -430,8 +430,17 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   }
   LeaseView::Params params;
   params.info = std::move(valid->info);
-  // The description carries the daemon's ordinal; DLPack wants this process's.
-  if (mapping != nullptr) params.info.device.device_id = mapping->device_ordinal();
+  // The description carries the daemon's ordinal; DLPack wants this process's. A view of
+  // another kind than the memory's (pinned host memory) names its own device type.
+  if (mapping != nullptr) {
+    params.info.device.device_id = mapping->device_ordinal();
+    if (mapping->view_device_type() != tensord::v1::DEVICE_TYPE_UNSPECIFIED) {
+      tensord::v1::Device view;
+      view.set_type(mapping->view_device_type());
+      view.set_index(mapping->device_ordinal());
+      params.info.device = common::ToDLDevice(view);
+    }
+  }
   params.lease_id = lease_id;
   params.session_id = session_id();
   params.kind = kind;
@@ -456,7 +465,7 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
 
 absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const ViewKind kind = options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
+  const ViewKind kind = ConsumerViewKind(options);
   const std::string* name = std::get_if<std::string>(&target);
   const std::string what = name != nullptr
                                ? "acquire '" + *name + "'"

@@ -189,7 +189,7 @@ absl::StatusOr<std::vector<TensorInfo>> Session::PublishMany(
 absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<std::string>& names,
                                                              const AcquireOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const ViewKind kind = options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
+  const ViewKind kind = ConsumerViewKind(options);
   const size_t n = names.size();
   auto what = [&](size_t i) { return ElementOf("acquire", i, n) + " '" + names[i] + "'"; };
   std::vector<LeaseView*> views(n, nullptr);

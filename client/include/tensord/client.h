@@ -176,6 +176,21 @@ struct AcquireOptions {
   // A shared read-only mapping (flagged read-only in versioned DLPack) instead of the
   // default private copy-on-write one, where writes change only this process's pages.
   bool readonly = false;
+  // A pinned view of a host tensor: the mapping is registered with cuMemHostRegister
+  // (PORTABLE, so every CUDA context of this process sees it pinned), and a host-to-device
+  // copy from it runs at full bus speed without a staging copy. info().device and the
+  // DLPack views say {kDLCUDAHost, 0}; data() is a host pointer. Always a shared read-only
+  // mapping (as readonly = true, which it implies): pinning a copy-on-write mapping would
+  // copy every page. The whole buffer is registered once, when this process first maps it
+  // pinned (an arena's many small tensors share one registration), and unregistered before
+  // it is unmapped; a pinned and an unpinned view of one buffer are separate mappings.
+  // A zero-byte tensor has no memory to pin: its device stays the tensor's own.
+  // Needs the cuda backend and a CUDA driver with a device; without them acquires answer
+  // UNIMPLEMENTED (this build has no cuda backend) or UNAVAILABLE (no driver or no device),
+  // saying why; a device that cannot pin read-only memory answers UNIMPLEMENTED. A tensor
+  // that is not host memory answers INVALID_ARGUMENT naming it. Take and TakeMany map
+  // unpinned. Built, not run on hardware: tested against a software stand-in for libcuda.
+  bool pinned = false;
 };
 
 struct PublishOptions {

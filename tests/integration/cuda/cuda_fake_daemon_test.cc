@@ -218,5 +218,64 @@ TEST_F(CudaFakeDaemonTest, WithoutADeviceTheBackendSaysWhyAndHostMemoryKeepsWork
   EXPECT_TRUE(client->Acquire("cpu/x").ok());
 }
 
+// Host float32[count] tensors with element i = i * 0.5, published by this process.
+void PublishHalves(Client& client, const std::string& name, int64_t count, bool isolated) {
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {count};
+  spec.isolated = isolated;
+  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
+  ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+  auto* values = static_cast<float*>(tensor->mutable_data());
+  for (int64_t i = 0; i < count; ++i) values[i] = static_cast<float>(i) * 0.5f;
+  ASSERT_TRUE(client.Publish(*tensor, name).ok());
+}
+
+// A consumer acquires host tensors pinned: kDLCUDAHost, read-only, the same bytes, one
+// cuMemHostRegister per mapped buffer (an arena's tensors share one), gone once it lets go.
+TEST_F(CudaFakeDaemonTest, AConsumerPinsEachHostBufferOnceAndUnpinsItWhenItLetsGo) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_NE(client, nullptr);
+  PublishHalves(*client, "cpu/big", 300000, /*isolated=*/true);
+  PublishHalves(*client, "cpu/a", 1000, /*isolated=*/false);
+  PublishHalves(*client, "cpu/b", 1000, /*isolated=*/false);
+  auto a = client->Stat("cpu/a");
+  auto b = client->Stat("cpu/b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a->info.arena);
+  ASSERT_EQ(a->info.buffer_id, b->info.buffer_id);  // one arena holds both
+
+  EXPECT_EQ(RunPeer({"pinned", daemon.socket(), "300000", "cpu/big"}),
+            "device 3 0 readonly 1|values ok|registered 1|registered 0|plain device 1|plain ok");
+  EXPECT_EQ(RunPeer({"pinned", daemon.socket(), "1000", "cpu/a", "cpu/b"}),
+            "device 3 0 readonly 1|values ok|device 3 0 readonly 1|values ok|registered 1|registered 0|"
+            "plain device 1|plain ok");
+}
+
+TEST_F(CudaFakeDaemonTest, APinnedAcquireOfGpuMemoryIsRefusedNamingTheTensor) {
+  DaemonProcess daemon;
+  EXPECT_EQ(RunPeer({"produce", daemon.socket(), "gpu/w", "0", "1000"}), "published 0");
+  EXPECT_THAT(RunPeer({"pinned", daemon.socket(), "1000", "gpu/w"}),
+              AllOf(StartsWith("error pinned: INVALID_ARGUMENT"), HasSubstr("'gpu/w'"),
+                    HasSubstr("a pinned view is of host memory, and this is DEVICE_TYPE_CUDA memory"),
+                    HasSubstr("|plain device 2")));
+}
+
+// A client without a CUDA driver: a pinned acquire says why; plain host acquires work.
+TEST_F(CudaFakeDaemonTest, WithoutADriverAPinnedAcquireSaysWhyAndPlainOnesWork) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_NE(client, nullptr);
+  PublishHalves(*client, "cpu/x", 1000, /*isolated=*/true);
+  ::setenv("TENSORD_LIBCUDA", "/nonexistent/libcuda-missing.so.1", 1);
+  const std::string out = RunPeer({"pinned", daemon.socket(), "1000", "cpu/x"});
+  ::setenv("TENSORD_LIBCUDA", TENSORD_FAKE_CUDA_PATH, 1);
+  // The peer's log says once that the driver is unavailable; then the acquire says why.
+  EXPECT_THAT(out, AllOf(HasSubstr("|error pinned: UNAVAILABLE"), HasSubstr("'cpu/x'"),
+                         HasSubstr("a pinned view needs the cuda driver: /nonexistent/libcuda-missing.so.1 not found"),
+                         HasSubstr("no NVIDIA driver on this machine"), HasSubstr("|plain device 1|plain ok")));
+}
+
 }  // namespace
 }  // namespace tensord::testing

@@ -13,14 +13,25 @@
 //                                      i * 0.5), ExportDevice that interior pointer,
 //                                      publish NAME, print "exported <device_id>", and
 //                                      sleep until killed
+//   pinned SOCKET COUNT NAME...        acquire every NAME (host float32[COUNT], element i
+//                                      is i * 0.5) pinned: per NAME "device <type> <id>
+//                                      readonly <0|1>" and "values ok"; then "registered <n>"
+//                                      (the fake's live cuMemHostRegister ranges), releases
+//                                      them and prints "registered <n>" once the count is 0
+//                                      (or after 10 s). A refused pinned acquire prints
+//                                      "error pinned: <status>" instead. Then acquires the
+//                                      first NAME unpinned: "plain device <type>" and, for
+//                                      host memory, "plain ok". Exits 0.
 // A failure prints "error <what>: <status>" and exits 1.
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensord/client.h"
@@ -60,6 +71,52 @@ bool MakeCurrent(int ordinal) {
          push(context) == 0;
 }
 
+// The fake's live cuMemHostRegister ranges in this process; -1 without the fake.
+int LiveHostRegistrations() {
+  using LiveObjects = int (*)(const char* kind);
+  auto live = reinterpret_cast<LiveObjects>(Driver("tensord_fake_cuda_live_objects"));
+  return live == nullptr ? -1 : live("host_register");
+}
+
+bool HoldsHalves(const tensord::TensorRef& tensor, int64_t count) {
+  const auto* values = static_cast<const float*>(tensor.data());
+  for (int64_t i = 0; i < count; ++i) {
+    if (values[i] != static_cast<float>(i) * 0.5f) return false;
+  }
+  return true;
+}
+
+int Pinned(tensord::Client& client, int64_t count, const std::vector<std::string>& names) {
+  tensord::AcquireOptions options;
+  options.pinned = true;
+  auto tensors = client.AcquireMany(names, options);
+  if (!tensors.ok()) {
+    std::printf("error pinned: %s\n", tensors.status().ToString().c_str());
+  } else {
+    for (const tensord::TensorRef& tensor : *tensors) {
+      std::printf("device %d %d readonly %d\n", static_cast<int>(tensor.info().device.device_type),
+                  tensor.info().device.device_id, tensor.readonly() ? 1 : 0);
+      std::printf("%s\n", HoldsHalves(tensor, count) ? "values ok" : "values mismatch");
+    }
+    std::printf("registered %d\n", LiveHostRegistrations());
+    tensors->clear();
+    (void)client.Flush();
+    int live = LiveHostRegistrations();
+    for (int i = 0; i < 1000 && live > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      live = LiveHostRegistrations();
+    }
+    std::printf("registered %d\n", live);
+  }
+  auto plain = client.Acquire(names[0]);
+  if (!plain.ok()) return Fail("plain", plain.status());
+  std::printf("plain device %d\n", static_cast<int>(plain->info().device.device_type));
+  if (plain->info().device.device_type == tensord::kDLCPU) {
+    std::printf("%s\n", HoldsHalves(*plain, count) ? "plain ok" : "plain mismatch");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,6 +127,11 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   tensord::ClientOptions options;
   options.socket_path = argv[2];
+  if (command == "pinned") {
+    // Mappings go soon after their last lease, so the registration count can be watched.
+    options.lease_cache = false;
+    options.lease_cache_linger = std::chrono::milliseconds(50);
+  }
   auto client = tensord::Client::Connect(options);
   if (!client.ok()) return Fail("connect", client.status());
   const std::string name = argv[3];
@@ -128,6 +190,9 @@ int main(int argc, char** argv) {
     std::printf("exported %d\n", tensor->info().device.device_id);
     std::fflush(stdout);
     for (;;) ::pause();  // the memory is ours: keep it until killed
+  }
+  if (command == "pinned") {
+    return Pinned(**client, std::atoll(argv[3]), std::vector<std::string>(argv + 4, argv + argc));
   }
   if (command == "consume" && argc == 5) {
     const int64_t count = std::atoll(argv[4]);

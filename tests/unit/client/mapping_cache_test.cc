@@ -280,6 +280,91 @@ TEST(MappingCacheTest, EveryDeviceTypeGoesThroughItsImporterWithTheSameKeysAndRe
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("DEVICE_TYPE_ONEAPI")));
 }
 
+// The CUDA_HOST importer's shape without a driver: the host import, wrapped in a region
+// that names its own view type and counts itself.
+class PinningImporter final : public common::Importer {
+ public:
+  class Region final : public common::ImportedRegion {
+   public:
+    Region(PinningImporter* owner, std::unique_ptr<common::ImportedRegion> host)
+        : owner_(owner), host_(std::move(host)) {
+      ++owner_->live;
+    }
+    ~Region() override { --owner_->live; }
+    uint8_t* data() const override { return host_->data(); }
+    uint64_t size() const override { return host_->size(); }
+    MapMode mode() const override { return host_->mode(); }
+    tensord::v1::DeviceType view_device_type() const override { return tensord::v1::DEVICE_TYPE_CUDA_HOST; }
+
+   private:
+    PinningImporter* owner_;
+    std::unique_ptr<common::ImportedRegion> host_;
+  };
+  tensord::v1::DeviceType device_type() const override { return tensord::v1::DEVICE_TYPE_CUDA_HOST; }
+  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> Import(const common::FetchedBuffer& buffer, MapMode mode,
+                                                                 const std::string& what) override {
+    ++imports;
+    TENSORD_ASSIGN_OR_RETURN(std::unique_ptr<common::ImportedRegion> host, host_.Import(buffer, mode, what));
+    return std::make_unique<Region>(this, std::move(host));
+  }
+  std::atomic<int> imports{0};
+  std::atomic<int> live{0};
+
+ private:
+  common::HostImporter host_;
+};
+
+TEST(MappingCacheTest, APinnedAndAnUnpinnedViewOfOneBufferAreDifferentRegions) {
+  auto pinning = std::make_unique<PinningImporter>();
+  PinningImporter* pinned_importer = pinning.get();
+  std::vector<std::unique_ptr<common::Importer>> list;
+  list.push_back(std::make_unique<common::HostImporter>());
+  list.push_back(std::move(pinning));
+  common::Importers importers(std::move(list));
+  MappingCache cache(importers);
+  FakeBroker broker(8192);
+
+  const MappingKey plain_key{"n", 1, MapMode::kSharedReadOnly};
+  const MappingKey pinned_key{"n", 1, MapMode::kSharedReadOnly, tensord::v1::DEVICE_TYPE_CUDA_HOST};
+  auto plain = cache.GetOrMap(plain_key, broker.Fetch());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto pinned = cache.GetOrMap(pinned_key, broker.Fetch());
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  // Same buffer, same mode, but the view kind differs: its own fetch, importer and mapping.
+  EXPECT_NE(plain->get(), pinned->get());
+  EXPECT_NE((*plain)->data(), (*pinned)->data());
+  EXPECT_EQ(broker.fetches, 2);
+  EXPECT_EQ(pinned_importer->imports, 1);
+  EXPECT_EQ((*plain)->view_device_type(), tensord::v1::DEVICE_TYPE_UNSPECIFIED);
+  EXPECT_EQ((*pinned)->view_device_type(), tensord::v1::DEVICE_TYPE_CUDA_HOST);
+  EXPECT_EQ((*pinned)->data()[0], 42);  // the same memory underneath
+  EXPECT_EQ(cache.LiveCountForTest(), 2u);
+
+  // A second pinned view of the buffer (another tensor of an arena) reuses the region:
+  // one import, so one registration, per buffer.
+  auto again = cache.GetOrMap(pinned_key, broker.Fetch());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), pinned->get());
+  EXPECT_EQ(pinned_importer->imports, 1);
+  EXPECT_EQ(broker.fetches, 2);
+
+  // Batches route by the view kind too.
+  const BufferToMap batch[] = {{plain_key, Retention::kNone}, {pinned_key, Retention::kNone}};
+  auto many = cache.GetOrMapMany(batch, [](std::span<const uint64_t>)
+                                            -> absl::StatusOr<std::vector<common::FetchedBuffer>> {
+    return absl::InternalError("everything is mapped already");
+  });
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ((*many)[0].get(), plain->get());
+  EXPECT_EQ((*many)[1].get(), pinned->get());
+
+  pinned->reset();
+  again->reset();
+  (*many)[1].reset();
+  EXPECT_EQ(pinned_importer->live, 0);  // the pinned region went with its last user
+  EXPECT_EQ(cache.LiveCountForTest(), 1u);
+}
+
 // Several sealed memfds, by buffer id, behind a FetchManyFn that records each call.
 class FakeBrokerMany {
  public:
