@@ -57,6 +57,7 @@ class PyTensor {
   const TensorInfo& info() const { return info_; }
   void set_info(TensorInfo info) { info_ = std::move(info); }
   bool readonly() const { return readonly_; }
+  bool pinned() const { return info_.device.device_type == kDLCUDAHost; }
   bool producer() const { return producer_; }
   bool released() const { return ref_ == nullptr; }
 
@@ -110,7 +111,8 @@ class PyTensor {
     if (readonly_) {
       throw py::buffer_error("tensor " + Describe() + " is a read-only mapping, which a legacy "
                              "DLPack capsule cannot signal; pass max_version=(1, 0), use "
-                             ".numpy(), or get it without readonly=True");
+                             ".numpy() or .torch(), or get it without " +
+                             (pinned() ? "pinned=True" : "readonly=True"));
     }
     return MakeLegacyCapsule(ref->ToDLPack());
   }
@@ -125,6 +127,9 @@ class PyTensor {
     }
     DLManagedTensor* view = Ref()->ToDLPack();
     view->dl_tensor.dtype = dtype;
+    // A pinned view is host memory, which torch 1.13 refuses under kDLCUDAHost ("Unsupported
+    // device_type: 3"): it gets the CPU tensor it is.
+    if (pinned()) view->dl_tensor.device = DLDevice{kDLCPU, 0};
     return MakeLegacyCapsule(view);
   }
 
@@ -414,10 +419,11 @@ class PyClient {
 
   // get() for a batch of names: one batch per broker wait slice, all or nothing.
   py::list GetMany(const std::vector<std::string>& names, std::optional<double> timeout,
-                   std::optional<uint64_t> min_generation, bool readonly) {
+                   std::optional<uint64_t> min_generation, bool readonly, bool pinned) {
     AcquireOptions options;
     options.min_generation = min_generation.value_or(0);
     options.readonly = readonly;
+    options.pinned = pinned;
     std::shared_ptr<Client> client = Core();
     const std::string what = "the batch of " + std::to_string(names.size()) + " name" +
                              (names.size() == 1 ? "" : "s");
@@ -435,10 +441,11 @@ class PyClient {
   }
 
   std::unique_ptr<PyTensor> Get(const std::string& name, std::optional<double> timeout,
-                                std::optional<uint64_t> min_generation, bool readonly) {
+                                std::optional<uint64_t> min_generation, bool readonly, bool pinned) {
     AcquireOptions options;
     options.min_generation = min_generation.value_or(0);
     options.readonly = readonly;
+    options.pinned = pinned;
     std::shared_ptr<Client> client = Core();
     TensorRef ref = WaitLoop<TensorRef>("'" + name + "'", timeout, [&](Wait wait) {
       AcquireOptions o = options;
@@ -448,9 +455,10 @@ class PyClient {
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
   }
 
-  std::unique_ptr<PyTensor> GetById(uint64_t id, bool readonly) {
+  std::unique_ptr<PyTensor> GetById(uint64_t id, bool readonly, bool pinned) {
     AcquireOptions options;
     options.readonly = readonly;
+    options.pinned = pinned;
     std::shared_ptr<Client> client = Core();
     Result<TensorRef> ref = [&]() -> Result<TensorRef> {
       GilRelease release;
@@ -628,6 +636,7 @@ PYBIND11_MODULE(_tensord, m) {
       .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info().nbytes; })
       .def_property_readonly("device", &PyTensor::Device)
       .def_property_readonly("readonly", &PyTensor::readonly)
+      .def_property_readonly("pinned", &PyTensor::pinned)
       .def_property_readonly("writable", &PyTensor::producer,
                              "True for a tensor from empty(): fill it, then publish it.")
       .def_property_readonly("released", &PyTensor::released)
@@ -679,10 +688,13 @@ PYBIND11_MODULE(_tensord, m) {
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
            py::arg("ns") = py::none())
       .def("get", &PyClient::Get, py::arg("name"), py::arg("timeout") = 0.0,
-           py::arg("min_generation") = py::none(), py::arg("readonly") = false)
+           py::arg("min_generation") = py::none(), py::arg("readonly") = false,
+           py::arg("pinned") = false)
       .def("get_many", &PyClient::GetMany, py::arg("names"), py::arg("timeout") = 0.0,
-           py::arg("min_generation") = py::none(), py::arg("readonly") = false)
-      .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false)
+           py::arg("min_generation") = py::none(), py::arg("readonly") = false,
+           py::arg("pinned") = false)
+      .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false,
+           py::arg("pinned") = false)
       .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0)
       .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
            py::arg("timeout") = 0.0)

@@ -6,6 +6,8 @@ What Debian's numpy 1.24 and torch 1.13 do with a DLPack capsule (pinned by the 
                      ("Unsupported kUInt bits N").
   Neither accepts a versioned capsule nor a max_version argument, so both get legacy
   capsules, which cannot say "read-only".
+  torch.from_dlpack  refuses kDLCUDAHost ("Unsupported device_type: 3"), the device of a
+                     pinned view.
 Workarounds here, all zero-copy:
   .numpy()  builds the array over the raw memory with numpy's C API, with an object
             holding its own lease as the array's base: every dtype numpy has (bool
@@ -16,10 +18,14 @@ Workarounds here, all zero-copy:
             for the same bits as the signed type of the same width.
             A read-only mapping: torch has no read-only tensors, so this warns the way
             torch.from_numpy does for a non-writeable array (writing to it would crash).
+            A pinned view (read-only too): a CPU tensor over the same pages, its capsule
+            saying kDLCPU. torch's is_pinned() asks the CUDA runtime: False on a machine
+            without a GPU (what it says on one is not checked).
 """
 
 import warnings
 
+_KDLCPU, _KDLCUDAHOST = 1, 3
 _UNSIGNED_WIDE = {"uint16": "int16", "uint32": "int32", "uint64": "int64"}
 
 
@@ -31,7 +37,7 @@ def to_numpy(self):
     a GPU raises TypeError: numpy reads host memory only.
     """
     device_type, device_id = self.__dlpack_device__()
-    if device_type != 1:
+    if device_type not in (_KDLCPU, _KDLCUDAHOST):  # a pinned view is host memory too
         raise TypeError(
             f"tensord tensor {self.name or self.tensor_id!r} lives on device ({device_type}, {device_id}), "
             "not in host memory: numpy cannot read it; use torch.from_dlpack(t) with a CUDA build of torch"

@@ -70,3 +70,112 @@ def test_device_names_and_errors(client):
     # The stand-in has two GPUs: this process has no third.
     with pytest.raises(tensord.Error, match="no cuda device 5 in this process"):
         client.empty((4,), "float32", device="cuda:5")
+
+
+# Pinned host views: a host tensor registered with cuMemHostRegister (the stand-in records
+# the registration; nothing is page-locked).
+
+def fake_host_registrations():
+    """Live cuMemHostRegister ranges of this process, as the stand-in counts them."""
+    import ctypes
+    fake = ctypes.CDLL(os.environ["TENSORD_LIBCUDA"])  # the copy the client loaded
+    fake.tensord_fake_cuda_live_objects.restype = ctypes.c_int
+    return fake.tensord_fake_cuda_live_objects(b"host_register")
+
+
+def wait_for_registrations(count, seconds=10.0):
+    import time
+    deadline = time.monotonic() + seconds
+    while fake_host_registrations() != count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return fake_host_registrations()
+
+
+def test_a_pinned_get_is_a_read_only_cuda_host_view_of_the_same_memory(client, name):
+    import numpy as np
+    import torch
+
+    n = name()
+    client.put(n, np.arange(1000, dtype=np.float32) * 0.5)
+    before = fake_host_registrations()
+    t = client.get(n, pinned=True)
+    assert t.__dlpack_device__() == (3, 0)
+    assert t.device == (3, 0)
+    assert t.pinned and t.readonly
+    assert fake_host_registrations() == before + 1
+
+    a = t.numpy()  # host memory: numpy reads it in place
+    assert not a.flags.writeable
+    assert np.array_equal(a, np.arange(1000, dtype=np.float32) * 0.5)
+
+    # Debian's torch refuses kDLCUDAHost over DLPack ("Unsupported device_type: 3"); .torch()
+    # hands it the CPU tensor it is, over the same pages (read-only: it warns).
+    with pytest.warns(UserWarning, match="read-only mapping"):
+        tt = t.torch()
+    assert tt.device.type == "cpu"
+    assert tt.data_ptr() == a.ctypes.data
+    assert torch.equal(tt, torch.arange(1000, dtype=torch.float32) * 0.5)
+
+    # A legacy capsule cannot say read-only: refused, saying how to get one.
+    with pytest.raises(BufferError, match="pinned=True"):
+        t.__dlpack__()
+
+    # An unpinned get of the same tensor is another mapping, unregistered.
+    plain = client.get(n)
+    assert plain.__dlpack_device__() == (1, 0)
+    assert fake_host_registrations() == before + 1
+
+    # The registration goes with the last view (after the lease cache lets go).
+    del a, tt
+    t.release()
+    plain.release()
+    client.flush()
+    assert wait_for_registrations(before) == before
+
+
+def test_get_many_pins_each_and_a_gpu_tensor_is_refused_by_name(client, name):
+    import numpy as np
+
+    a, b = name(), name()
+    client.put(a, np.ones(8, dtype=np.int32))
+    client.put(b, np.zeros(8, dtype=np.int32))
+    pinned = client.get_many([a, b], pinned=True)
+    assert [t.__dlpack_device__() for t in pinned] == [(3, 0), (3, 0)]
+    assert pinned[0].numpy().tolist() == [1] * 8
+    by_id = client.get(pinned[1].tensor_id, pinned=True)
+    assert by_id.__dlpack_device__() == (3, 0)
+    assert by_id.numpy().tolist() == [0] * 8
+
+    g = name()
+    client.publish(client.empty((4,), "float32", device="cuda:0"), g)
+    with pytest.raises(tensord.InvalidArgument, match=f"'{g}'.*a pinned view is of host memory"):
+        client.get(g, pinned=True)
+
+
+NO_DRIVER = """
+import sys, numpy, tensord
+c = tensord.connect(sys.argv[1])
+try:
+    c.get(sys.argv[2], pinned=True)
+except tensord.Unavailable as e:
+    print("unavailable:", e)
+print(c.get(sys.argv[2]).numpy().tolist())
+"""
+
+
+def test_without_a_driver_a_pinned_get_says_why_and_plain_gets_work(broker, client, name):
+    import numpy as np
+
+    n = name()
+    client.put(n, np.arange(4, dtype=np.float32))
+    env = broker.env()
+    env["TENSORD_LIBCUDA"] = "/nonexistent/libcuda-missing.so.1"
+    out = subprocess.run([sys.executable, "-c", NO_DRIVER, broker.socket, n], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # The client logs once that the driver is unavailable ("[date] [info] cuda: ...").
+    lines = [line for line in out.stdout.splitlines() if "] [info] " not in line]
+    assert lines[0].startswith("unavailable:"), out.stdout
+    assert "a pinned view needs the cuda driver" in lines[0], out.stdout
+    assert "no NVIDIA driver on this machine" in lines[0], out.stdout
+    assert lines[1] == "[0.0, 1.0, 2.0, 3.0]", out.stdout
