@@ -1,6 +1,7 @@
 // Importer: the client half of the memory seam. One per device type turns a buffer's
 // handle (as FETCH_FD returned it) into a region mapped in this process; the client's
-// mapping cache keeps regions by (broker instance, buffer id, mode) whatever the device.
+// mapping cache keeps regions by (broker instance, buffer id, mode, view kind) whatever
+// the device.
 //
 // An importer may also make another kind of view of a buffer of some other device type:
 // the cuda backend's CUDA_HOST importer maps host memory and pins it (cuda_host_importer.h).
@@ -20,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
