@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <iterator>
 #include <thread>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
@@ -176,15 +178,25 @@ ClientCore::~ClientCore() {
     r.cores.erase(this);
   }
   std::shared_ptr<Session> session;
+  std::vector<std::shared_ptr<const void>> sources;
   {
     std::lock_guard<std::mutex> lock(mu_);
     session = std::move(session_);
+    sources = std::move(lost_session_sources_);
   }
   // A watcher or a call in flight may keep the Session a little longer; the arena mappings
   // it keeps go now.
-  if (session != nullptr) session->ReleaseKeptMappings();
+  if (session != nullptr) {
+    session->ReleaseKeptMappings();
+    std::vector<std::shared_ptr<const void>> held = session->TakeExportSources();
+    sources.insert(sources.end(), std::make_move_iterator(held.begin()), std::make_move_iterator(held.end()));
+  }
   // The Session's destructor stops its sender and closes the fd channel (the broker then
-  // releases every lease of the session); views still held keep their mappings.
+  // releases every lease of the session and retires its exports); views still held keep
+  // their mappings.
+  session.reset();
+  // Then the memory of exports still held goes, under no lock (a source may be user code).
+  sources.clear();
 }
 
 absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
@@ -193,8 +205,14 @@ absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
   if (exiting_) return absl::UnavailableError("the process is exiting");
   if (session_ != nullptr && !session_->dead()) return session_;
   stale = std::move(session_);
-  // A watcher may keep the dead session alive; its arena mappings are of no use any more.
-  if (stale != nullptr) stale->ReleaseKeptMappings();
+  if (stale != nullptr) {
+    // A watcher may keep the dead session alive; its arena mappings are of no use any more.
+    stale->ReleaseKeptMappings();
+    // Moved, not dropped: nothing of a source runs under mu_.
+    for (std::shared_ptr<const void>& source : stale->TakeExportSources()) {
+      lost_session_sources_.push_back(std::move(source));
+    }
+  }
   TENSORD_ASSIGN_OR_RETURN(session_, Session::Open(options_, socket_path_));
   return session_;
 }
@@ -215,6 +233,10 @@ void ClientCore::ResetAfterForkInChild() {
     // Never destroyed: its destructor would join threads and tear down gRPC objects that
     // belong to the parent.
     new std::shared_ptr<Session>(std::move(session_));
+  }
+  // The parent's memory, as are the sources the abandoned Session keeps: never dropped here.
+  if (!lost_session_sources_.empty()) {
+    new std::vector<std::shared_ptr<const void>>(std::move(lost_session_sources_));
   }
   mu_.unlock();
 }

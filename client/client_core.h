@@ -94,6 +94,10 @@ class ClientCore {
   // dangling. Held only briefly, and across connecting a new session.
   std::mutex mu_;
   std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
+  // Sources of exports whose session ended before the broker released them (the broker
+  // hung up, the daemon restarted): consumers may still map that memory and nobody will
+  // say when they stop, so they are kept until this core goes.
+  std::vector<std::shared_ptr<const void>> lost_session_sources_ ABSL_GUARDED_BY(mu_);
   bool exiting_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -341,8 +341,16 @@ void Session::OnPush(const tensord::v1::SessionResponse& push) {
   std::vector<LeaseView*> dropped;
   if (push.has_retired()) {
     dropped = table_.OnRetired(push.retired().tensor_id());
+  } else if (push.has_export_released()) {
+    // The source is dropped on the sender thread: it may be user code, and this thread may
+    // be a caller's, inside another call.
+    if (exports_.Release(push.export_released().tensor_id(), push.export_released().buffer_id())) {
+      queue_->Wake();
+    }
   } else if (push.has_cache_reset()) {
     dropped = table_.DropAllCached();
+    exports_.MarkUnsure();
+    queue_->Wake();
   }
   // Idle views are at refcount zero and no longer cacheable: the sender releases them.
   for (LeaseView* view : dropped) ReleaseQueue::Push(view);
@@ -785,7 +793,7 @@ ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
   // After the views above went: a reader's arena mapping they were the last users of
   // starts its linger now. Every batch of destroyed views is followed by a Tick.
   next = std::min(next, mappings_.Sweep(now));
-  return next;
+  return std::min(next, TickExports(now));
 }
 
 }  // namespace tensord::internal

@@ -11,6 +11,13 @@
 // buffers) happens here; ClientCore turns views into TensorRefs and handles reconnects
 // and fork.
 //
+// Exports of memory this process owns (ExportDevice with a source): the source is kept in
+// the session's ExportTable until the broker pushes ExportReleased for it, and dropped on
+// the sender thread under no lock. While one is kept, the sender keeps a Session stream
+// open to hear the notice, and after a cache_reset (notices may have been lost) it asks
+// the broker about each one (Stat by id: NOT_FOUND means freed; ids are never reused).
+// TakeExportSources() hands the rest to the owner when the session is gone.
+//
 // Lifetime: shared_ptr-owned by ClientCore and by calls in flight. Views outlive it: their
 // ReleaseQueue is shared, and once this Session stops its sender, a view's last reference
 // frees it inline. dead() turns true when the broker hangs up the fd channel; the owner then
@@ -38,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/allocation_pool.h"
+#include "client/export_table.h"
 #include "client/fd_connection.h"
 #include "client/grpc_connection.h"
 #include "client/lease_table.h"
@@ -111,6 +119,9 @@ class Session final : public ReleaseSink {
   static constexpr size_t kMaxTakeBatch = 4096;
   // Drops the arena mappings the session keeps (the session is dead or being closed).
   void ReleaseKeptMappings() { mappings_.ReleaseKept(); }
+  // The sources of exports the broker has not released (the session is dead or being
+  // closed); the caller decides when to drop them, under no lock of ours.
+  std::vector<ExportTable::Source> TakeExportSources() { return exports_.TakeHeld(); }
   // Drops this client's cached lease of `name` (after a Delete or Take by us).
   void ForgetName(std::string_view name);
   absl::Status Flush();
@@ -181,12 +192,16 @@ class Session final : public ReleaseSink {
   Clock::time_point Tick(Clock::time_point now) override;
 
   LeaseTable& table_for_test() { return table_; }
+  ExportTable& exports_for_test() { return exports_; }
   MappingCache& mappings_for_test() { return mappings_; }
   // The current gRPC connection (nullptr when there is none).
   std::shared_ptr<GrpcConnection> grpc_connection_for_test();
 
  private:
   static constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
+  // While exports are kept, how often the sender checks that a stream is open to hear
+  // their release.
+  static constexpr std::chrono::seconds kExportStreamCheck{1};
   // How much longer than the broker's own acquire wait we wait for its answer.
   static constexpr std::chrono::milliseconds kWaitSlack{10000};
   // How long to wait for the answer to a call that waits `wait` at the broker.
@@ -244,9 +259,18 @@ class Session final : public ReleaseSink {
                                         bool described_here = false);
   // Sends an Export of what `request` names (a staged memfd or a device handle) as `desc`
   // in `ns` with `spec`'s tags, and adopts the producer's lease over `own`.
+  // `source` (may be null) is kept in exports_ from the broker's reply on.
   absl::StatusOr<LeaseView*> RegisterExport(tensord::v1::ExportRequest request, std::string_view ns,
                                             tensord::v1::TensorDesc desc, const TensorSpec& spec,
-                                            const OwnMemory& own, const std::string& what);
+                                            const OwnMemory& own, const std::string& what,
+                                            ExportTable::Source source = nullptr);
+  // Sender thread, each Tick (session_export.cc): drops the sources the broker released,
+  // asks about the held ones after a cache_reset, keeps a stream open while any is held.
+  // Returns when it next wants to run.
+  Clock::time_point TickExports(Clock::time_point now);
+  // Releases every held export the broker no longer knows (Stat by id: NOT_FOUND); marks
+  // the table unsure again when it could not ask.
+  void ReconcileExports();
   // A view of a pooled slot of `class_bytes` described as `desc`, refilling the pool when it
   // is empty; nullptr when a plain Allocate must serve the call (the class is not pooled
   // yet or any more, or the refill or the adoption failed: the plain call then reports).
@@ -289,6 +313,7 @@ class Session final : public ReleaseSink {
 
   MappingCache mappings_;
   LeaseTable table_;
+  ExportTable exports_;
   // Its leases go with the session; never released from a forked child.
   AllocationPool pool_;
   std::atomic<bool> dead_{false};

@@ -58,13 +58,16 @@ absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::st
   OwnMemory own;
   own.mapping = std::make_shared<Mapping>(std::make_unique<common::BorrowedRegion>(
       const_cast<void*>(device_ptr), layout.extent, common::MapMode::kSharedWritable, spec.device.device_id,
-      std::move(source)));
-  return RegisterExport(std::move(request), ns, *std::move(desc), spec, own, what);
+      source));
+  // The broker cannot keep this memory alive: the session keeps `source` until the broker
+  // says no one holds the export any more, however early the caller drops its view.
+  return RegisterExport(std::move(request), ns, *std::move(desc), spec, own, what, std::move(source));
 }
 
 absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest request, std::string_view ns,
                                                    tensord::v1::TensorDesc desc, const TensorSpec& spec,
-                                                   const OwnMemory& own, const std::string& what) {
+                                                   const OwnMemory& own, const std::string& what,
+                                                   ExportTable::Source source) {
   request.set_ns(std::string(ns));
   *request.mutable_desc() = std::move(desc);
   request.mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
@@ -74,7 +77,50 @@ absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest re
     grpc::Status status = call.stub()->Export(call.context(), request, &response);
     if (!status.ok()) return ToAbsl(FromGrpc(status));
   }
+  // Before the producer's lease can go (AdoptLease gives it back on failure): the notice
+  // comes only after that.
+  if (source != nullptr) {
+    exports_.Add(response.tensor().tensor_id(), response.tensor().buffer().buffer_id(), std::move(source));
+  }
   return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
+}
+
+ReleaseSink::Clock::time_point Session::TickExports(Clock::time_point now) {
+  const bool over = dead_.load(std::memory_order_acquire) || closing_.load(std::memory_order_acquire);
+  if (!over && exports_.TakeUnsure()) ReconcileExports();
+  // Dropped here, on the sender thread and under no lock: a source may be user code.
+  exports_.TakeReleased().clear();
+  // A session that is over leaves what is held to its owner (ClientCore).
+  if (over || exports_.held() == 0) return Clock::time_point::max();
+  // A notice comes only down a stream: keep one open (a fork or a broken stream closes it,
+  // and nothing else may reopen it soon). One that missed pushes starts with a cache_reset.
+  {
+    absl::MutexLock lock(&rpc_mu_);
+    if (stream_ != nullptr && !stream_->broken()) return now + kExportStreamCheck;
+  }
+  (void)Stream();
+  return now + kExportStreamCheck;
+}
+
+void Session::ReconcileExports() {
+  for (uint64_t tensor_id : exports_.HeldTensorIds()) {
+    absl::StatusOr<RpcCall> call = BeginCall(std::chrono::seconds(5));
+    if (!call.ok()) {
+      exports_.MarkUnsure();  // asked again on a later tick
+      return;
+    }
+    tensord::v1::StatRequest request;
+    request.set_tensor_id(tensor_id);
+    tensord::v1::StatResponse response;
+    grpc::Status status = call->stub()->Stat(call->context(), request, &response);
+    // The producer may always read its own tensor: NOT_FOUND means the broker freed it.
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      exports_.Release(tensor_id);
+    } else if (!status.ok()) {
+      exports_.MarkUnsure();
+      return;
+    }
+  }
 }
 
 }  // namespace tensord::internal

@@ -362,12 +362,29 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   if (memory != nullptr) {
     // Buffer sizes are rounded by their backend, the same as what was reserved.
     memory_quota_.Release(device->key, memory->size());
-    if (memory->OwnedByProducer()) {
-      if (Session* producer = sessions_.Find(producer_session)) producer->producer_owned_buffers.erase(buffer_id);
-    }
+    if (memory->OwnedByProducer()) ExportReleasedLocked(producer_session, id, buffer_id, effects);
     effects.garbage.push_back(std::move(memory));
   }
   spdlog::trace("tensor {} dropped", id);
+}
+
+void Broker::ExportReleasedLocked(uint64_t producer_session, uint64_t tensor_id, uint64_t buffer_id,
+                                  Effects& effects) {
+  // A closed producer has nobody to tell (its buffers were retired when it closed).
+  Session* producer = sessions_.Find(producer_session);
+  if (producer == nullptr || producer->producer_owned_buffers.erase(buffer_id) == 0) return;
+  v1::SessionResponse push;
+  push.mutable_export_released()->set_tensor_id(tensor_id);
+  push.mutable_export_released()->set_buffer_id(buffer_id);
+  PushLocked(*producer, std::move(push), effects);
+}
+
+void Broker::PushLocked(Session& session, v1::SessionResponse push, Effects& effects) {
+  if (session.sink != nullptr) {
+    effects.pushes.emplace_back(session.sink, std::move(push));
+  } else {
+    session.reset_pending = true;  // lost: the next stream starts with a cache_reset
+  }
 }
 
 void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects) {
@@ -385,13 +402,7 @@ void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& 
   Tensor* current = registry_.FindByName(old_name);
   retired->set_generation(current != nullptr ? current->generation : 0);
   for (uint64_t session_id : tensor.name_holders) {
-    Session* session = sessions_.Find(session_id);
-    if (session == nullptr) continue;
-    if (session->sink != nullptr) {
-      effects.pushes.emplace_back(session->sink, push);
-    } else {
-      session->reset_pending = true;
-    }
+    if (Session* session = sessions_.Find(session_id)) PushLocked(*session, push, effects);
   }
 }
 

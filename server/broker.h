@@ -10,7 +10,11 @@
 // lease it held and cancels its waits; a tensor in memory its producer owns
 // (BackendBuffer::OwnedByProducer: legacy CUDA IPC) retires when that producer's session
 // closes, since the memory may go with its process: its name is unbound, new acquires by
-// id and fetches of its buffer fail, and leases already held stay until released; every
+// id and fetches of its buffer fail, and leases already held stay until released; when the
+// broker frees such a buffer (unbound, no lease left, the producer's own included) while
+// its producer's session is open, that session is pushed ExportReleased, so its client may
+// let the memory go (a push lost on the way makes the session's next stream start with a
+// cache_reset, as for any push); every
 // description is validated before anything is registered; quota failures answer
 // RESOURCE_EXHAUSTED with use and limit; identity is the session's SO_PEERCRED
 // credentials, never a field in a request.
@@ -201,6 +205,13 @@ class Broker {
   // Drops a lease its session (of uid `holder_uid`) no longer holds.
   void DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The buffer of `tensor_id`, in memory its producer owned, was freed: tells the producer
+  // (ExportReleased) while its session is open.
+  void ExportReleasedLocked(uint64_t producer_session, uint64_t tensor_id, uint64_t buffer_id,
+                            Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `push` for `session`'s stream, or, with none attached, owes it a cache_reset.
+  void PushLocked(Session& session, tensord::v1::SessionResponse push, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `session` closed: every tensor in memory it owned (its producer_owned_buffers) retires,
   // unbound as a Delete would; the buffers remember why (Buffer::producer_exited).
   void RetireProducerMemoryLocked(const Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

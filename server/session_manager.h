@@ -42,7 +42,8 @@ struct Session {
   // Arena buffers this session allocates small tensors from, by namespace.
   absl::flat_hash_map<std::string, std::vector<uint64_t>> arenas;
   // Buffers this session exported whose memory only its process keeps alive
-  // (BackendBuffer::OwnedByProducer): their tensors retire when it closes.
+  // (BackendBuffer::OwnedByProducer): their tensors retire when it closes, and it is
+  // pushed ExportReleased when the broker frees one.
   absl::flat_hash_set<uint64_t> producer_owned_buffers;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible

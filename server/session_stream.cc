@@ -30,7 +30,8 @@ constexpr size_t kMaxBatchReplyBytes = size_t{1} << 20;
 // these bodies, whatever seq a client chose.
 bool IsPush(const v1::SessionResponse& message) {
   return message.body_case() == v1::SessionResponse::kRetired ||
-         message.body_case() == v1::SessionResponse::kCacheReset;
+         message.body_case() == v1::SessionResponse::kCacheReset ||
+         message.body_case() == v1::SessionResponse::kExportReleased;
 }
 
 // The reply to request `seq` that carries `status` as its error.

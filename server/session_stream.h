@@ -1,7 +1,8 @@
 // The Session stream (tensord.v1.Broker/Session): the hot path. Requests are answered in
 // order of completion, each reply carrying its request's seq; the Broker's pushes (a tensor
-// retired, a cache reset) ride the same stream. Backpressure: the stream stops reading
-// requests while too many replies wait to be written, and a push queue that overflows is
+// retired, an export released, a cache reset) ride the same stream. Backpressure: the
+// stream stops reading requests while too many replies wait to be written, and a push
+// queue that overflows is
 // replaced by a single cache_reset, so a client that stops reading costs the daemon a
 // bounded amount of memory. A message that does not decode ends the stream with
 // INVALID_ARGUMENT (never as if the client had half-closed it).

@@ -304,14 +304,25 @@ class TENSORD_EXPORT Client {
   // allocation any consumer of the namespace may read and write (copy the tensor into an
   // allocation of its own, or use Allocate, when that is not so).
   //
-  // Lifetime: the memory stays this process's; the broker keeps nothing alive. The returned
-  // TensorRef points at `device_ptr` itself (its info().device is spec.device) and holds
-  // `source`, if given, until it and every DLPack view made from it are gone: pass the
-  // owner of the memory to have the client hold it. The client does not (yet) learn when
-  // consumers let go, so you must keep the allocation alive (neither freed nor given back
-  // to a caching allocator) for as long as any consumer may read it: while the tensor is
-  // bound to a name and until every lease on it is released (Stat(TensorId) lists the
-  // holders). Keeping the TensorRef, and with it `source`, until then does that.
+  // Lifetime: the memory stays this process's; the broker cannot keep it alive, so the
+  // client does. Pass the owner of the memory as `source` (e.g. a shared_ptr whose deleter
+  // frees it or drops a torch tensor): the client keeps it until the broker reports that
+  // no one holds the export any more (the tensor is unbound, by Delete, re-publish, take
+  // or TTL, and every lease on it is released, yours included) and then drops its
+  // reference, so you may drop the returned TensorRef right after Publish. The TensorRef
+  // (it points at `device_ptr` itself; its info().device is spec.device) holds `source`
+  // too, while it and its DLPack views live. The client drops `source` on its own release
+  // thread (or in ~Client), never under a lock of its own and never inside another call of
+  // yours, so its deleter may take your locks; it must not call this Client, whose release
+  // thread it runs on. A fork child never drops its parent's sources. Without a `source`
+  // nothing is kept for you: keep the memory alive until every consumer is done.
+  // When the session ends before the broker says so (the broker hung up or restarted;
+  // the client connects a new session on the next call), the sources of that session are
+  // kept until the Client is destroyed: consumers may still have the memory mapped and no
+  // one will report when they stop. Destroying the Client drops every source it keeps,
+  // after closing its session: the broker then retires those tensors as for a producer
+  // that exited (below), and a consumer that still has one mapped reads memory that may
+  // have been freed or reused.
   // Order: nothing orders a consumer's reads after your kernels yet: finish writing
   // (synchronize the stream) before Publish.
   //

@@ -2,10 +2,16 @@
 // with libtensord_fake_cuda.so standing in for libcuda (tests/fake_cuda/README.md): device
 // memory there is memfds, so this proves the plumbing (allocation, the handle on the fd
 // channel, import by UUID, quotas, status, a producer exiting), never the hardware.
+#include <dlfcn.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +27,74 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+
+// The fake driver as the client loaded it (TENSORD_LIBCUDA), for what this process does
+// with its own device memory, as a program with a torch tensor has done before tensord.
+void* FakeDriver(const char* symbol) {
+  static void* library = ::dlopen(TENSORD_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL);
+  return library == nullptr ? nullptr : ::dlsym(library, symbol);
+}
+
+// float32[count] (element i is i * 0.5) in a cuMemAlloc'ed block of device `ordinal`, in
+// its primary context, made current on the constructing thread; freed there too.
+class OwnDeviceMemory {
+ public:
+  OwnDeviceMemory(int ordinal, int64_t count) : bytes_(static_cast<size_t>(count) * sizeof(float)) {
+    using Init = int (*)(unsigned);
+    using Retain = int (*)(void**, int);
+    using Push = int (*)(void*);
+    using Alloc = int (*)(uint64_t*, size_t);
+    using CopyIn = int (*)(uint64_t, const void*, size_t);
+    auto init = reinterpret_cast<Init>(FakeDriver("cuInit"));
+    auto retain = reinterpret_cast<Retain>(FakeDriver("cuDevicePrimaryCtxRetain"));
+    auto push = reinterpret_cast<Push>(FakeDriver("cuCtxPushCurrent_v2"));
+    auto alloc = reinterpret_cast<Alloc>(FakeDriver("cuMemAlloc_v2"));
+    auto copy = reinterpret_cast<CopyIn>(FakeDriver("cuMemcpyHtoD_v2"));
+    std::vector<float> values(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
+    void* context = nullptr;
+    ok_ = init != nullptr && retain != nullptr && push != nullptr && alloc != nullptr && copy != nullptr &&
+          init(0) == 0 && retain(&context, ordinal) == 0 && push(context) == 0 && alloc(&block_, bytes_) == 0 &&
+          copy(block_, values.data(), bytes_) == 0;
+  }
+  ~OwnDeviceMemory() {
+    using Free = int (*)(uint64_t);
+    if (block_ != 0) reinterpret_cast<Free>(FakeDriver("cuMemFree_v2"))(block_);
+  }
+  OwnDeviceMemory(const OwnDeviceMemory&) = delete;
+  OwnDeviceMemory& operator=(const OwnDeviceMemory&) = delete;
+
+  bool ok() const { return ok_; }
+  const void* ptr() const { return reinterpret_cast<const void*>(static_cast<uintptr_t>(block_)); }
+
+ private:
+  const size_t bytes_;
+  uint64_t block_ = 0;
+  bool ok_ = false;
+};
+
+// A source whose drop the test can see: when, and on which thread.
+struct DropWitness {
+  std::atomic<bool> dropped{false};
+  std::thread::id thread;  // written before `dropped` turns true
+
+  static std::shared_ptr<const void> SourceFor(const OwnDeviceMemory& memory,
+                                                const std::shared_ptr<DropWitness>& witness) {
+    return std::shared_ptr<const void>(memory.ptr(), [witness](const void*) {
+      witness->thread = std::this_thread::get_id();
+      witness->dropped.store(true, std::memory_order_release);
+    });
+  }
+  // Polls until dropped or `timeout`.
+  bool WaitDropped(std::chrono::milliseconds timeout) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!dropped.load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+  }
+};
 
 class CudaFakeDaemonTest : public ::testing::Test {
  protected:
@@ -156,6 +230,121 @@ TEST_F(CudaFakeDaemonTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProd
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->tensors, 0u);
   EXPECT_EQ(Cuda(*after)->devices[1].bytes_in_use, 0u);
+}
+
+// The producer hands the owner of its memory to the client and drops its TensorRef at
+// once: the client keeps the source while the name is bound and while a consumer in
+// another process holds a lease, and drops it, on its own thread, once the broker reports
+// that the last lease is gone.
+TEST_F(CudaFakeDaemonTest, TheProducersSourceIsDroppedWhenTheLastLeaseOnItsExportGoes) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  OwnDeviceMemory memory(0, 1000);
+  ASSERT_TRUE(memory.ok());
+  auto witness = std::make_shared<DropWitness>();
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {1000};
+  spec.device = DLDevice{kDLCUDA, 0};
+  {
+    auto exported = producer->ExportDevice(memory.ptr(), "gpu", spec, DropWitness::SourceFor(memory, witness));
+    ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+    auto published = producer->Publish(*exported, "gpu/kept");
+    ASSERT_TRUE(published.ok()) << published.status().ToString();
+  }
+  ASSERT_TRUE(producer->Flush().ok());  // the producer's own lease is released
+  auto bound = producer->Stat("gpu/kept");
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  EXPECT_TRUE(bound->holders.empty());
+  EXPECT_FALSE(witness->dropped.load());  // the name holds it
+
+  ChildProcess consumer({TENSORD_CUDA_PEER, "hold", daemon.socket(), "gpu/kept", "1000"});
+  ASSERT_EQ(consumer.WaitForLine(""), "held ok");
+  ASSERT_TRUE(producer->Delete("gpu/kept").ok());
+  ASSERT_TRUE(producer->Flush().ok());  // a notice sent before this reply has arrived
+  auto leased = producer->Stat(TensorId{bound->info.tensor_id});
+  ASSERT_TRUE(leased.ok()) << leased.status().ToString();
+  EXPECT_EQ(leased->holders.size(), 1u);
+  EXPECT_FALSE(witness->dropped.load());  // the consumer's lease holds it
+
+  ASSERT_EQ(::kill(consumer.pid(), SIGUSR1), 0);
+  ASSERT_EQ(consumer.WaitForLine(""), "released");
+  EXPECT_TRUE(witness->WaitDropped(std::chrono::seconds(10)));
+  EXPECT_NE(witness->thread, std::this_thread::get_id());
+  auto status = producer->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->tensors, 0u);
+  EXPECT_EQ(Cuda(*status)->devices[0].bytes_in_use, 0u);
+}
+
+// A fork() drains the producer's Session stream, and a notice pushed while it has none is
+// lost; the next stream starts with a cache_reset, after which the client asks the broker
+// about what it keeps. Either way the source goes.
+TEST_F(CudaFakeDaemonTest, AReleaseAroundAForkOfTheProducerStillDropsTheSource) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  OwnDeviceMemory memory(0, 1000);
+  ASSERT_TRUE(memory.ok());
+  auto witness = std::make_shared<DropWitness>();
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {1000};
+  spec.device = DLDevice{kDLCUDA, 0};
+  {
+    auto exported = producer->ExportDevice(memory.ptr(), "gpu", spec, DropWitness::SourceFor(memory, witness));
+    ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+    ASSERT_TRUE(producer->Publish(*exported, "gpu/kept").ok());
+  }
+  ChildProcess consumer({TENSORD_CUDA_PEER, "hold", daemon.socket(), "gpu/kept", "1000"});
+  ASSERT_EQ(consumer.WaitForLine(""), "held ok");
+  ASSERT_TRUE(producer->Delete("gpu/kept").ok());
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::kill(consumer.pid(), SIGUSR1), 0);
+  ASSERT_EQ(consumer.WaitForLine(""), "released");
+  int child_status = 0;
+  ASSERT_EQ(::waitpid(child, &child_status, 0), child);
+  EXPECT_TRUE(witness->WaitDropped(std::chrono::seconds(10)));
+}
+
+// Destroying the Client drops what it keeps, once its session is closed: a consumer's
+// lease then holds a retired tensor that new acquires are refused.
+TEST_F(CudaFakeDaemonTest, DestroyingTheProducersClientDropsTheSourcesItKeeps) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  OwnDeviceMemory memory(0, 1000);
+  ASSERT_TRUE(memory.ok());
+  auto witness = std::make_shared<DropWitness>();
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {1000};
+  spec.device = DLDevice{kDLCUDA, 0};
+  uint64_t id = 0;
+  {
+    auto exported = producer->ExportDevice(memory.ptr(), "gpu", spec, DropWitness::SourceFor(memory, witness));
+    ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+    ASSERT_TRUE(producer->Publish(*exported, "gpu/kept").ok());
+    id = exported->info().tensor_id;
+  }
+  ChildProcess consumer({TENSORD_CUDA_PEER, "hold", daemon.socket(), "gpu/kept", "1000"});
+  ASSERT_EQ(consumer.WaitForLine(""), "held ok");
+  EXPECT_FALSE(witness->dropped.load());
+  producer.reset();
+  EXPECT_TRUE(witness->dropped.load());  // by ~Client itself
+
+  auto observer = Connect(daemon);
+  ASSERT_NE(observer, nullptr);
+  Result<TensorRef> again = observer->Acquire(TensorId{id});
+  for (int i = 0; i < 500 && again.status().code() != StatusCode::kFailedPrecondition; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the daemon hears the close on its own time
+    again = observer->Acquire(TensorId{id});
+  }
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("exited; its memory was the producer's"));
 }
 
 TEST_F(CudaFakeDaemonTest, ExportDeviceRefusesHostMemoryAndPointersTheDriverDoesNotKnow) {

@@ -22,8 +22,12 @@
 //                                      "error pinned: <status>" instead. Then acquires the
 //                                      first NAME unpinned: "plain device <type>" and, for
 //                                      host memory, "plain ok". Exits 0.
+//   hold SOCKET NAME COUNT             as consume, printing "held ok"; then on SIGUSR1
+//                                      release it, flush, print "released", and sleep
+//                                      until killed
 // A failure prints "error <what>: <status>" and exits 1.
 #include <dlfcn.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -117,14 +121,36 @@ int Pinned(tensord::Client& client, int64_t count, const std::vector<std::string
   return 0;
 }
 
+// "ok" when the tensor holds COUNT elements i * 0.5, else what is wrong.
+std::string Check(const tensord::TensorRef& tensor, int64_t count) {
+  std::vector<float> values(static_cast<size_t>(count));
+  auto copy = reinterpret_cast<CopyToHost>(Driver("cuMemcpyDtoH_v2"));
+  if (copy == nullptr || !MakeCurrent(tensor.info().device.device_id) ||
+      copy(values.data(), reinterpret_cast<uintptr_t>(tensor.data()), values.size() * sizeof(float)) != 0) {
+    return "error copy: cuMemcpyDtoH failed";
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (values[static_cast<size_t>(i)] != static_cast<float>(i) * 0.5f) {
+      return "mismatch at " + std::to_string(i);
+    }
+  }
+  return "ok";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: tensord_cuda_peer produce|consume|export SOCKET NAME ...\n");
+    std::fprintf(stderr, "usage: tensord_cuda_peer produce|consume|export|hold SOCKET NAME ...\n");
     return 2;
   }
   const std::string command = argv[1];
+  // Before any thread starts, so that every one inherits it: `hold` takes SIGUSR1 with
+  // sigwait().
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   tensord::ClientOptions options;
   options.socket_path = argv[2];
   if (command == "pinned") {
@@ -199,21 +225,24 @@ int main(int argc, char** argv) {
     auto tensor = (*client)->Acquire(name);
     if (!tensor.ok()) return Fail("acquire", tensor.status());
     std::printf("device %d %d\n", static_cast<int>(tensor->info().device.device_type), tensor->info().device.device_id);
-    std::vector<float> values(static_cast<size_t>(count));
-    auto copy = reinterpret_cast<CopyToHost>(Driver("cuMemcpyDtoH_v2"));
-    if (copy == nullptr || !MakeCurrent(tensor->info().device.device_id) ||
-        copy(values.data(), reinterpret_cast<uintptr_t>(tensor->data()), values.size() * sizeof(float)) != 0) {
-      std::printf("error copy: cuMemcpyDtoH failed\n");
-      return 1;
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      if (values[static_cast<size_t>(i)] != static_cast<float>(i) * 0.5f) {
-        std::printf("mismatch at %lld\n", static_cast<long long>(i));
-        return 1;
-      }
-    }
-    std::printf("ok\n");
-    return 0;
+    const std::string checked = Check(*tensor, count);
+    std::printf("%s\n", checked.c_str());
+    return checked == "ok" ? 0 : 1;
+  }
+  if (command == "hold" && argc == 5) {
+    const int64_t count = std::atoll(argv[4]);
+    auto tensor = (*client)->Acquire(name);
+    if (!tensor.ok()) return Fail("acquire", tensor.status());
+    std::printf("held %s\n", Check(*tensor, count).c_str());
+    std::fflush(stdout);
+    int signal = 0;
+    sigwait(&usr1, &signal);
+    tensor->Release();
+    tensord::Status flushed = (*client)->Flush();
+    if (!flushed.ok()) return Fail("flush", flushed);
+    std::printf("released\n");
+    std::fflush(stdout);
+    for (;;) ::pause();  // the session stays: only the release may free the export
   }
   std::fprintf(stderr, "tensord_cuda_peer: unknown command or arguments\n");
   return 2;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/memory/host/host_backend.h"
@@ -19,7 +20,10 @@ namespace tensord::server::testing {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
 
 // Adopted handle bytes; the memory is the producer's when `owned_by_producer`.
 class AdoptedBuffer final : public common::BackendBuffer {
@@ -91,6 +95,32 @@ class EventRecorder final : public WatchSink {
   std::vector<v1::WatchEvent> events_;
 };
 
+// Records what the broker pushes down one session's stream.
+class PushRecorder final : public PushSink {
+ public:
+  bool Push(const v1::SessionResponse& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pushes_.push_back(message);
+    return true;
+  }
+  void Close() override {}
+  // The (tensor id, buffer id) of each ExportReleased pushed so far.
+  std::vector<std::pair<uint64_t, uint64_t>> released() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (const v1::SessionResponse& push : pushes_) {
+      if (push.has_export_released()) {
+        out.emplace_back(push.export_released().tensor_id(), push.export_released().buffer_id());
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<v1::SessionResponse> pushes_;
+};
+
 class ProducerMemoryTest : public BrokerTest {
  protected:
   void StartWithGpu(bool owned_by_producer) {
@@ -126,6 +156,26 @@ class ProducerMemoryTest : public BrokerTest {
     std::promise<absl::StatusOr<v1::AcquireResponse>> promise;
     broker_->Acquire(session, request, [&](absl::StatusOr<v1::AcquireResponse> r) { promise.set_value(std::move(r)); });
     return promise.get_future().get();
+  }
+
+  std::shared_ptr<PushRecorder> Attach(uint64_t session) {
+    auto recorder = std::make_shared<PushRecorder>();
+    EXPECT_TRUE(broker_->AttachSink(session, recorder).ok());
+    return recorder;
+  }
+
+  void Release(uint64_t session, uint64_t lease_id) {
+    v1::ReleaseRequest release;
+    release.add_lease_ids(lease_id);
+    auto released = broker_->Release(session, release);
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(released->released(), 1u);
+  }
+
+  void Delete(uint64_t session, const std::string& name) {
+    v1::DeleteRequest remove;
+    remove.set_name(name);
+    ASSERT_TRUE(broker_->Delete(session, remove).ok());
   }
 
   absl::StatusOr<std::vector<Broker::FetchedHandle>> Fetch(uint64_t session, uint64_t buffer_id) {
@@ -231,6 +281,103 @@ TEST_F(ProducerMemoryTest, ATensorDroppedBeforeItsProducerExitsIsForgotten) {
   ExportAndPublish(producer, "gpu/u");
   broker_->CloseSession(producer);
   EXPECT_EQ(broker_->GetStatus().tensors(), 0u);
+}
+
+// The producer's client keeps the memory until it hears ExportReleased: exactly when the
+// tensor is unbound and the last lease (a consumer's here) is gone, and only to it.
+TEST_F(ProducerMemoryTest, TheProducerHearsExportReleasedWhenTheLastLeaseOnItsUnboundExportGoes) {
+  StartWithGpu(/*owned_by_producer=*/true);
+  const uint64_t producer = Open();
+  const uint64_t reader = Open();
+  auto producer_pushes = Attach(producer);
+  auto reader_pushes = Attach(reader);
+  const v1::AllocateResponse exported = ExportAndPublish(producer, "gpu/t");
+  const uint64_t tensor_id = exported.tensor().tensor_id();
+  const uint64_t buffer_id = exported.tensor().buffer().buffer_id();
+  auto held = Acquire(reader, "gpu/t");
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  Release(producer, exported.lease_id());  // bound, and the reader's lease remains
+  EXPECT_THAT(producer_pushes->released(), IsEmpty());
+  Delete(reader, "gpu/t");  // unbound; the reader's lease remains
+  EXPECT_THAT(producer_pushes->released(), IsEmpty());
+  Release(reader, held->lease_id());
+  EXPECT_THAT(producer_pushes->released(), ElementsAre(Pair(tensor_id, buffer_id)));
+  EXPECT_THAT(reader_pushes->released(), IsEmpty());
+  EXPECT_EQ(broker_->GetStatus().tensors(), 0u);
+}
+
+TEST_F(ProducerMemoryTest, ABoundExportIsNotReleasedEvenWithNoLeaseLeft) {
+  StartWithGpu(/*owned_by_producer=*/true);
+  const uint64_t producer = Open();
+  auto pushes = Attach(producer);
+  const v1::AllocateResponse exported = ExportAndPublish(producer, "gpu/t");
+  Release(producer, exported.lease_id());
+  EXPECT_THAT(pushes->released(), IsEmpty());  // the name holds it
+  EXPECT_EQ(broker_->GetStatus().tensors(), 1u);
+  Delete(producer, "gpu/t");
+  EXPECT_THAT(pushes->released(),
+              ElementsAre(Pair(exported.tensor().tensor_id(), exported.tensor().buffer().buffer_id())));
+
+  // Unnamed, only the producer's own lease holds it.
+  const v1::AllocateResponse unnamed = ExportAndPublish(producer, "");
+  EXPECT_EQ(pushes->released().size(), 1u);
+  Release(producer, unnamed.lease_id());
+  ASSERT_EQ(pushes->released().size(), 2u);
+  EXPECT_EQ(pushes->released()[1], std::make_pair(unnamed.tensor().tensor_id(), unnamed.tensor().buffer().buffer_id()));
+}
+
+TEST_F(ProducerMemoryTest, MemoryTheBufferOwnsIsFreedWithoutTellingItsProducer) {
+  StartWithGpu(/*owned_by_producer=*/false);
+  const uint64_t producer = Open();
+  auto pushes = Attach(producer);
+  const v1::AllocateResponse exported = ExportAndPublish(producer, "gpu/t");
+  Release(producer, exported.lease_id());
+  Delete(producer, "gpu/t");
+  EXPECT_EQ(broker_->GetStatus().tensors(), 0u);
+  EXPECT_THAT(pushes->released(), IsEmpty());
+  // Nor does host memory the broker allocated.
+  PublishNew(producer, "host/t");
+  Delete(producer, "host/t");
+  EXPECT_EQ(broker_->GetStatus().tensors(), 0u);
+  EXPECT_THAT(pushes->released(), IsEmpty());
+}
+
+// A push with no stream attached is lost; the session's next stream must start with a
+// cache_reset, which is how its client learns to ask again.
+TEST_F(ProducerMemoryTest, AnExportReleasedWithNoStreamAttachedOwesTheNextStreamAReset) {
+  StartWithGpu(/*owned_by_producer=*/true);
+  const uint64_t producer = Open();
+  const uint64_t idle = Open();  // the same calls, no release: owes nothing
+  const v1::AllocateResponse exported = ExportAndPublish(producer, "");
+  ExportAndPublish(idle, "");
+  Release(producer, exported.lease_id());
+  absl::StatusOr<bool> idle_owed = broker_->AttachSink(idle, std::make_shared<PushRecorder>());
+  ASSERT_TRUE(idle_owed.ok()) << idle_owed.status();
+  EXPECT_FALSE(*idle_owed);
+  auto next = std::make_shared<PushRecorder>();
+  absl::StatusOr<bool> owed = broker_->AttachSink(producer, next);
+  ASSERT_TRUE(owed.ok()) << owed.status();
+  EXPECT_TRUE(*owed);
+  EXPECT_THAT(next->released(), IsEmpty());
+}
+
+// A producer whose session closed has nobody to tell: its export retired, and when the
+// last consumer lets go nothing is pushed anywhere.
+TEST_F(ProducerMemoryTest, NoExportReleasedReachesAnyoneOnceTheProducerClosed) {
+  StartWithGpu(/*owned_by_producer=*/true);
+  const uint64_t producer = Open();
+  const uint64_t reader = Open();
+  auto producer_pushes = Attach(producer);
+  auto reader_pushes = Attach(reader);
+  ExportAndPublish(producer, "gpu/t");
+  auto held = Acquire(reader, "gpu/t");
+  ASSERT_TRUE(held.ok()) << held.status();
+  broker_->CloseSession(producer);
+  Release(reader, held->lease_id());
+  EXPECT_EQ(broker_->GetStatus().tensors(), 0u);
+  EXPECT_THAT(producer_pushes->released(), IsEmpty());
+  EXPECT_THAT(reader_pushes->released(), IsEmpty());
 }
 
 }  // namespace
