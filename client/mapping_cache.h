@@ -57,6 +57,8 @@ class Mapping {
   common::MapMode mode() const { return region_->mode(); }
   // This process's ordinal of the buffer's device (DLDevice.device_id).
   int32_t device_ordinal() const { return region_->device_ordinal(); }
+  // How work on the buffer is ordered between processes; null for host memory.
+  const common::StreamOrder* stream_order() const { return region_->stream_order(); }
   // See ImportedRegion::DiscardPrivatePages: copy-on-write host mappings read the buffer's
   // contents again; other regions have nothing to discard.
   absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const {

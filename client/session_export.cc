@@ -58,7 +58,7 @@ absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::st
   OwnMemory own;
   own.mapping = std::make_shared<Mapping>(std::make_unique<common::BorrowedRegion>(
       const_cast<void*>(device_ptr), layout.extent, common::MapMode::kSharedWritable, spec.device.device_id,
-      std::move(source)));
+      (*importer)->stream_order(), std::move(source)));
   return RegisterExport(std::move(request), ns, *std::move(desc), spec, own, what);
 }
 
@@ -74,7 +74,7 @@ absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest re
     grpc::Status status = call.stub()->Export(call.context(), request, &response);
     if (!status.ok()) return ToAbsl(FromGrpc(status));
   }
-  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
+  return AdoptLease(response.lease_id(), response.tensor(), "", ViewKind::kProducer, "", what, own);
 }
 
 }  // namespace tensord::internal
