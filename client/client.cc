@@ -49,6 +49,16 @@ void* TensorRef::mutable_data() const {
 
 bool TensorRef::readonly() const { return view_ != nullptr && view_->readonly(); }
 
+Status TensorRef::UseOnStream(uintptr_t stream) const {
+  if (view_ == nullptr) return Status(StatusCode::kInvalidArgument, "use on a stream: an empty TensorRef");
+  return Guard("use on a stream", [&] { return internal::FromAbsl(view_->UseOnStream(stream)); });
+}
+
+Status TensorRef::CopyFromDevice(const void* src, uint64_t bytes, uintptr_t stream) const {
+  if (view_ == nullptr) return Status(StatusCode::kInvalidArgument, "copy from device: an empty TensorRef");
+  return Guard("copy from device", [&] { return internal::FromAbsl(view_->CopyFromDevice(src, bytes, stream)); });
+}
+
 DLManagedTensor* TensorRef::ToDLPack() const {
   return view_ != nullptr ? internal::MakeDLPack(view_) : nullptr;
 }

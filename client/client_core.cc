@@ -281,6 +281,24 @@ Result<std::vector<TensorRef>> ToRefs(absl::StatusOr<std::vector<LeaseView*>> vi
   return refs;
 }
 
+// Acquired tensors: device ones are ordered on `stream` before the caller gets them (a
+// failure gives every reference back).
+Result<TensorRef> ToOrderedRef(absl::StatusOr<LeaseView*> view, uintptr_t stream) {
+  Result<TensorRef> ref = ToRef(std::move(view));
+  if (!ref.ok()) return ref;
+  if (Status ordered = ref->UseOnStream(stream); !ordered.ok()) return ordered;
+  return ref;
+}
+
+Result<std::vector<TensorRef>> ToOrderedRefs(absl::StatusOr<std::vector<LeaseView*>> views, uintptr_t stream) {
+  Result<std::vector<TensorRef>> refs = ToRefs(std::move(views));
+  if (!refs.ok()) return refs;
+  for (const TensorRef& ref : *refs) {
+    if (Status ordered = ref.UseOnStream(stream); !ordered.ok()) return ordered;
+  }
+  return refs;
+}
+
 }  // namespace
 
 Result<TensorRef> ClientCore::Allocate(std::string_view ns, const TensorSpec& spec) {
@@ -320,12 +338,12 @@ Status ClientCore::PublishNoWait(const TensorRef& tensor, std::string_view name,
 
 Result<TensorRef> ClientCore::Acquire(const Session::Target& target, const AcquireOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
-  return ToRef(session->Acquire(target, options));
+  return ToOrderedRef(session->Acquire(target, options), options.stream);
 }
 
 Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, Wait wait) {
   TENSORD_SESSION_OR_RETURN(session);
-  return ToRef(session->Take(name_or_prefix, wait));
+  return ToOrderedRef(session->Take(name_or_prefix, wait), kLegacyDefaultStream);
 }
 
 Result<std::vector<TensorRef>> ClientCore::AllocateMany(const std::vector<AllocateItem>& items) {
@@ -355,13 +373,13 @@ Result<std::vector<TensorInfo>> ClientCore::PublishMany(const std::vector<Publis
 Result<std::vector<TensorRef>> ClientCore::TakeMany(std::string_view name_or_prefix,
                                                     size_t max_count, Wait wait) {
   TENSORD_SESSION_OR_RETURN(session);
-  return ToRefs(session->TakeMany(name_or_prefix, max_count, wait));
+  return ToOrderedRefs(session->TakeMany(name_or_prefix, max_count, wait), kLegacyDefaultStream);
 }
 
 Result<std::vector<TensorRef>> ClientCore::AcquireMany(const std::vector<std::string>& names,
                                                        const AcquireOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
-  return ToRefs(session->AcquireMany(names, options));
+  return ToOrderedRefs(session->AcquireMany(names, options), options.stream);
 }
 
 Status ClientCore::Delete(std::string_view name, uint64_t if_generation) {

@@ -1,6 +1,10 @@
 #include "client/lease_view.h"
 
+#include <algorithm>
+#include <string>
+
 #include "client/release_queue.h"
+#include "common/status.h"
 #include "common/check.h"
 #include "common/logging.h"
 
@@ -41,6 +45,8 @@ LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
       arena_slot_offset_(params.arena_slot_offset),
       arena_slot_length_(params.arena_slot_length),
       described_here_(params.described_here),
+      ready_fence_(std::move(params.ready_fence)),
+      stream_order_(mapping_ != nullptr ? mapping_->stream_order() : nullptr),
       queue_(std::move(queue)) {
   TENSORD_CHECK(queue_ != nullptr);
   if (mapping_ != nullptr) {
@@ -66,11 +72,80 @@ void LeaseView::Unref() noexcept {
   const uint64_t before = state_.fetch_sub(1, std::memory_order_acq_rel);
   TENSORD_CHECK((before & ~kQueued) > 0);
   if (before != 1) return;  // still referenced, or already on the queue (its sender decides)
+  if (stream_order_ != nullptr) RecordDoneFences();
   // Unreferenced and not queued: queue it, unless a lookup revived it in between.
   uint64_t expected = 0;
   if (state_.compare_exchange_strong(expected, kQueued, std::memory_order_acq_rel)) {
     ReleaseQueue::Push(this);
   }
+}
+
+absl::Status LeaseView::UseOnStream(uintptr_t stream) {
+  if (stream_order_ == nullptr) return absl::OkStatus();
+  const std::string what = "tensor " + std::to_string(info_.tensor_id);
+  if (!ready_fence_.empty()) {
+    TENSORD_RETURN_IF_ERROR(stream_order_->WaitReady(ready_fence_, mapping_->device_ordinal(), stream, what));
+  }
+  absl::MutexLock lock(&streams_mu_);
+  if (std::find(use_streams_.begin(), use_streams_.end(), stream) == use_streams_.end()) {
+    use_streams_.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> LeaseView::RecordReady(uintptr_t stream) const {
+  if (stream_order_ == nullptr) return std::string();
+  return stream_order_->RecordReady(mapping_->device_ordinal(), stream,
+                                    "publish tensor " + std::to_string(info_.tensor_id));
+}
+
+absl::Status LeaseView::CopyFromDevice(const void* src, uint64_t bytes, uintptr_t stream) const {
+  const std::string what = "copy into tensor " + std::to_string(info_.tensor_id);
+  if (stream_order_ == nullptr) {
+    return absl::FailedPreconditionError(what + ": it is host memory; copy into mutable_data() instead");
+  }
+  if (kind_ != ViewKind::kProducer) {
+    return absl::FailedPreconditionError(what + ": only its producer writes it (this is a consumer's view)");
+  }
+  if (src == nullptr) return absl::InvalidArgumentError(what + ": a null source pointer");
+  const uint64_t room = mapping_->size() - static_cast<uint64_t>(data_ - mapping_->data());
+  if (bytes > room || bytes > info_.nbytes) {
+    return absl::InvalidArgumentError(what + ": " + std::to_string(bytes) + " bytes do not fit its " +
+                                      std::to_string(info_.nbytes));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  return stream_order_->CopyOnStream(data_, src, bytes, mapping_->device_ordinal(), stream, what);
+}
+
+void LeaseView::RecordDoneFences() noexcept {
+  absl::MutexLock lock(&streams_mu_);
+  // Completed fences of an earlier round (a cached lease used again) are of no more use.
+  std::erase_if(done_fences_, [](const std::unique_ptr<common::DoneFence>& fence) { return fence->Complete(); });
+  for (uintptr_t stream : use_streams_) {
+    absl::StatusOr<std::unique_ptr<common::DoneFence>> fence =
+        stream_order_->RecordDone(mapping_->device_ordinal(), stream, "release tensor " + std::to_string(info_.tensor_id));
+    if (fence.ok()) {
+      done_fences_.push_back(*std::move(fence));
+    } else {
+      // Nothing to wait on: the release goes out as soon as the sender has it.
+      spdlog::error("tensord: {}", fence.status().ToString());
+    }
+  }
+  use_streams_.clear();
+}
+
+bool LeaseView::DoneFencesComplete() {
+  if (stream_order_ == nullptr) return true;
+  absl::MutexLock lock(&streams_mu_);
+  std::erase_if(done_fences_, [](const std::unique_ptr<common::DoneFence>& fence) { return fence->Complete(); });
+  return done_fences_.empty();
+}
+
+void LeaseView::WaitDoneFences() {
+  if (stream_order_ == nullptr) return;
+  absl::MutexLock lock(&streams_mu_);
+  for (const std::unique_ptr<common::DoneFence>& fence : done_fences_) fence->Wait();
+  done_fences_.clear();
 }
 
 bool LeaseView::SettleQueued() noexcept {

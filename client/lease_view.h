@@ -15,8 +15,15 @@
 // (SettleQueued, under the same mutex) and a reviving lookup cannot both win, and a view
 // is never on the queue twice.
 //
-// Fields are constant after construction, except state_ (atomic), next_in_queue and the lease-cache
-// fields, which only LeaseTable touches, under its mutex.
+// Stream order (device memory; common/memory/stream_order.h): UseOnStream() makes a stream
+// wait for the producer's ready fence and remembers it; the last Unref() records a done
+// fence on every stream remembered since the last one (a cuEventRecord each: no wait), and
+// the release sender releases the lease only once DoneFencesComplete(). Host views have no
+// stream order: none of this does anything for them, and their Unref() never locks.
+//
+// Fields are constant after construction, except state_ (atomic), next_in_queue, the
+// lease-cache fields, which only LeaseTable touches, under its mutex, and the stream
+// fields, under streams_mu_.
 #pragma once
 
 #include <atomic>
@@ -24,7 +31,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "client/mapping_cache.h"
 #include "tensord/client.h"
 
@@ -61,6 +71,8 @@ class LeaseView {
     // A producer's pooled slot: the broker still has it as a plain slot, and Publish sends
     // `info`'s description with it.
     bool described_here = false;
+    // The producer's ready fence, as the grant carried it (device tensors; may be empty).
+    std::string ready_fence;
   };
   // Starts with one reference, owned by the caller.
   LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue);
@@ -104,6 +116,22 @@ class LeaseView {
   // of the tensor in its session (the release sender), never for a duplicate.
   void DiscardPrivateArenaPages() const;
 
+  // Stream order. Whether the view's memory has any (device memory) at all.
+  bool stream_ordered() const { return stream_order_ != nullptr; }
+  // Makes `stream` wait for the producer's ready fence (if the grant carried one) and adds
+  // it to the streams the last Unref() records done fences on. OK and nothing done for host
+  // memory. Errors name the tensor.
+  absl::Status UseOnStream(uintptr_t stream);
+  // The producer's side: a ready fence recorded on `stream` for Publish to send; empty for
+  // host memory.
+  absl::StatusOr<std::string> RecordReady(uintptr_t stream) const;
+  // The producer's device copy into its tensor (TensorRef::CopyFromDevice).
+  absl::Status CopyFromDevice(const void* src, uint64_t bytes, uintptr_t stream) const;
+  // True when every done fence recorded so far has completed (always, with none).
+  bool DoneFencesComplete();
+  // Blocks until they have (shutdown paths).
+  void WaitDoneFences();
+
   // Marked by a `retired` push: the lease is never cached once its last reference goes.
   void MarkRetired() noexcept { retired_.store(true, std::memory_order_release); }
   bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
@@ -130,6 +158,13 @@ class LeaseView {
   const uint64_t arena_slot_offset_;
   const uint64_t arena_slot_length_;
   const bool described_here_;
+  const std::string ready_fence_;
+  const common::StreamOrder* const stream_order_;  // null: host memory
+  absl::Mutex streams_mu_;
+  std::vector<uintptr_t> use_streams_ ABSL_GUARDED_BY(streams_mu_);
+  std::vector<std::unique_ptr<common::DoneFence>> done_fences_ ABSL_GUARDED_BY(streams_mu_);
+  // The last Unref(): a done fence on each stream in use_streams_.
+  void RecordDoneFences() noexcept;
   friend class ReleaseQueue;
   // Keeps the queue alive for the last Unref(), whenever that comes.
   std::shared_ptr<ReleaseQueue> queue_;

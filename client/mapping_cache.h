@@ -60,6 +60,8 @@ class Mapping {
   int32_t device_ordinal() const { return region_->device_ordinal(); }
   // DEVICE_TYPE_CUDA_HOST for a pinned view; UNSPECIFIED: the buffer's own device type.
   tensord::v1::DeviceType view_device_type() const { return region_->view_device_type(); }
+  // How work on the buffer is ordered between processes; null for host memory.
+  const common::StreamOrder* stream_order() const { return region_->stream_order(); }
   // See ImportedRegion::DiscardPrivatePages: copy-on-write host mappings read the buffer's
   // contents again; other regions have nothing to discard.
   absl::Status DiscardPrivatePages(uint64_t offset, uint64_t length) const {

@@ -94,6 +94,13 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
 Session::~Session() {
   closing_.store(true);
   if (sender_ != nullptr) sender_->Stop();
+  // Closing the session releases every lease: not before this process's device work on
+  // them has finished.
+  for (LeaseView* view : awaiting_done_) {
+    view->WaitDoneFences();
+    delete view;
+  }
+  awaiting_done_.clear();
   std::shared_ptr<SessionStream> stream;
   {
     absl::MutexLock lock(&rpc_mu_);
@@ -406,7 +413,7 @@ absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::T
 
 absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
                                                const tensord::v1::TensorInfo& tensor,
-                                               ViewKind kind, std::string_view cache_name,
+                                               std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
                                                std::string_view what, const OwnMemory& own,
                                                bool described_here) {
   auto give_back = [&](absl::Status status) -> absl::Status {
@@ -456,6 +463,7 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   params.offset_in_mapping = offset;
   params.cache_name = std::string(cache_name);
   params.described_here = described_here;
+  params.ready_fence = std::string(ready_fence);
   if (kind == ViewKind::kPrivate && tensor.buffer().arena() && params.mapping != nullptr) {
     params.arena_slot_offset = valid->buffer_offset;
     params.arena_slot_length = valid->layout.extent;
@@ -486,7 +494,7 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
-  return AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), kind,
+  return AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), response.acquire().ready_fence(), kind,
                     name != nullptr ? std::string_view(*name) : std::string_view(), what);
 }
 
@@ -508,7 +516,8 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait w
   }
   // The name is unbound now: a cached lease of it must not serve it any more.
   ForgetName(response.take().tensor().name());
-  return AdoptLease(response.take().lease_id(), response.take().tensor(), ViewKind::kPrivate, "",
+  return AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
+                    ViewKind::kPrivate, "",
                     what);
 }
 
@@ -574,7 +583,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
     return absl::InternalError(what + ": the broker answered with something else");
   }
   TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
-                           AdoptLease(response->allocate().lease_id(), response->allocate().tensor(),
+                           AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
                                       ViewKind::kProducer, "", what));
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
   return view;
@@ -594,7 +603,7 @@ LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
   tensor.mutable_desc()->mutable_strides()->Assign(layout.strides.begin(), layout.strides.end());
   tensor.mutable_buffer()->set_extent(layout.extent);
   tensor.set_nbytes(layout.nbytes);
-  absl::StatusOr<LeaseView*> view = AdoptLease(entry->lease_id, tensor, ViewKind::kProducer, "",
+  absl::StatusOr<LeaseView*> view = AdoptLease(entry->lease_id, tensor, "", ViewKind::kProducer, "",
                                                what, /*own=*/{}, /*described_here=*/true);
   // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
   return view.ok() ? *view : nullptr;
@@ -647,6 +656,10 @@ absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
       break;
   }
   publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
+  // Device memory: consumers' streams wait on this, after the work queued on ours so far.
+  absl::StatusOr<std::string> ready_fence = view.RecordReady(options.stream);
+  if (!ready_fence.ok()) return Annotate(ready_fence.status(), what);
+  publish->set_ready_fence(*std::move(ready_fence));
   if (view.described_here()) {
     // A pooled slot: the broker still has it as uint8[slot]; this is what it holds.
     TensorSpec spec;
@@ -748,6 +761,14 @@ void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> 
 }
 
 void Session::ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
+  // A consumer's device work on the tensor comes before its release, and so before
+  // whatever the broker does once the lease is gone: views whose done fences are still
+  // pending wait for a later Tick.
+  std::erase_if(views, [this](LeaseView* view) {
+    if (view->DoneFencesComplete()) return false;
+    awaiting_done_.push_back(view);
+    return true;
+  });
   for (LeaseView* view : views) {
     // Before the release: once it is sent, the broker may reuse an arena slot.
     view->DiscardPrivateArenaPages();
@@ -788,8 +809,15 @@ void Session::SendReleases(std::vector<uint64_t> lease_ids) {
 ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
   Clock::time_point next;
   std::vector<LeaseView*> expired = table_.TakeExpired(now, &next);
+  if (!awaiting_done_.empty()) {
+    // Queried again here; those still pending go back to awaiting_done_.
+    expired.insert(expired.end(), awaiting_done_.begin(), awaiting_done_.end());
+    awaiting_done_.clear();
+  }
   if (!expired.empty() || !unsent_release_ids_.empty()) ReleaseAndDestroy(std::move(expired), {});
   if (!unsent_release_ids_.empty()) next = std::min(next, now + std::chrono::milliseconds(100));
+  // A GPU's work on a batch takes microseconds to milliseconds: poll often, never block.
+  if (!awaiting_done_.empty()) next = std::min(next, now + std::chrono::microseconds(200));
   // After the views above went: a reader's arena mapping they were the last users of
   // starts its linger now. Every batch of destroyed views is followed by a Tick.
   next = std::min(next, mappings_.Sweep(now));

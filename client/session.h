@@ -239,6 +239,7 @@ class Session final : public ReleaseSink {
     size_t index = 0;  // the element
     uint64_t lease_id = 0;
     const tensord::v1::TensorInfo* tensor = nullptr;
+    std::string_view ready_fence;  // the producer's, for device tensors (stream_order.h)
   };
   // Adopts every grant into views[grant.index] (buffers fetched together first). On the
   // first failure, gives back everything of the batch (the views adopted so far and the
@@ -252,9 +253,9 @@ class Session final : public ReleaseSink {
   void OnQuietFailure(absl::Status failure);
   // Builds (or finds) the view for a lease the broker just granted. On any failure the
   // lease is released. `described_here`: a pooled slot whose description `tensor` carries
-  // is ours, not the broker's yet.
+  // is ours, not the broker's yet. `ready_fence`: the producer's, as the grant carried it.
   absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
-                                        ViewKind kind, std::string_view cache_name,
+                                        std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
                                         std::string_view what, const OwnMemory& own = {},
                                         bool described_here = false);
   // Sends an Export of what `request` names (a staged memfd or a device handle) as `desc`
@@ -336,6 +337,9 @@ class Session final : public ReleaseSink {
 
   // Sender thread only: ids whose release could not be sent yet (stream down).
   std::vector<uint64_t> unsent_release_ids_;
+  // Views to release once the device work their done fences cover has finished
+  // (LeaseView's stream order). Sender thread only; the destructor after it stopped.
+  std::vector<LeaseView*> awaiting_done_;
 
   // Last: started once everything above exists, stopped first.
   std::unique_ptr<ReleaseSender> sender_;

@@ -80,7 +80,7 @@ absl::Status Session::AdoptBatch(const std::vector<Grant>& grants, ViewKind kind
     const std::string_view cache_name =
         cache_names != nullptr ? std::string_view((*cache_names)[grant.index]) : std::string_view();
     absl::StatusOr<LeaseView*> view =
-        AdoptLease(grant.lease_id, *grant.tensor, kind, cache_name, what(grant.index));
+        AdoptLease(grant.lease_id, *grant.tensor, grant.ready_fence, kind, cache_name, what(grant.index));
     if (!view.ok()) {
       // AdoptLease gave back this grant's lease; the rest of the batch goes too.
       std::vector<uint64_t> left;
@@ -121,7 +121,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
     } else if (!replies[i]->has_allocate()) {
       failed.Add(i, absl::InternalError("the broker answered with something else"));
     } else {
-      grants.push_back(Grant{i, replies[i]->allocate().lease_id(), &replies[i]->allocate().tensor()});
+      grants.push_back(Grant{i, replies[i]->allocate().lease_id(), &replies[i]->allocate().tensor(), {}});
     }
   }
   if (!failed.empty()) {
@@ -216,7 +216,8 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
     } else if (!replies[k]->has_acquire()) {
       failed.Add(i, absl::InternalError("the broker answered with something else"));
     } else {
-      grants.push_back(Grant{i, replies[k]->acquire().lease_id(), &replies[k]->acquire().tensor()});
+      grants.push_back(Grant{i, replies[k]->acquire().lease_id(), &replies[k]->acquire().tensor(),
+                             replies[k]->acquire().ready_fence()});
     }
   }
   if (!failed.empty()) {
@@ -265,7 +266,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     }
     // Unbound now: a cached lease of the name must not serve it any more.
     ForgetName(reply->take().tensor().name());
-    grants.push_back(Grant{grants.size(), reply->take().lease_id(), &reply->take().tensor()});
+    grants.push_back(Grant{grants.size(), reply->take().lease_id(), &reply->take().tensor(), reply->take().ready_fence()});
   }
   auto what = [&](size_t i) { return ElementOf("take", i, grants.size()) + " from '" + target + "'"; };
   if (grants.empty()) {

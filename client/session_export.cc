@@ -58,7 +58,7 @@ absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::st
   OwnMemory own;
   own.mapping = std::make_shared<Mapping>(std::make_unique<common::BorrowedRegion>(
       const_cast<void*>(device_ptr), layout.extent, common::MapMode::kSharedWritable, spec.device.device_id,
-      source));
+      (*importer)->stream_order(), source));
   // The broker cannot keep this memory alive: the session keeps `source` until the broker
   // says no one holds the export any more, however early the caller drops its view.
   return RegisterExport(std::move(request), ns, *std::move(desc), spec, own, what, std::move(source));
@@ -82,7 +82,7 @@ absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest re
   if (source != nullptr) {
     exports_.Add(response.tensor().tensor_id(), response.tensor().buffer().buffer_id(), std::move(source));
   }
-  return AdoptLease(response.lease_id(), response.tensor(), ViewKind::kProducer, "", what, own);
+  return AdoptLease(response.lease_id(), response.tensor(), "", ViewKind::kProducer, "", what, own);
 }
 
 ReleaseSink::Clock::time_point Session::TickExports(Clock::time_point now) {

@@ -171,6 +171,10 @@ void Broker::CloseSession(uint64_t session_id) {
     uid_quota_.Release(session->creds.uid, UidResource::kSessions, 1);
     // Before its leases go: a tensor its own lease still holds is retired, not just dropped.
     RetireProducerMemoryLocked(*session, effects);
+    // Its ready events went with its process: later acquirers get no fence to open.
+    for (uint64_t tensor_id : session->ready_fenced_tensors) {
+      if (Tensor* tensor = registry_.Find(tensor_id)) tensor->ready_fence.clear();
+    }
     for (uint64_t lease_id : session->leases) {
       std::optional<Lease> lease = leases_.Remove(lease_id, session_id);
       TENSORD_CHECK(lease.has_value());
@@ -333,6 +337,7 @@ v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool b
   v1::AcquireResponse response;
   response.set_lease_id(lease_id);
   *response.mutable_tensor() = registry_.Describe(tensor);
+  response.set_ready_fence(tensor.ready_fence);
   return response;
 }
 
@@ -358,12 +363,16 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   const uint64_t buffer_id = tensor.buffer_id;
   const uint64_t producer_session = tensor.producer_session;
   const ResolvedDevice* device = tensor.device;
+  const bool had_ready_fence = !tensor.ready_fence.empty();
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr) {
     // Buffer sizes are rounded by their backend, the same as what was reserved.
     memory_quota_.Release(device->key, memory->size());
     if (memory->OwnedByProducer()) ExportReleasedLocked(producer_session, id, buffer_id, effects);
     effects.garbage.push_back(std::move(memory));
+  }
+  if (had_ready_fence) {
+    if (Session* producer = sessions_.Find(producer_session)) producer->ready_fenced_tensors.erase(id);
   }
   spdlog::trace("tensor {} dropped", id);
 }
@@ -746,6 +755,12 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
 absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v1::PublishRequest& request) {
   const std::string& name = request.name();
   if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
+  // A fence is an event handle (CUDA: 88 bytes); the bound keeps a tensor's record small.
+  constexpr size_t kMaxReadyFenceBytes = 256;
+  if (request.ready_fence().size() > kMaxReadyFenceBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ready_fence: ", request.ready_fence().size(),
+                                                   " bytes, more than ", kMaxReadyFenceBytes));
+  }
   std::optional<common::TensorLayout> new_layout;
   if (request.has_desc()) {
     TENSORD_ASSIGN_OR_RETURN(new_layout, common::ValidateDesc(request.desc()));
@@ -806,6 +821,10 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     }
     tensor->state = v1::TENSOR_STATE_SEALED;
     tensor->ns = std::string(ns);
+    if (!request.ready_fence().empty()) {
+      tensor->ready_fence = request.ready_fence();
+      session->ready_fenced_tensors.insert(tensor->id);
+    }
     if (name.empty()) {
       tensor->generation = registry_.NextGeneration();
     } else {

@@ -45,6 +45,9 @@ struct Session {
   // (BackendBuffer::OwnedByProducer): their tensors retire when it closes, and it is
   // pushed ExportReleased when the broker frees one.
   absl::flat_hash_set<uint64_t> producer_owned_buffers;
+  // Tensors that carry this session's ready fence: cleared when it closes, since the
+  // fence's event lives in the producer's process.
+  absl::flat_hash_set<uint64_t> ready_fenced_tensors;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
 };

@@ -69,6 +69,8 @@ struct Tensor {
   // only they hear that it retired (a take's or a producer's lease is never cached).
   absl::flat_hash_set<uint64_t> name_holders;
   uint64_t ttl_timer = 0;  // pending TTL unbind, 0 when none
+  // The producer's ready fence from Publish (opaque); cleared when its session closes.
+  std::string ready_fence;
 };
 
 class TensorRegistry {

@@ -80,9 +80,6 @@ class PyTensor {
 
   py::object DLPack(py::object stream, py::object max_version, py::object dl_device,
                     py::object copy) const {
-    // No stream order yet (host memory has none; CUDA producers synchronise before publish,
-    // docs/memory-backends.md): `stream` is accepted and ignored.
-    (void)stream;
     if (!copy.is_none() && copy.cast<bool>()) {
       throw py::buffer_error("tensord exports zero-copy views only (copy=True refused); "
                              "copy the result instead");
@@ -103,6 +100,23 @@ class PyTensor {
       versioned = version.first >= kDLPackMajorVersion;
     }
     std::shared_ptr<TensorRef> ref = Ref();
+    // DLPack's stream protocol: the consumer's stream waits for the producer's writes
+    // (None: the legacy default stream; -1: the consumer asks for no ordering). Host
+    // tensors have no streams, and the protocol gives them none.
+    if (info_.device.device_type != kDLCPU) {
+      const int64_t wanted = stream.is_none() ? static_cast<int64_t>(kLegacyDefaultStream) : stream.cast<int64_t>();
+      if (wanted == 0) {
+        throw py::value_error("__dlpack__: stream 0 is ambiguous for CUDA (the DLPack protocol disallows it); "
+                              "pass 1 for the legacy default stream or the stream's handle");
+      }
+      if (wanted != -1) {
+        Status ordered = [&] {
+          GilRelease release;
+          return ref->UseOnStream(static_cast<uintptr_t>(wanted));
+        }();
+        ThrowIfError(ordered);
+      }
+    }
     if (versioned) {
       DLManagedTensorVersioned* view = ref->ToDLPackVersioned();
       if (readonly_) view->flags |= kDLFlagBitMaskReadOnly;
@@ -115,6 +129,15 @@ class PyTensor {
                              (pinned() ? "pinned=True" : "readonly=True"));
     }
     return MakeLegacyCapsule(ref->ToDLPack());
+  }
+
+  void UseOnStream(uintptr_t stream) const {
+    std::shared_ptr<TensorRef> ref = Ref();
+    Status ordered = [&] {
+      GilRelease release;
+      return ref->UseOnStream(stream);
+    }();
+    ThrowIfError(ordered);
   }
 
   // A legacy capsule for .torch(): elements reinterpreted as `as_dtype` (same size), and a
@@ -265,8 +288,11 @@ class PyWatcher {
 };
 
 PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_generation,
-                                  std::optional<double> ttl) {
+                                  std::optional<double> ttl, std::optional<uintptr_t> stream = std::nullopt) {
   PublishOptions options;
+  // 0 is the CUDA driver's NULL stream, which torch reports for its default stream: the
+  // legacy default stream, unless a program was built for per-thread default streams.
+  if (stream && *stream != 0) options.stream = *stream;
   if (if_absent && if_generation) {
     throw py::value_error("publish: if_absent and if_generation exclude each other");
   }
@@ -334,8 +360,9 @@ class PyClient {
   }
 
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
-                   std::optional<uint64_t> if_generation, std::optional<double> ttl) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+                   std::optional<uint64_t> if_generation, std::optional<double> ttl,
+                   std::optional<uintptr_t> stream) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
@@ -348,8 +375,9 @@ class PyClient {
 
   // The handle's description stays as it was: the broker's answer is not waited for.
   void PublishNoWait(PyTensor& tensor, const std::string& name, bool if_absent,
-                     std::optional<uint64_t> if_generation, std::optional<double> ttl) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+                     std::optional<uint64_t> if_generation, std::optional<double> ttl,
+                     std::optional<uintptr_t> stream) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     Status sent = [&]() -> Status {
@@ -361,21 +389,35 @@ class PyClient {
 
   // Allocates, copies `source` in (the one copy) and publishes; the producer's own
   // reference goes when this returns, so the binding is what holds the tensor.
+  // A CUDA source is copied device to device on `stream` (the caller's current stream,
+  // or the legacy default one) into a broker-owned tensor on the same GPU, and published
+  // with a ready event there: no host round trip and no host wait.
   py::dict Put(const std::string& name, Source& source, bool if_absent,
                std::optional<uint64_t> if_generation, std::optional<double> ttl,
-               std::optional<std::string> ns) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+               std::optional<std::string> ns, std::optional<uintptr_t> stream) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
     TensorSpec spec;
     spec.dtype = source.dtype();
     spec.shape = source.shape();
+    if (source.on_device()) {
+      spec.device = source.device();
+      if (!source.compact()) {
+        throw py::value_error("put: a CUDA source is copied as one block and must be in compact C order; "
+                              "pass tensor.contiguous()");
+      }
+    }
     std::string space = ns.value_or(NamespaceOf(name));
-    source.nbytes();  // refuses an overflowing shape before anything is allocated
+    const uint64_t nbytes = source.nbytes();  // refuses an overflowing shape before anything is allocated
     std::shared_ptr<Client> client = Core();
     Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
       GilRelease release;
       Result<TensorRef> ref = client->Allocate(space, spec);
       if (!ref.ok()) return ref.status();
-      source.CopyTo(ref->mutable_data());
+      if (source.on_device()) {
+        if (Status copied = ref->CopyFromDevice(source.data(), nbytes, options.stream); !copied.ok()) return copied;
+      } else {
+        source.CopyTo(ref->mutable_data());
+      }
       return client->Publish(*ref, name, options);
     }();
     return InfoToDict(Unwrap(std::move(info)));
@@ -392,6 +434,10 @@ class PyClient {
     allocations.reserve(items.size());
     for (const auto& [name, source] : items) {
       if (source == nullptr) throw py::type_error("put_many: no array given for '" + name + "'");
+      if (source->on_device()) {
+        throw py::value_error("put_many: '" + name + "' is CUDA memory; put_many copies host arrays, put() copies a "
+                              "CUDA tensor device to device");
+      }
       source->nbytes();  // refuses an overflowing shape before anything is allocated
       AllocateItem item;
       item.ns = ns.value_or(NamespaceOf(name));
@@ -613,6 +659,10 @@ PYBIND11_MODULE(_tensord, m) {
            py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
            py::arg("copy") = py::none())
       .def("__dlpack_device__", &PyTensor::Device)
+      .def("use_on_stream", &PyTensor::UseOnStream, py::arg("stream"),
+           "GPU tensors: makes `stream` (an int handle, e.g. torch's stream.cuda_stream) wait for the "
+           "producer's writes, and holds the lease's release until the work queued there is done. "
+           "__dlpack__(stream=...) does this for the stream it is given. Nothing for host tensors.")
       .def("_legacy_capsule_as", &PyTensor::LegacyCapsuleAs, py::arg("dtype"))
       .def("_numpy", &PyTensor::NumpyArray)
       .def_property_readonly("_data_ptr", &PyTensor::DataPtr)
@@ -677,13 +727,13 @@ PYBIND11_MODULE(_tensord, m) {
            py::arg("ns") = py::none(), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}))
       .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
-           py::arg("ttl") = py::none())
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none())
       .def("publish_nowait", &PyClient::PublishNoWait, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
-           py::arg("ttl") = py::none())
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none())
       .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
-           py::arg("ns") = py::none())
+           py::arg("ns") = py::none(), py::arg("stream") = py::none())
       .def("put_many", &PyClient::PutMany, py::arg("items"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
            py::arg("ns") = py::none())

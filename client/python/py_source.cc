@@ -18,10 +18,11 @@ namespace py = pybind11;
 
 [[noreturn]] void Refuse(const std::string& what) { throw py::type_error(what); }
 
-void CheckHostDevice(const DLDevice& device) {
-  if (device.device_type != kDLCPU && device.device_type != kDLCUDAHost) {
+// Host memory, or a CUDA device (put copies device to device there).
+void CheckReadableDevice(const DLDevice& device) {
+  if (device.device_type != kDLCPU && device.device_type != kDLCUDAHost && device.device_type != kDLCUDA) {
     throw StatusError(Status(StatusCode::kInvalidArgument,
-                             "put copies host memory; the object lives on DLPack device type " +
+                             "put copies host memory and CUDA device memory; the object lives on DLPack device type " +
                                  std::to_string(device.device_type)));
   }
 }
@@ -128,7 +129,8 @@ std::unique_ptr<Source> Source::FromDLPack(py::object capsule) {
   PyObject* c = capsule.ptr();
   if (PyCapsule_IsValid(c, kLegacyCapsuleName)) {
     auto* view = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, kLegacyCapsuleName));
-    CheckHostDevice(view->dl_tensor.device);
+    CheckReadableDevice(view->dl_tensor.device);
+    s->device_ = view->dl_tensor.device;
     Describe(view->dl_tensor, &s->dtype_, &s->shape_, &s->byte_strides_);
     // Ours from here on: the capsule's destructor leaves a renamed capsule alone.
     if (PyCapsule_SetName(c, kUsedLegacyCapsuleName) != 0) throw py::error_already_set();
@@ -140,7 +142,8 @@ std::unique_ptr<Source> Source::FromDLPack(py::object capsule) {
     if (view->version.major != 1) {
       Refuse("DLPack version " + std::to_string(view->version.major) + " is not supported");
     }
-    CheckHostDevice(view->dl_tensor.device);
+    CheckReadableDevice(view->dl_tensor.device);
+    s->device_ = view->dl_tensor.device;
     Describe(view->dl_tensor, &s->dtype_, &s->shape_, &s->byte_strides_);
     if (PyCapsule_SetName(c, kUsedVersionedCapsuleName) != 0) throw py::error_already_set();
     s->versioned_ = view;
@@ -235,17 +238,24 @@ void Source::OverrideDtype(DLDataType dtype) {
   dtype_ = dtype;
 }
 
+bool Source::compact() const {
+  // Dimensions of size 1 may carry any stride.
+  int64_t expected = static_cast<int64_t>(ItemSize(dtype_));
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && byte_strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
 void Source::CopyTo(void* dst) const {
   const uint64_t n = nbytes();
   if (n == 0) return;
-  // Compact C order (dimensions of size 1 may carry any stride): one memcpy.
-  bool compact = true;
-  int64_t expected = static_cast<int64_t>(ItemSize(dtype_));
-  for (size_t i = shape_.size(); i-- > 0;) {
-    if (shape_[i] != 1 && byte_strides_[i] != expected) compact = false;
-    expected *= shape_[i];
+  if (on_device()) {
+    // The caller's bug: device memory is not readable from the host.
+    throw StatusError(Status(StatusCode::kInternal, "a device source cannot be copied by the host"));
   }
-  if (compact) {
+  if (compact()) {
     std::memcpy(dst, data_, n);
     return;
   }

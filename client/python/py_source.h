@@ -40,13 +40,22 @@ class Source {
   // uint8 because torch will not export bool over DLPack).
   void OverrideDtype(DLDataType dtype);
 
-  // Writes nbytes() bytes in C order to `dst`.
+  // Where the memory is: host memory (kDLCPU, kDLCUDAHost) or a CUDA device, whose bytes
+  // only a device copy reads (on_device()).
+  DLDevice device() const { return device_; }
+  bool on_device() const { return device_.device_type == kDLCUDA; }
+  const void* data() const { return data_; }
+  // Compact C order: the bytes are one block of nbytes() at data().
+  bool compact() const;
+
+  // Writes nbytes() bytes in C order to `dst`. Host memory only.
   void CopyTo(void* dst) const;
 
  private:
   Source() = default;
 
   const char* data_ = nullptr;  // element 0
+  DLDevice device_{kDLCPU, 0};
   DLDataType dtype_{};
   std::vector<int64_t> shape_;
   std::vector<int64_t> byte_strides_;

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "common/memory/host/mapped_region.h"
 #include "common/memory/memory_handle.h"
+#include "common/memory/stream_order.h"
 #include "tensord/v1/tensor.pb.h"
 
 namespace tensord::common {
@@ -43,6 +44,9 @@ class ImportedRegion {
   // The device type views of this region name when it is not the buffer's own: a pinned
   // view of host memory is DEVICE_TYPE_CUDA_HOST. UNSPECIFIED (the default): the buffer's.
   virtual tensord::v1::DeviceType view_device_type() const { return tensord::v1::DEVICE_TYPE_UNSPECIFIED; }
+  // How work on this memory is ordered between processes (stream_order.h); null for
+  // memory no stream writes (host memory). Lives as long as the process.
+  virtual const StreamOrder* stream_order() const { return nullptr; }
   // Copy-on-write host mappings: throws away this process's private copies of the pages of
   // [offset, offset + length) so they read the buffer again. Other regions have no private
   // copies: OK, nothing done.
@@ -60,22 +64,25 @@ class ImportedRegion {
 class BorrowedRegion final : public ImportedRegion {
  public:
   BorrowedRegion(void* data, uint64_t size, MapMode mode, int32_t device_ordinal,
-                 std::shared_ptr<const void> source)
+                 const StreamOrder* stream_order, std::shared_ptr<const void> source)
       : data_(static_cast<uint8_t*>(data)),
         size_(size),
         mode_(mode),
         device_ordinal_(device_ordinal),
+        stream_order_(stream_order),
         source_(std::move(source)) {}
   uint8_t* data() const override { return data_; }
   uint64_t size() const override { return size_; }
   MapMode mode() const override { return mode_; }
   int32_t device_ordinal() const override { return device_ordinal_; }
+  const StreamOrder* stream_order() const override { return stream_order_; }
 
  private:
   uint8_t* const data_;
   const uint64_t size_;
   const MapMode mode_;
   const int32_t device_ordinal_;
+  const StreamOrder* const stream_order_;
   const std::shared_ptr<const void> source_;
 };
 
@@ -113,6 +120,7 @@ class Importer {
   // cannot be exported by pointer; INVALID_ARGUMENT naming `what` for a pointer the
   // memory kind does not know, or bytes past the end of its allocation.
   // Inline, as the other defaults: the importers' own libraries need no vtable from here.
+  // (stream_order() below: the same order the regions of this kind use; null for host.)
   virtual absl::StatusOr<MemoryHandle> ExportExisting(const void* ptr, uint64_t bytes,
                                                       const tensord::v1::Device& device,
                                                       const std::string& what) const {
@@ -121,6 +129,7 @@ class Importer {
     return absl::UnimplementedError(what + ": " + tensord::v1::DeviceType_Name(device.type()) +
                                     " memory cannot be exported by pointer");
   }
+  virtual const StreamOrder* stream_order() const { return nullptr; }
 };
 
 // The importer of a device type this build lacks the backend of, so that asking for it

@@ -48,6 +48,16 @@ struct CUctx_st {
   int retains = 0;
 };
 
+// An event: a slot in a process's event table (see "Events" below). An imported one
+// reads and writes the exporter's table through a shared mapping of it.
+struct CUevent_st {
+  unsigned int flags = 0;
+  uint32_t slot = 0;
+  uint64_t serial = 0;
+  int exporter_pid = 0;          // 0: this process's own event
+  volatile uint32_t* table = nullptr;  // the slot states this event lives in
+};
+
 namespace {
 
 constexpr size_t kGranularity = 2u << 20;
@@ -94,6 +104,20 @@ struct State {
   std::map<uintptr_t, Linear> allocs;  // cuMemAlloc
   std::map<uintptr_t, Linear> opens;   // cuIpcOpenMemHandle
   std::map<std::string, CUresult> fail_next;
+  // Events (see "Events" below).
+  int event_table_fd = -1;
+  volatile uint32_t* event_table = nullptr;
+  std::vector<uint32_t> free_slots;
+  uint32_t next_slot = 0;
+  int live_events = 0;
+  bool hold_streams = false;
+  struct Wait {
+    uintptr_t stream;
+    int exporter_pid;
+    uint32_t slot;
+    bool pending;
+  };
+  std::vector<Wait> waits;
 };
 
 State& S() {
@@ -608,6 +632,21 @@ CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t By
   return CUDA_SUCCESS;
 }
 
+// Work on a stream runs at once (streams are not modelled; see "Events").
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                      CUstream hStream) {
+  FAKE_ENTER("cuMemcpyDtoDAsync_v2");
+  (void)hStream;
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult why = CUDA_SUCCESS;
+  void* src = HostRange(srcDevice, ByteCount, /*write=*/false, &why);
+  if (src == nullptr) return why;
+  void* dst = HostRange(dstDevice, ByteCount, /*write=*/true, &why);
+  if (dst == nullptr) return why;
+  std::memmove(dst, src, ByteCount);
+  return CUDA_SUCCESS;
+}
+
 // Legacy allocation and IPC. cuMemAlloc_v2, cuMemFree_v2 and cuIpcGetMemHandle are the
 // test producer's: CudaDriver does not resolve them.
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
@@ -768,6 +807,173 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
 
 // Pinned host memory: the section at the end of this file. Called with S().mu held.
 static int LiveHostRegistrationsLocked();
+// ---- Events ----
+//
+// Streams are not modelled: work "runs" when it is enqueued, so an event is complete as
+// soon as it is recorded, unless a test holds the streams (tensord_fake_cuda_hold_streams):
+// then a recorded event stays pending until tensord_fake_cuda_finish_streams() completes
+// every pending event of this process, as a GPU finishing its queued work would.
+// Each process keeps its events' states in a memfd (one uint32 per slot: 0 complete or
+// never recorded, 1 pending); an IPC event handle carries the exporter's pid, that memfd's
+// fd number, the slot and a serial, and cuIpcOpenEventHandle maps the table through
+// /proc/PID/fd/N, so a consumer's wait sees the producer's event state. cuStreamWaitEvent
+// enqueues nothing: it logs (stream, exporter, slot, pending) for the test queries.
+// Strict like the real driver: events need a current context; cuIpcGetEventHandle needs
+// CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING; opening an event handle in its own
+// process fails; cuStreamWaitEvent takes flags 0 only.
+
+namespace {
+constexpr uint32_t kEventSlots = 4096;
+constexpr char kEventMagic[8] = {'T', 'D', 'F', 'A', 'K', 'E', 'V', 'T'};
+struct EventIpcBytes {  // the fake's CUipcEventHandle layout
+  char magic[8];
+  int32_t pid;
+  int32_t table_fd;
+  uint32_t slot;
+  uint32_t pad;
+  uint64_t serial;
+};
+static_assert(sizeof(EventIpcBytes) <= CU_IPC_HANDLE_SIZE);
+
+CUresult EnsureEventTable() {
+  if (S().event_table != nullptr) return CUDA_SUCCESS;
+  int fd = ::memfd_create("tensord-fake-cuda-events", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (::ftruncate(fd, kEventSlots * sizeof(uint32_t)) != 0) {
+    ::close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* p = ::mmap(nullptr, kEventSlots * sizeof(uint32_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  S().event_table_fd = fd;
+  S().event_table = static_cast<volatile uint32_t*>(p);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+  FAKE_ENTER("cuEventCreate");
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (phEvent == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = EnsureEventTable(); r != CUDA_SUCCESS) return r;
+  uint32_t slot;
+  if (!S().free_slots.empty()) {
+    slot = S().free_slots.back();
+    S().free_slots.pop_back();
+  } else if (S().next_slot < kEventSlots) {
+    slot = S().next_slot++;
+  } else {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  S().event_table[slot] = 0;
+  auto* ev = new CUevent_st();
+  ev->flags = Flags;
+  ev->slot = slot;
+  ev->serial = S().next_serial++;
+  ev->table = S().event_table;
+  ++S().live_events;
+  *phEvent = ev;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
+  FAKE_ENTER("cuEventRecord");
+  (void)hStream;
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (hEvent == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  hEvent->table[hEvent->slot] = S().hold_streams ? 1u : 0u;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+  FAKE_ENTER("cuEventQuery");
+  if (hEvent == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return hEvent->table[hEvent->slot] == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+  {
+    FAKE_ENTER("cuEventSynchronize");
+    if (hEvent == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  // Held work finishes when the test says so: wait for it (without the lock), at most 30 s.
+  for (int i = 0; i < 30000; ++i) {
+    if (hEvent->table[hEvent->slot] == 0) return CUDA_SUCCESS;
+    ::usleep(1000);
+  }
+  return CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
+CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
+  FAKE_ENTER("cuEventDestroy_v2");
+  if (hEvent == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (hEvent->exporter_pid != 0) {
+    ::munmap(const_cast<uint32_t*>(hEvent->table), kEventSlots * sizeof(uint32_t));
+  } else {
+    hEvent->table[hEvent->slot] = 0;
+    S().free_slots.push_back(hEvent->slot);
+  }
+  delete hEvent;
+  --S().live_events;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle* pHandle, CUevent event) {
+  FAKE_ENTER("cuIpcGetEventHandle");
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pHandle == nullptr || event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned int needed = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+  if ((event->flags & needed) != needed || event->exporter_pid != 0) return CUDA_ERROR_INVALID_VALUE;
+  EventIpcBytes b{};
+  std::memcpy(b.magic, kEventMagic, sizeof(b.magic));
+  b.pid = static_cast<int32_t>(::getpid());
+  b.table_fd = S().event_table_fd;
+  b.slot = event->slot;
+  b.serial = event->serial;
+  std::memset(pHandle->reserved, 0, sizeof(pHandle->reserved));
+  std::memcpy(pHandle->reserved, &b, sizeof(b));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcOpenEventHandle(CUevent* phEvent, CUipcEventHandle handle) {
+  FAKE_ENTER("cuIpcOpenEventHandle");
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (phEvent == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  EventIpcBytes b;
+  std::memcpy(&b, handle.reserved, sizeof(b));
+  if (std::memcmp(b.magic, kEventMagic, sizeof(b.magic)) != 0 || b.slot >= kEventSlots) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (b.pid == ::getpid()) return CUDA_ERROR_INVALID_CONTEXT;  // not in the exporting process
+  std::string path = "/proc/" + std::to_string(b.pid) + "/fd/" + std::to_string(b.table_fd);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporter is gone
+  void* p = ::mmap(nullptr, kEventSlots * sizeof(uint32_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return CUDA_ERROR_INVALID_HANDLE;
+  auto* ev = new CUevent_st();
+  ev->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+  ev->slot = b.slot;
+  ev->serial = b.serial;
+  ev->exporter_pid = b.pid;
+  ev->table = static_cast<volatile uint32_t*>(p);
+  ++S().live_events;
+  *phEvent = ev;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  FAKE_ENTER("cuStreamWaitEvent");
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (hEvent == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  S().waits.push_back({reinterpret_cast<uintptr_t>(hStream), hEvent->exporter_pid, hEvent->slot,
+                       hEvent->table[hEvent->slot] != 0});
+  return CUDA_SUCCESS;
+}
 
 // ---- Test-only queries ----
 
@@ -782,6 +988,7 @@ __attribute__((visibility("default"))) int tensord_fake_cuda_live_objects(const 
   if (kind == nullptr) {
     return n(S().allocations.size() + S().reservations.size() + S().mappings.size() + S().allocs.size() +
              S().opens.size()) + LiveHostRegistrationsLocked();
+             S().opens.size()) + S().live_events;
   }
   std::string k = kind;
   if (k == "allocation") return n(S().allocations.size());
@@ -790,6 +997,7 @@ __attribute__((visibility("default"))) int tensord_fake_cuda_live_objects(const 
   if (k == "alloc") return n(S().allocs.size());
   if (k == "ipc_open") return n(S().opens.size());
   if (k == "host_register") return LiveHostRegistrationsLocked();
+  if (k == "event") return S().live_events;
   return -1;
 }
 
@@ -804,6 +1012,42 @@ __attribute__((visibility("default"))) int tensord_fake_cuda_primary_context_ret
 __attribute__((visibility("default"))) void tensord_fake_cuda_fail_next(const char* symbol, int result) {
   std::lock_guard<std::mutex> lock(S().mu);
   S().fail_next[symbol] = static_cast<CUresult>(result);
+}
+
+// While `hold` is non-zero, events this process records stay pending (its streams' work
+// has not run) until tensord_fake_cuda_finish_streams().
+__attribute__((visibility("default"))) void tensord_fake_cuda_hold_streams(int hold) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  S().hold_streams = hold != 0;
+}
+
+// Completes every pending event of this process; returns how many were pending.
+__attribute__((visibility("default"))) int tensord_fake_cuda_finish_streams() {
+  std::lock_guard<std::mutex> lock(S().mu);
+  int finished = 0;
+  for (uint32_t slot = 0; S().event_table != nullptr && slot < S().next_slot; ++slot) {
+    if (S().event_table[slot] != 0) {
+      S().event_table[slot] = 0;
+      ++finished;
+    }
+  }
+  return finished;
+}
+
+// How many cuStreamWaitEvent calls made `stream` wait on an event exported by process
+// `exporter_pid` (0: this process's own events; -1: any), counting only waits on an event
+// that was still pending when `pending_only` is non-zero.
+__attribute__((visibility("default"))) int tensord_fake_cuda_stream_waits(uintptr_t stream, int exporter_pid,
+                                                                          int pending_only) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  int n = 0;
+  for (const State::Wait& w : S().waits) {
+    if (w.stream != stream) continue;
+    if (exporter_pid != -1 && w.exporter_pid != exporter_pid) continue;
+    if (pending_only != 0 && !w.pending) continue;
+    ++n;
+  }
+  return n;
 }
 
 }  // extern "C"

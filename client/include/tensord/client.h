@@ -74,6 +74,11 @@ class Wait {
   bool forever_ = false;
 };
 
+// GPU streams, as DLPack numbers them and the CUDA driver reads them: a CUstream (a
+// cudaStream_t) cast to uintptr_t, or one of these. Host tensors ignore streams.
+inline constexpr uintptr_t kLegacyDefaultStream = 1;     // CU_STREAM_LEGACY
+inline constexpr uintptr_t kPerThreadDefaultStream = 2;  // CU_STREAM_PER_THREAD
+
 // Identifies a tensor by id instead of by name.
 struct TensorId {
   uint64_t value = 0;
@@ -191,6 +196,11 @@ struct AcquireOptions {
   // that is not host memory answers INVALID_ARGUMENT naming it. Take and TakeMany map
   // unpinned. Built, not run on hardware: tested against a software stand-in for libcuda.
   bool pinned = false;
+  // Device tensors: the stream this process will use the tensor on. The acquire makes it
+  // wait (on the GPU, no host wait) for the work the producer published after, and the
+  // lease is released only once the work queued on it before the last reference went has
+  // finished. More streams: TensorRef::UseOnStream.
+  uintptr_t stream = kLegacyDefaultStream;
 };
 
 struct PublishOptions {
@@ -198,6 +208,9 @@ struct PublishOptions {
   Condition condition = Condition::kAlways;
   uint64_t generation = 0;  // for kIfGeneration
   std::chrono::milliseconds ttl{0};  // 0: the binding stays until deleted or replaced
+  // Device tensors: the stream the work that wrote the tensor was queued on. Publish
+  // records a "ready" event there (no host wait) that every consumer's stream waits on.
+  uintptr_t stream = kLegacyDefaultStream;
 };
 
 // One element of Client::AllocateMany.
@@ -255,6 +268,24 @@ class TENSORD_EXPORT TensorRef {
 
   // Drops this handle's reference now (the lease goes once no view holds it).
   void Release();
+
+  // Device tensors (GPU memory): stream order between processes, with no host wait.
+  // Makes `stream` wait for the producer's writes (the ready event its Publish recorded)
+  // and adds it to the streams whose work must finish before this lease is released: when
+  // the last reference (this handle or a DLPack view) goes, a "done" event is recorded on
+  // each, and the client sends the release once they have completed, so the broker frees
+  // or hands back the memory only after this process's kernels are through with it.
+  // Acquire does this for AcquireOptions::stream, Take and TakeMany for the legacy default
+  // stream. Call it for every further stream you use the tensor on, before queuing work
+  // there. Does nothing for host tensors. Errors name the tensor and the driver's reason.
+  Status UseOnStream(uintptr_t stream) const;
+  // A device tensor this client allocated: queues a copy of `bytes` from device memory at
+  // `src` on the same device (a torch CUDA tensor's data_ptr(), say) into the tensor's
+  // first bytes, on `stream`, without waiting for it. Publish with the same
+  // PublishOptions::stream and consumers wait for the copy. INVALID_ARGUMENT for more
+  // bytes than the tensor's extent or a null `src`; FAILED_PRECONDITION for a tensor that
+  // is not this client's writable device tensor (host memory: memcpy into mutable_data()).
+  Status CopyFromDevice(const void* src, uint64_t bytes, uintptr_t stream) const;
 
  private:
   friend class internal::ClientCore;

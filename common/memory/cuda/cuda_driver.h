@@ -81,7 +81,16 @@ namespace tensord::common {
   X(cuMemcpyHtoD_v2)                        \
   X(cuMemcpyDtoH_v2)                        \
   X(cuMemHostRegister_v2)                   \
-  X(cuMemHostUnregister)
+  X(cuMemHostUnregister)                    \
+  X(cuEventCreate)                          \
+  X(cuEventRecord)                          \
+  X(cuEventQuery)                           \
+  X(cuEventSynchronize)                     \
+  X(cuEventDestroy_v2)                      \
+  X(cuIpcGetEventHandle)                    \
+  X(cuIpcOpenEventHandle)                   \
+  X(cuStreamWaitEvent)                      \
+  X(cuMemcpyDtoDAsync_v2)
 
 // How many devices a process can see at most; ordinals beyond are refused.
 inline constexpr int kMaxCudaDevices = 64;

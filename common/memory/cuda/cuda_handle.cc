@@ -10,6 +10,8 @@ namespace tensord::common {
 namespace {
 
 constexpr char kMagic[4] = {'T', 'D', 'C', 'U'};
+constexpr char kFenceMagic[4] = {'T', 'D', 'C', 'E'};
+constexpr uint16_t kFenceVersion = 1;
 
 void PutLe(std::string& out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
@@ -92,6 +94,38 @@ absl::StatusOr<CudaHandle> DecodeCudaHandle(std::string_view data) {
     std::memcpy(handle.ipc_handle.data(), data.data() + 40, kCudaIpcHandleBytes);
   }
   return handle;
+}
+
+std::string EncodeCudaEventFence(const CudaEventFence& fence) {
+  TENSORD_CHECK(fence.uuid.size() == kCudaUuidBytes);
+  std::string out;
+  out.reserve(kCudaEventFenceBytes);
+  out.append(kFenceMagic, sizeof(kFenceMagic));
+  PutLe(out, kFenceVersion, 2);
+  PutLe(out, 0, 2);
+  out.append(fence.uuid);
+  out.append(reinterpret_cast<const char*>(fence.ipc_event.data()), fence.ipc_event.size());
+  return out;
+}
+
+absl::StatusOr<CudaEventFence> DecodeCudaEventFence(std::string_view data) {
+  if (data.size() != kCudaEventFenceBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ready fence: ", data.size(), " bytes, expected ", kCudaEventFenceBytes));
+  }
+  if (std::memcmp(data.data(), kFenceMagic, sizeof(kFenceMagic)) != 0) {
+    return absl::InvalidArgumentError("cuda ready fence: wrong magic (not a tensord cuda fence)");
+  }
+  const uint64_t version = GetLe(data, 4, 2);
+  if (version != kFenceVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ready fence: version ", version, ", this build reads ", kFenceVersion));
+  }
+  if (GetLe(data, 6, 2) != 0) return absl::InvalidArgumentError("cuda ready fence: reserved bytes are not 0");
+  CudaEventFence fence;
+  fence.uuid = std::string(data.substr(8, kCudaUuidBytes));
+  std::memcpy(fence.ipc_event.data(), data.data() + 8 + kCudaUuidBytes, kCudaIpcHandleBytes);
+  return fence;
 }
 
 }  // namespace tensord::common

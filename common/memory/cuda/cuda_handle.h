@@ -57,4 +57,26 @@ absl::StatusOr<CudaHandle> DecodeCudaHandle(std::string_view data);
 // "VMM fd" or "legacy IPC", for messages.
 const char* CudaHandleKindName(CudaHandleKind kind);
 
+// CudaEventFence: the bytes of a "ready" fence (stream_order.h) on a CUDA device: an
+// interprocess event the producer recorded at publish. Fixed layout, little-endian:
+//
+//   offset  size  field
+//   0       4     magic "TDCE"
+//   4       2     version (1)
+//   6       2     reserved, 0
+//   8       16    device UUID (raw bytes): the context the event is opened in
+//   24      64    CUipcEventHandle
+//
+// 88 bytes. Like memory handles, the bytes are a capability: never logged.
+inline constexpr size_t kCudaEventFenceBytes = 88;
+
+struct CudaEventFence {
+  std::string uuid;  // 16 raw bytes
+  std::array<uint8_t, kCudaIpcHandleBytes> ipc_event{};
+};
+
+std::string EncodeCudaEventFence(const CudaEventFence& fence);
+// Strict: magic, version, reserved 0 and the exact length; INVALID_ARGUMENT otherwise.
+absl::StatusOr<CudaEventFence> DecodeCudaEventFence(std::string_view data);
+
 }  // namespace tensord::common

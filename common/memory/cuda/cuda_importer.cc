@@ -12,6 +12,7 @@
 #include "common/memory/cuda/cuda_backend.h"
 #include "common/status.h"
 #include "common/memory/cuda/cuda_handle.h"
+#include "common/memory/cuda/cuda_stream_order.h"
 #include "spdlog/spdlog.h"
 
 namespace tensord::common {
@@ -107,6 +108,7 @@ class CudaVmmRegion final : public CudaRegion {
   uint64_t size() const override { return size_; }
   MapMode mode() const override { return mode_; }
   int device_ordinal() const override { return static_cast<int>(device_); }
+  const StreamOrder* stream_order() const override { return &CudaStreamOrder::For(*driver_); }
   bool access_enforced() const override { return enforced_; }
 
  private:
@@ -122,9 +124,15 @@ class CudaVmmRegion final : public CudaRegion {
 
 class CudaIpcRegion final : public CudaRegion {
  public:
-  CudaIpcRegion(std::shared_ptr<CudaImporter::IpcOpens> opens, std::string key, CUdevice device, CUdeviceptr data,
-                uint64_t size, MapMode mode)
-      : opens_(std::move(opens)), key_(std::move(key)), device_(device), data_(data), size_(size), mode_(mode) {}
+  CudaIpcRegion(const CudaDriver* driver, std::shared_ptr<CudaImporter::IpcOpens> opens, std::string key,
+                CUdevice device, CUdeviceptr data, uint64_t size, MapMode mode)
+      : driver_(driver),
+        opens_(std::move(opens)),
+        key_(std::move(key)),
+        device_(device),
+        data_(data),
+        size_(size),
+        mode_(mode) {}
   CudaIpcRegion(const CudaIpcRegion&) = delete;
   CudaIpcRegion& operator=(const CudaIpcRegion&) = delete;
   ~CudaIpcRegion() override { opens_->Release(key_); }
@@ -133,9 +141,11 @@ class CudaIpcRegion final : public CudaRegion {
   uint64_t size() const override { return size_; }
   MapMode mode() const override { return mode_; }
   int device_ordinal() const override { return static_cast<int>(device_); }
+  const StreamOrder* stream_order() const override { return &CudaStreamOrder::For(*driver_); }
   bool access_enforced() const override { return mode_ != MapMode::kSharedReadOnly; }
 
  private:
+  const CudaDriver* const driver_;
   const std::shared_ptr<CudaImporter::IpcOpens> opens_;
   const std::string key_;
   const CUdevice device_;
@@ -341,8 +351,12 @@ absl::StatusOr<std::unique_ptr<ImportedRegion>> CudaImporter::Import(const Fetch
   key.append(reinterpret_cast<const char*>(handle->ipc_handle.data()), kCudaIpcHandleBytes);
   auto base = ipc_opens_->Acquire(driver, key, *device, ipc, what);
   if (!base.ok()) return base.status();
-  return std::make_unique<CudaIpcRegion>(ipc_opens_, std::move(key), *device, *base + handle->offset,
+  return std::make_unique<CudaIpcRegion>(&driver, ipc_opens_, std::move(key), *device, *base + handle->offset,
                                          buffer.size, mode);
+}
+
+const StreamOrder* CudaImporter::stream_order() const {
+  return &CudaStreamOrder::For(driver_ != nullptr ? *driver_ : CudaDriver::Get());
 }
 
 }  // namespace tensord::common

@@ -88,6 +88,8 @@ class CudaImporter final : public Importer {
   // allocation); UNAVAILABLE without a driver.
   absl::StatusOr<MemoryHandle> ExportExisting(const void* ptr, uint64_t bytes, const tensord::v1::Device& device,
                                               const std::string& what) const override;
+  // CudaStreamOrder over this importer's driver: events (cuda_stream_order.h).
+  const StreamOrder* stream_order() const override;
 
   class IpcOpens;  // the legacy IPC open cache (cuda_importer.cc)
 

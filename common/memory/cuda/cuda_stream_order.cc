@@ -1,0 +1,241 @@
+#include "common/memory/cuda/cuda_stream_order.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/memory/cuda/cuda_handle.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::common {
+
+class CudaStreamOrder::Pools {
+ public:
+  struct ReadyEvent {
+    CUevent event = nullptr;
+    std::string fence;  // its encoded fence, made once: the IPC handle of an event is fixed
+  };
+  struct Device {
+    std::vector<ReadyEvent> ready;
+    size_t cursor = 0;                // the next ready event to consider reusing
+    std::vector<CUevent> done_free;   // done events no DoneFence holds
+  };
+
+  absl::Mutex mu;
+  std::map<CUdevice, Device> devices ABSL_GUARDED_BY(mu);
+  // This process's own ready fences, to wait on without opening them.
+  absl::flat_hash_map<std::string, CUevent> own ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+std::once_flag g_pool_full_logged;
+std::once_flag g_gone_logged;
+
+// The CUdevice and primary context of this process's ordinal `ordinal`.
+absl::StatusOr<CUdevice> DeviceOf(const CudaDriver& driver, int32_t ordinal, const std::string& what) {
+  if (!driver.available()) return absl::UnavailableError(absl::StrCat(what, ": cuda: ", driver.unavailable_reason()));
+  CUdevice device = 0;
+  TENSORD_RETURN_IF_ERROR(
+      driver.CudaStatus(driver.cuDeviceGet(&device, ordinal), absl::StrCat(what, ": cuDeviceGet ", ordinal)));
+  return device;
+}
+
+// A result of cuIpcOpenEventHandle that means the exporting process (and its event) is gone.
+bool ExporterGone(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_MAP_FAILED ||
+         r == CUDA_ERROR_NOT_FOUND;
+}
+
+class CudaDoneFence final : public DoneFence {
+ public:
+  CudaDoneFence(std::shared_ptr<CudaStreamOrder::Pools> pools, const CudaDriver* driver, CUdevice device,
+                CUevent event)
+      : pools_(std::move(pools)), driver_(driver), device_(device), event_(event) {}
+  ~CudaDoneFence() override {
+    absl::MutexLock lock(&pools_->mu);
+    pools_->devices[device_].done_free.push_back(event_);
+  }
+
+  bool Complete() override {
+    auto context = ScopedCudaContext::Push(*driver_, device_);
+    if (!context.ok()) return Broken(context.status().ToString());
+    const CUresult r = driver_->cuEventQuery(event_);
+    if (r == CUDA_SUCCESS) return true;
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    return Broken(driver_->ErrorText(r));
+  }
+
+  void Wait() override {
+    auto context = ScopedCudaContext::Push(*driver_, device_);
+    if (!context.ok()) {
+      Broken(context.status().ToString());
+      return;
+    }
+    if (CUresult r = driver_->cuEventSynchronize(event_); r != CUDA_SUCCESS) Broken(driver_->ErrorText(r));
+  }
+
+ private:
+  bool Broken(const std::string& why) {
+    spdlog::error("cuda: a done fence on cuda device {} cannot be queried ({}); releasing without it", device_,
+                  why);
+    return true;
+  }
+
+  const std::shared_ptr<CudaStreamOrder::Pools> pools_;
+  const CudaDriver* const driver_;
+  const CUdevice device_;
+  const CUevent event_;
+};
+
+}  // namespace
+
+const CudaStreamOrder& CudaStreamOrder::For(const CudaDriver& driver) {
+  static absl::Mutex mu;
+  static auto* orders = new std::map<const CudaDriver*, const CudaStreamOrder*>();
+  absl::MutexLock lock(&mu);
+  const CudaStreamOrder*& order = (*orders)[&driver];
+  if (order == nullptr) order = new CudaStreamOrder(&driver);
+  return *order;
+}
+
+CudaStreamOrder::CudaStreamOrder(const CudaDriver* driver) : driver_(driver), pools_(std::make_shared<Pools>()) {}
+
+// Events are never destroyed here: consumers may still open ready events (see the header),
+// and the process's exit frees them all.
+CudaStreamOrder::~CudaStreamOrder() = default;
+
+absl::StatusOr<std::string> CudaStreamOrder::RecordReady(int32_t ordinal, uintptr_t stream,
+                                                         const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(std::string uuid, driver.DeviceUuid(device));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  absl::MutexLock lock(&pools_->mu);
+  Pools::Device& pool = pools_->devices[device];
+  Pools::ReadyEvent* chosen = nullptr;
+  // A few candidates at the cursor: the oldest recordings are the likeliest to be done.
+  for (size_t i = 0; i < std::min<size_t>(4, pool.ready.size()); ++i) {
+    Pools::ReadyEvent& candidate = pool.ready[pool.cursor];
+    pool.cursor = (pool.cursor + 1) % pool.ready.size();
+    if (driver.cuEventQuery(candidate.event) == CUDA_SUCCESS) {
+      chosen = &candidate;
+      break;
+    }
+  }
+  if (chosen == nullptr && pool.ready.size() < kMaxReadyEvents) {
+    CUevent event = nullptr;
+    TENSORD_RETURN_IF_ERROR(
+        driver.CudaStatus(driver.cuEventCreate(&event, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+                          absl::StrCat(what, ": cuEventCreate (interprocess) on cuda:", ordinal)));
+    CUipcEventHandle ipc;
+    if (CUresult r = driver.cuIpcGetEventHandle(&ipc, event); r != CUDA_SUCCESS) {
+      driver.cuEventDestroy_v2(event);
+      return driver.CudaStatus(r, absl::StrCat(what, ": cuIpcGetEventHandle on cuda:", ordinal));
+    }
+    CudaEventFence fence;
+    fence.uuid = uuid;
+    static_assert(sizeof(ipc.reserved) == kCudaIpcHandleBytes);
+    std::memcpy(fence.ipc_event.data(), ipc.reserved, kCudaIpcHandleBytes);
+    pool.ready.push_back({event, EncodeCudaEventFence(fence)});
+    pools_->own.emplace(pool.ready.back().fence, event);
+    chosen = &pool.ready.back();
+  }
+  if (chosen == nullptr) {
+    // Every event is still pending: this producer publishes faster than its GPU finishes.
+    std::call_once(g_pool_full_logged, [&] {
+      spdlog::warn("cuda: {} publishes on cuda:{} have work still pending; a publish now waits for the oldest",
+                   kMaxReadyEvents, ordinal);
+    });
+    chosen = &pool.ready[pool.cursor];
+    pool.cursor = (pool.cursor + 1) % pool.ready.size();
+    TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuEventSynchronize(chosen->event),
+                                              absl::StrCat(what, ": cuEventSynchronize on cuda:", ordinal)));
+  }
+  TENSORD_RETURN_IF_ERROR(
+      driver.CudaStatus(driver.cuEventRecord(chosen->event, reinterpret_cast<CUstream>(stream)),
+                        absl::StrCat(what, ": cuEventRecord on cuda:", ordinal, " stream ", stream)));
+  return chosen->fence;
+}
+
+absl::Status CudaStreamOrder::WaitReady(std::string_view fence, int32_t ordinal, uintptr_t stream,
+                                        const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  auto decoded = DecodeCudaEventFence(fence);
+  if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", decoded.status().message()));
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  const auto cu_stream = reinterpret_cast<CUstream>(stream);
+  const std::string waiting = absl::StrCat(what, ": cuStreamWaitEvent on cuda:", ordinal, " stream ", stream);
+  {
+    absl::MutexLock lock(&pools_->mu);
+    auto own = pools_->own.find(std::string(fence));
+    if (own != pools_->own.end()) return driver.CudaStatus(driver.cuStreamWaitEvent(cu_stream, own->second, 0), waiting);
+  }
+  CUipcEventHandle ipc;
+  std::memcpy(ipc.reserved, decoded->ipc_event.data(), kCudaIpcHandleBytes);
+  CUevent opened = nullptr;
+  if (CUresult r = driver.cuIpcOpenEventHandle(&opened, ipc); r != CUDA_SUCCESS) {
+    if (!ExporterGone(r)) {
+      return driver.CudaStatus(r, absl::StrCat(what, ": cuIpcOpenEventHandle on cuda:", ordinal));
+    }
+    std::call_once(g_gone_logged, [&] {
+      spdlog::warn("cuda: {}: the producer's ready event is gone ({}): its process exited, and its queued work "
+                   "with it; not waiting",
+                   what, driver.ErrorText(r));
+    });
+    return absl::OkStatus();
+  }
+  absl::Status waited = driver.CudaStatus(driver.cuStreamWaitEvent(cu_stream, opened, 0), waiting);
+  // The wait is enqueued: this process's copy of the event is no longer needed.
+  if (CUresult r = driver.cuEventDestroy_v2(opened); r != CUDA_SUCCESS) {
+    spdlog::error("cuda: {}: cuEventDestroy of an opened ready event: {}", what, driver.ErrorText(r));
+  }
+  return waited;
+}
+
+absl::StatusOr<std::unique_ptr<DoneFence>> CudaStreamOrder::RecordDone(int32_t ordinal, uintptr_t stream,
+                                                                      const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  CUevent event = nullptr;
+  {
+    absl::MutexLock lock(&pools_->mu);
+    std::vector<CUevent>& free = pools_->devices[device].done_free;
+    if (!free.empty()) {
+      event = free.back();
+      free.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING),
+                                              absl::StrCat(what, ": cuEventCreate on cuda:", ordinal)));
+  }
+  // From here the fence owns the event and gives it back to the pool, also on failure.
+  auto done = std::make_unique<CudaDoneFence>(pools_, driver_, device, event);
+  TENSORD_RETURN_IF_ERROR(
+      driver.CudaStatus(driver.cuEventRecord(event, reinterpret_cast<CUstream>(stream)),
+                        absl::StrCat(what, ": cuEventRecord on cuda:", ordinal, " stream ", stream)));
+  return std::unique_ptr<DoneFence>(std::move(done));
+}
+
+absl::Status CudaStreamOrder::CopyOnStream(void* dst, const void* src, uint64_t bytes, int32_t ordinal,
+                                           uintptr_t stream, const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  return driver.CudaStatus(
+      driver.cuMemcpyDtoDAsync_v2(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes,
+                                  reinterpret_cast<CUstream>(stream)),
+      absl::StrCat(what, ": cuMemcpyDtoDAsync of ", bytes, " bytes on cuda:", ordinal, " stream ", stream));
+}
+
+}  // namespace tensord::common
