@@ -979,16 +979,15 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
 
 // Objects the fake holds for this process: live allocations (handles, or released ones
 // still mapped), address reservations, mappings, cuMemAlloc'ed blocks and open IPC
-// handles, host ranges registered with cuMemHostRegister. `kind` null: all of them; else
-// one of "allocation", "reservation", "mapping", "alloc", "ipc_open", "host_register" (-1
-// for anything else).
+// handles, host ranges registered with cuMemHostRegister, events (created or opened).
+// `kind` null: all of them; else one of "allocation", "reservation", "mapping", "alloc",
+// "ipc_open", "host_register", "event" (-1 for anything else).
 __attribute__((visibility("default"))) int tensord_fake_cuda_live_objects(const char* kind) {
   std::lock_guard<std::mutex> lock(S().mu);
   auto n = [](size_t v) { return static_cast<int>(v); };
   if (kind == nullptr) {
     return n(S().allocations.size() + S().reservations.size() + S().mappings.size() + S().allocs.size() +
-             S().opens.size()) + LiveHostRegistrationsLocked();
-             S().opens.size()) + S().live_events;
+             S().opens.size()) + LiveHostRegistrationsLocked() + S().live_events;
   }
   std::string k = kind;
   if (k == "allocation") return n(S().allocations.size());
