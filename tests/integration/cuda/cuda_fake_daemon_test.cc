@@ -466,5 +466,93 @@ TEST_F(CudaFakeDaemonTest, WithoutADriverAPinnedAcquireSaysWhyAndPlainOnesWork) 
                          HasSubstr("no NVIDIA driver on this machine"), HasSubstr("|plain device 1|plain ok")));
 }
 
+// Stream order (common/memory/stream_order.h) with the stand-in's events: a consumer's
+// stream waits on the producer's ready event, and the consumer's release waits for its
+// own done event. The stand-in holds recorded events pending until told its streams ran.
+int FakeStreamWaits(uintptr_t stream, int exporter_pid, int pending_only) {
+  using Waits = int (*)(uintptr_t, int, int);
+  return reinterpret_cast<Waits>(FakeDriver("tensord_fake_cuda_stream_waits"))(stream, exporter_pid, pending_only);
+}
+void FakeHoldStreams(bool hold) {
+  reinterpret_cast<void (*)(int)>(FakeDriver("tensord_fake_cuda_hold_streams"))(hold ? 1 : 0);
+}
+int FakeFinishStreams() { return reinterpret_cast<int (*)()>(FakeDriver("tensord_fake_cuda_finish_streams"))(); }
+
+// Polls Stat until `holders` sessions hold the tensor, or `timeout`.
+bool WaitForHolders(Client& client, uint64_t tensor_id, size_t holders, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto stat = client.Stat(TensorId{tensor_id});
+    if (stat.ok() && stat->holders.size() == holders) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST_F(CudaFakeDaemonTest, AConsumersStreamWaitsForTheProducersWorkAndItsReleaseForItsOwn) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  OwnDeviceMemory source(0, 1000);
+  ASSERT_TRUE(source.ok());
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {1000};
+  spec.device = DLDevice{kDLCUDA, 0};
+  constexpr uintptr_t kProducerStream = 0x5000;
+  uint64_t tensor_id = 0;
+  FakeHoldStreams(true);  // the producer's copy has not run when it publishes
+  {
+    auto tensor = producer->Allocate("gpu", spec);
+    ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+    ASSERT_TRUE(tensor->CopyFromDevice(source.ptr(), 1000 * sizeof(float), kProducerStream).ok());
+    PublishOptions publish;
+    publish.stream = kProducerStream;
+    auto published = producer->Publish(*tensor, "gpu/r", publish);
+    ASSERT_TRUE(published.ok()) << published.status().ToString();
+    tensor_id = published->tensor_id;
+  }
+  FakeHoldStreams(false);
+  ASSERT_TRUE(producer->Flush().ok());
+
+  // This process waits on its own event directly (it cannot open its own IPC handle).
+  constexpr uintptr_t kOwnStream = 0x9000;
+  AcquireOptions own;
+  own.stream = kOwnStream;
+  {
+    auto again = producer->Acquire("gpu/r", own);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+  }
+  EXPECT_EQ(FakeStreamWaits(kOwnStream, 0, 1), 1);
+  ASSERT_TRUE(producer->Flush().ok());
+  ASSERT_TRUE(WaitForHolders(*producer, tensor_id, 0, std::chrono::seconds(10)));
+
+  // Another process: its stream waits on the producer's event, still pending.
+  ChildProcess consumer({TENSORD_CUDA_PEER, "ordered", daemon.socket(), "gpu/r", "1000", "0x1234",
+                         std::to_string(::getpid())});
+  EXPECT_EQ(consumer.WaitForLine(""), "waits 1");
+  EXPECT_EQ(consumer.WaitForLine(""), "ok");
+  ASSERT_EQ(consumer.WaitForLine(""), "released");
+  // Its done event is pending: the lease stays, however long that takes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto held = producer->Stat(TensorId{tensor_id});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(held->holders.size(), 1u);
+  ASSERT_EQ(::kill(consumer.pid(), SIGUSR1), 0);
+  EXPECT_EQ(consumer.WaitForLine(""), "finished 1");
+  EXPECT_TRUE(WaitForHolders(*producer, tensor_id, 0, std::chrono::seconds(10)));
+  EXPECT_EQ(FakeFinishStreams(), 1);  // the producer's ready event, still held
+}
+
+TEST_F(CudaFakeDaemonTest, AfterItsProducerIsGoneATensorCarriesNoReadyEvent) {
+  DaemonProcess daemon;
+  // `produce` publishes on the legacy default stream and exits.
+  EXPECT_EQ(RunPeer({"produce", daemon.socket(), "gpu/w", "0", "1000"}), "published 0");
+  ChildProcess consumer({TENSORD_CUDA_PEER, "ordered", daemon.socket(), "gpu/w", "1000", "0x1234", "-1"});
+  EXPECT_EQ(consumer.WaitForLine(""), "waits 0");  // on no event at all, from anyone
+  EXPECT_EQ(consumer.WaitForLine(""), "ok");
+  EXPECT_EQ(consumer.WaitForLine(""), "released");
+}
+
 }  // namespace
 }  // namespace tensord::testing

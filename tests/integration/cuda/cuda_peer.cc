@@ -25,6 +25,15 @@
 //   hold SOCKET NAME COUNT             as consume, printing "held ok"; then on SIGUSR1
 //                                      release it, flush, print "released", and sleep
 //                                      until killed
+//   ordered SOCKET NAME COUNT STREAM PRODUCER_PID
+//                                      acquire NAME (float32[COUNT] as above) with
+//                                      AcquireOptions::stream = STREAM; print "waits <n>":
+//                                      the fake's waits of STREAM on a then still pending
+//                                      event of process PRODUCER_PID, then the values
+//                                      check; hold this process's streams, release, flush,
+//                                      print "released"; on SIGUSR1 finish the streams,
+//                                      print "finished <n>" (events completed), and sleep
+//                                      until killed
 // A failure prints "error <what>: <status>" and exits 1.
 #include <dlfcn.h>
 #include <signal.h>
@@ -153,8 +162,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   tensord::ClientOptions options;
   options.socket_path = argv[2];
-  if (command == "pinned") {
-    // Mappings go soon after their last lease, so the registration count can be watched.
+  if (command == "pinned" || command == "ordered") {
+    // Leases and mappings go soon after their last reference, so the registration count
+    // and a release held for a done event can be watched.
     options.lease_cache = false;
     options.lease_cache_linger = std::chrono::milliseconds(50);
   }
@@ -243,6 +253,38 @@ int main(int argc, char** argv) {
     std::printf("released\n");
     std::fflush(stdout);
     for (;;) ::pause();  // the session stays: only the release may free the export
+  }
+  if (command == "ordered" && argc == 7) {
+    const int64_t count = std::atoll(argv[4]);
+    tensord::AcquireOptions acquire;
+    acquire.stream = static_cast<uintptr_t>(std::strtoull(argv[5], nullptr, 0));
+    const int producer_pid = std::atoi(argv[6]);
+    using Waits = int (*)(uintptr_t stream, int exporter_pid, int pending_only);
+    using Hold = void (*)(int hold);
+    using Finish = int (*)();
+    auto waits = reinterpret_cast<Waits>(Driver("tensord_fake_cuda_stream_waits"));
+    auto hold = reinterpret_cast<Hold>(Driver("tensord_fake_cuda_hold_streams"));
+    auto finish = reinterpret_cast<Finish>(Driver("tensord_fake_cuda_finish_streams"));
+    if (waits == nullptr || hold == nullptr || finish == nullptr) {
+      std::printf("error fake: the stand-in's test queries are missing\n");
+      return 1;
+    }
+    auto tensor = (*client)->Acquire(name, acquire);
+    if (!tensor.ok()) return Fail("acquire", tensor.status());
+    std::printf("waits %d\n", waits(acquire.stream, producer_pid, 1));
+    std::printf("%s\n", Check(*tensor, count).c_str());
+    // The consumer's kernels are still running when it lets go.
+    hold(1);
+    tensor->Release();
+    tensord::Status flushed = (*client)->Flush();
+    if (!flushed.ok()) return Fail("flush", flushed);
+    std::printf("released\n");
+    std::fflush(stdout);
+    int signal = 0;
+    sigwait(&usr1, &signal);
+    std::printf("finished %d\n", finish());
+    std::fflush(stdout);
+    for (;;) ::pause();
   }
   std::fprintf(stderr, "tensord_cuda_peer: unknown command or arguments\n");
   return 2;
