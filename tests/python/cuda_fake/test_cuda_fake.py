@@ -179,3 +179,57 @@ def test_without_a_driver_a_pinned_get_says_why_and_plain_gets_work(broker, clie
     assert "a pinned view needs the cuda driver" in lines[0], out.stdout
     assert "no NVIDIA driver on this machine" in lines[0], out.stdout
     assert lines[1] == "[0.0, 1.0, 2.0, 3.0]", out.stdout
+
+
+def fake_driver():
+    import ctypes
+
+    return ctypes.CDLL(os.environ["TENSORD_LIBCUDA"])
+
+
+def device_pointer(t):
+    """The device address a tensord tensor's DLPack view points at (the stand-in's device
+    memory is host memory, so the test may read and write it there)."""
+    import ctypes
+
+    capsule = t.__dlpack__(stream=-1)  # no ordering asked: only the pointer is read
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = get(capsule, b"dltensor")
+    data = ctypes.c_void_p.from_address(managed).value  # DLTensor.data, the first field
+    return data  # the capsule, never consumed, gives its reference back when it goes
+
+
+def test_put_copies_a_cuda_source_device_to_device_and_dlpack_streams_wait_for_it(client, name):
+    import ctypes
+
+    import numpy as np
+
+    source = client.empty((256,), "float32", device="cuda:0")
+    values = np.arange(256, dtype=np.float32) * 0.5
+    ctypes.memmove(device_pointer(source), values.ctypes.data, values.nbytes)
+    n = name()
+    info = client.put(n, source)  # a kDLCUDA source: cuMemcpyDtoDAsync, no host round trip
+    assert tuple(info["device"]) == (2, 0)
+    copy = client.get(n)
+    assert copy.__dlpack_device__() == (2, 0)
+    assert device_pointer(copy) != device_pointer(source)
+    got = np.empty(256, dtype=np.float32)
+    ctypes.memmove(got.ctypes.data, device_pointer(copy), got.nbytes)
+    assert np.array_equal(got, values)
+
+    # DLPack's stream protocol: the consumer's stream waits on the put's ready event (this
+    # process recorded it, so on its own event), once per __dlpack__ with a stream.
+    waits = fake_driver().tensord_fake_cuda_stream_waits
+    waits.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    before = waits(0x7777, 0, 0)
+    copy.__dlpack__(stream=0x7777)
+    copy.use_on_stream(0x7777)
+    assert waits(0x7777, 0, 0) == before + 2
+    with pytest.raises(ValueError, match="stream 0 is ambiguous"):
+        copy.__dlpack__(stream=0)
+
+    # put_many copies host arrays only, and says so.
+    with pytest.raises(ValueError, match="put_many copies host arrays"):
+        client.put_many({name(): source})

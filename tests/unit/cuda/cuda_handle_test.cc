@@ -131,5 +131,36 @@ TEST(CudaHandleTest, ErrorsNeverContainTheHandleBytes) {
   EXPECT_THAT(std::string(decoded.status().message()), ::testing::Not(HasSubstr(Uuid())));
 }
 
+TEST(CudaEventFenceTest, RoundTripsWithAFixedLayout) {
+  CudaEventFence fence;
+  fence.uuid = Uuid();
+  for (size_t i = 0; i < fence.ipc_event.size(); ++i) fence.ipc_event[i] = static_cast<uint8_t>(200 - i);
+  const std::string bytes = EncodeCudaEventFence(fence);
+  ASSERT_EQ(bytes.size(), kCudaEventFenceBytes);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("TDCE\x01\x00\x00\x00", 8));
+  EXPECT_EQ(bytes.substr(8, 16), Uuid());
+  auto decoded = DecodeCudaEventFence(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->uuid, Uuid());
+  EXPECT_EQ(decoded->ipc_event, fence.ipc_event);
+}
+
+TEST(CudaEventFenceTest, RejectsWhatIsNotAFence) {
+  CudaEventFence fence;
+  fence.uuid = Uuid();
+  const std::string good = EncodeCudaEventFence(fence);
+  EXPECT_THAT(DecodeCudaEventFence(good.substr(1)).status().message(), ::testing::HasSubstr("87 bytes, expected 88"));
+  std::string magic = good;
+  magic[3] = 'U';  // a memory handle's magic
+  EXPECT_THAT(DecodeCudaEventFence(magic).status().message(), ::testing::HasSubstr("wrong magic"));
+  std::string version = good;
+  version[4] = 2;
+  EXPECT_THAT(DecodeCudaEventFence(version).status().message(), ::testing::HasSubstr("version 2"));
+  std::string reserved = good;
+  reserved[6] = 1;
+  EXPECT_THAT(DecodeCudaEventFence(reserved).status().message(), ::testing::HasSubstr("reserved"));
+  EXPECT_EQ(DecodeCudaEventFence(magic).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tensord::common
