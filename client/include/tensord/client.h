@@ -354,8 +354,8 @@ class TENSORD_EXPORT Client {
   // after closing its session: the broker then retires those tensors as for a producer
   // that exited (below), and a consumer that still has one mapped reads memory that may
   // have been freed or reused.
-  // Order: nothing orders a consumer's reads after your kernels yet: finish writing
-  // (synchronize the stream) before Publish.
+  // Order: Publish with PublishOptions::stream set to the stream your kernels wrote on;
+  // consumers' streams wait for that work (no host sync needed).
   //
   // When this process exits, however it exits, the broker retires the tensor: its name is
   // unbound (watchers and holders hear it, as for a Delete) and acquiring it by id fails

@@ -173,14 +173,19 @@ class Client:
         device: None or 'cpu' (host memory), or 'cuda:N' for this process's GPU N (the
         broker knows it by its UUID; each consumer sees its own ordinal for it). A CUDA
         tensor is filled through torch.from_dlpack(t) on a CUDA build of torch; .numpy()
-        refuses it. Nothing orders the producer's kernels before a consumer's reads yet:
-        synchronise (torch.cuda.synchronize()) before publish."""
+        refuses it. Publish with stream= (the stream whose kernels wrote it) and consumers'
+        streams wait for that work on the GPU: no synchronize needed."""
         return self._core.empty(_shape(shape), dtype_name(dtype), ns, device_tuple(device))
 
-    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True):
+    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True, stream=None):
         """Seals the tensor from empty() and binds it to name, without a copy. if_absent /
         if_generation make it conditional; ttl (seconds) unbinds it after that long.
         Returns the tensor's description (a dict with 'generation', ...).
+
+        GPU tensors: stream is the int handle of the stream whose work wrote the tensor
+        (torch: torch.cuda.current_stream().cuda_stream); a ready event is recorded there,
+        and every consumer's stream waits for it on the GPU. None: the legacy default
+        stream. Host tensors ignore it.
 
         wait=False sends the publish and returns None at once, without a round trip: a
         producer loop runs ahead of the broker. What the broker refuses (a condition, the
@@ -189,17 +194,27 @@ class Client:
         if not isinstance(t, Tensor):
             raise TypeError("publish takes a tensor from client.empty(); use put() for other arrays")
         if not wait:
-            self._core.publish_nowait(t, name, if_absent, if_generation, ttl)
+            self._core.publish_nowait(t, name, if_absent, if_generation, ttl, stream)
             return None
-        return self._core.publish(t, name, if_absent, if_generation, ttl)
+        return self._core.publish(t, name, if_absent, if_generation, ttl, stream)
 
-    def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None):
+    def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None, stream=None):
         """Copies any array once into broker memory and publishes it: anything with
         __dlpack__, the buffer protocol or __array_interface__, any strides, any dtype
         tensord has (bool and unsigned ints included), and what numpy.asarray reads (lists,
-        tuples, scalars) when numpy is installed. Returns its description."""
+        tuples, scalars) when numpy is installed. Returns its description.
+
+        A CUDA source (a torch CUDA tensor; anything whose __dlpack__ gives kDLCUDA) is
+        copied device to device on stream into a broker-owned tensor on the same GPU, and
+        published with a ready event there: no host round trip, no host wait. It must be in
+        compact C order (.contiguous()). stream: as for publish(); for a torch tensor,
+        torch's current stream when not given."""
+        if stream is None:
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
+                stream = torch.cuda.current_stream(obj.device).cuda_stream
         source = source_of(obj)
-        return self._core.put(name, source, if_absent, if_generation, ttl, ns)
+        return self._core.put(name, source, if_absent, if_generation, ttl, ns, stream)
 
     def put_many(self, items, *, if_absent=False, if_generation=None, ttl=None, ns=None):
         """put() for a batch: items is a dict {name: array} or an iterable of (name, array)
