@@ -101,9 +101,9 @@ class PyTensor {
     }
     std::shared_ptr<TensorRef> ref = Ref();
     // DLPack's stream protocol: the consumer's stream waits for the producer's writes
-    // (None: the legacy default stream; -1: the consumer asks for no ordering). Host
-    // tensors have no streams, and the protocol gives them none.
-    if (info_.device.device_type != kDLCPU) {
+    // (None: the legacy default stream; -1: the consumer asks for no ordering). Only GPU
+    // memory has streams: host tensors and pinned host views ignore `stream`.
+    if (info_.device.device_type == kDLCUDA) {
       const int64_t wanted = stream.is_none() ? static_cast<int64_t>(kLegacyDefaultStream) : stream.cast<int64_t>();
       if (wanted == 0) {
         throw py::value_error("__dlpack__: stream 0 is ambiguous for CUDA (the DLPack protocol disallows it); "
