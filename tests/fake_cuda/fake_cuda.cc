@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <iterator>
@@ -629,6 +630,33 @@ CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t By
   void* src = HostRange(srcDevice, ByteCount, /*write=*/false, &why);
   if (src == nullptr) return why;
   std::memcpy(dstHost, src, ByteCount);
+  return CUDA_SUCCESS;
+}
+
+// Streams for test programs (CudaDriver resolves none of these): handles only, since work
+// on a stream runs at once (see "Events").
+CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  FAKE_ENTER("cuStreamCreate");
+  (void)Flags;
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *phStream = reinterpret_cast<CUstream>(static_cast<uintptr_t>(0x100000 + S().next_serial++));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  FAKE_ENTER("cuStreamSynchronize");
+  (void)hStream;
+  return Current() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
+  FAKE_ENTER("cuMemsetD32Async");
+  (void)hStream;
+  if (Current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult why = CUDA_SUCCESS;
+  auto* dst = static_cast<uint32_t*>(HostRange(dstDevice, N * sizeof(uint32_t), /*write=*/true, &why));
+  if (dst == nullptr) return why;
+  std::fill(dst, dst + N, ui);
   return CUDA_SUCCESS;
 }
 
