@@ -15,8 +15,6 @@
 // hardware yet (docs/memory-backends.md). TENSORD_LIBCUDA (the test hook that names another
 // libcuda, e.g. tests/fake_cuda's stand-in, for the daemon and this program alike) checks
 // the program itself; the figures then say nothing about a GPU, and it says so.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -25,55 +23,16 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "tensord/client.h"
+#include "tests/cuda/driver_calls.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Driver {
-  int (*init)(unsigned) = nullptr;
-  int (*device_count)(int*) = nullptr;
-  int (*retain)(void**, int) = nullptr;
-  int (*push)(void*) = nullptr;
-  int (*stream_create)(void**, unsigned) = nullptr;
-  int (*stream_synchronize)(void*) = nullptr;
-  int (*alloc)(uint64_t*, size_t) = nullptr;
-  int (*memset_async)(uint64_t, unsigned, size_t, void*) = nullptr;
-  int (*copy_async)(uint64_t, uint64_t, size_t, void*) = nullptr;
-  std::string why_not;
-
-  std::string library = "libcuda.so.1";
-
-  Driver() {
-    if (const char* other = std::getenv("TENSORD_LIBCUDA"); other != nullptr) library = other;
-    void* lib = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      why_not = library + " not found (" + ::dlerror() + "): no NVIDIA driver";
-      return;
-    }
-    auto get = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
-      if (fn == nullptr && why_not.empty()) why_not = std::string("libcuda.so.1 lacks ") + name;
-    };
-    get(init, "cuInit");
-    get(device_count, "cuDeviceGetCount");
-    get(retain, "cuDevicePrimaryCtxRetain");
-    get(push, "cuCtxPushCurrent_v2");
-    get(stream_create, "cuStreamCreate");
-    get(stream_synchronize, "cuStreamSynchronize");
-    get(alloc, "cuMemAlloc_v2");
-    get(memset_async, "cuMemsetD32Async");
-    get(copy_async, "cuMemcpyDtoDAsync_v2");
-    int count = 0;
-    if (why_not.empty() && (init(0) != 0 || device_count(&count) != 0 || count == 0)) {
-      why_not = "the driver sees no CUDA device";
-    }
-  }
-};
+using tensord::testing::DriverCalls;
 
 [[noreturn]] void Die(const std::string& what, const tensord::Status& status) {
   std::fprintf(stderr, "tensord_cuda_bench: %s: %s\n", what.c_str(), status.ToString().c_str());
@@ -123,7 +82,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: tensord_cuda_bench --socket PATH [--count N]\n");
     return 2;
   }
-  const Driver d;
+  const DriverCalls& d = DriverCalls::Get();
   if (!d.why_not.empty()) {
     std::printf("tensord_cuda_bench: no CUDA GPU here (%s): nothing measured\n", d.why_not.c_str());
     return 0;
@@ -132,8 +91,7 @@ int main(int argc, char** argv) {
     std::printf("tensord_cuda_bench: driver %s (TENSORD_LIBCUDA): not a GPU, the figures mean nothing\n",
                 d.library.c_str());
   }
-  void* context = nullptr;
-  if (d.retain(&context, 0) != 0 || d.push(context) != 0) {
+  if (!d.MakeCurrent(0)) {
     std::fprintf(stderr, "tensord_cuda_bench: cannot make cuda:0 current\n");
     return 1;
   }
@@ -169,7 +127,8 @@ int main(int argc, char** argv) {
   void* write = nullptr;
   void* read = nullptr;
   uint64_t scratch = 0;
-  if (d.stream_create(&write, 1) != 0 || d.stream_create(&read, 1) != 0 || d.alloc(&scratch, kBig * 4) != 0) {
+  if (d.stream_create(&write, DriverCalls::kStreamNonBlocking) != 0 ||
+      d.stream_create(&read, DriverCalls::kStreamNonBlocking) != 0 || d.alloc(&scratch, kBig * 4) != 0) {
     std::fprintf(stderr, "tensord_cuda_bench: cannot create streams or scratch memory\n");
     return 1;
   }

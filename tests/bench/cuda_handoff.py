@@ -98,25 +98,23 @@ def main():
     elements = args.mib * (1 << 20) // 4
     nbytes = elements * 4
 
-    queue, done, result = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=torch_producer, args=(queue, done, args.count, elements)),
-             ctx.Process(target=torch_consumer, args=(queue, done, result))]
-    for p in procs:
-        p.start()
-    n, seconds = result.get()
-    for p in procs:
-        p.join()
-    print(f"torch.mp  {args.mib} MiB: {n / seconds:.1f} /s  {n * nbytes / seconds / 1e9:.2f} GB/s")
+    def run(label, producer, consumer):
+        """Starts producer(*producer[1:]) and consumer(*consumer[1:], result) as processes and
+        prints the consumer's rate."""
+        result = ctx.Queue()
+        procs = [ctx.Process(target=producer[0], args=producer[1:]),
+                 ctx.Process(target=consumer[0], args=(*consumer[1:], result))]
+        for p in procs:
+            p.start()
+        n, seconds = result.get()
+        for p in procs:
+            p.join()
+        print(f"{label:9} {args.mib} MiB: {n / seconds:.1f} /s  {n * nbytes / seconds / 1e9:.2f} GB/s")
 
-    result = ctx.Queue()
-    procs = [ctx.Process(target=tensord_producer, args=(args.socket, args.count, elements)),
-             ctx.Process(target=tensord_consumer, args=(args.socket, args.count, result))]
-    for p in procs:
-        p.start()
-    n, seconds = result.get()
-    for p in procs:
-        p.join()
-    print(f"tensord   {args.mib} MiB: {n / seconds:.1f} /s  {n * nbytes / seconds / 1e9:.2f} GB/s")
+    queue, done = ctx.Queue(), ctx.Queue()
+    run("torch.mp", (torch_producer, queue, done, args.count, elements), (torch_consumer, queue, done))
+    run("tensord", (tensord_producer, args.socket, args.count, elements),
+        (tensord_consumer, args.socket, args.count))
     return 0
 
 

@@ -73,6 +73,15 @@ class OwnDeviceMemory {
   bool ok_ = false;
 };
 
+// float32[count] on this process's cuda device `ordinal`.
+TensorSpec GpuFloats(int64_t count, int ordinal = 0) {
+  TensorSpec spec;
+  spec.dtype = dtypes::kFloat32;
+  spec.shape = {count};
+  spec.device = DLDevice{kDLCUDA, ordinal};
+  return spec;
+}
+
 // A source whose drop the test can see: when, and on which thread.
 struct DropWitness {
   std::atomic<bool> dropped{false};
@@ -243,10 +252,7 @@ TEST_F(CudaFakeDaemonTest, TheProducersSourceIsDroppedWhenTheLastLeaseOnItsExpor
   OwnDeviceMemory memory(0, 1000);
   ASSERT_TRUE(memory.ok());
   auto witness = std::make_shared<DropWitness>();
-  TensorSpec spec;
-  spec.dtype = dtypes::kFloat32;
-  spec.shape = {1000};
-  spec.device = DLDevice{kDLCUDA, 0};
+  const TensorSpec spec = GpuFloats(1000);
   {
     auto exported = producer->ExportDevice(memory.ptr(), "gpu", spec, DropWitness::SourceFor(memory, witness));
     ASSERT_TRUE(exported.ok()) << exported.status().ToString();
@@ -288,10 +294,7 @@ TEST_F(CudaFakeDaemonTest, AReleaseAroundAForkOfTheProducerStillDropsTheSource) 
   OwnDeviceMemory memory(0, 1000);
   ASSERT_TRUE(memory.ok());
   auto witness = std::make_shared<DropWitness>();
-  TensorSpec spec;
-  spec.dtype = dtypes::kFloat32;
-  spec.shape = {1000};
-  spec.device = DLDevice{kDLCUDA, 0};
+  const TensorSpec spec = GpuFloats(1000);
   {
     auto exported = producer->ExportDevice(memory.ptr(), "gpu", spec, DropWitness::SourceFor(memory, witness));
     ASSERT_TRUE(exported.ok()) << exported.status().ToString();
@@ -319,10 +322,7 @@ TEST_F(CudaFakeDaemonTest, DestroyingTheProducersClientDropsTheSourcesItKeeps) {
   OwnDeviceMemory memory(0, 1000);
   ASSERT_TRUE(memory.ok());
   auto witness = std::make_shared<DropWitness>();
-  TensorSpec spec;
-  spec.dtype = dtypes::kFloat32;
-  spec.shape = {1000};
-  spec.device = DLDevice{kDLCUDA, 0};
+  const TensorSpec spec = GpuFloats(1000);
   uint64_t id = 0;
   {
     auto exported = producer->ExportDevice(memory.ptr(), "gpu", spec, DropWitness::SourceFor(memory, witness));
@@ -495,10 +495,7 @@ TEST_F(CudaFakeDaemonTest, AConsumersStreamWaitsForTheProducersWorkAndItsRelease
   ASSERT_NE(producer, nullptr);
   OwnDeviceMemory source(0, 1000);
   ASSERT_TRUE(source.ok());
-  TensorSpec spec;
-  spec.dtype = dtypes::kFloat32;
-  spec.shape = {1000};
-  spec.device = DLDevice{kDLCUDA, 0};
+  const TensorSpec spec = GpuFloats(1000);
   constexpr uintptr_t kProducerStream = 0x5000;
   uint64_t tensor_id = 0;
   FakeHoldStreams(true);  // the producer's copy has not run when it publishes

@@ -5,72 +5,24 @@
 //
 // Where there is no driver or no GPU (CI) every test skips, saying why. These tests have
 // not run on hardware yet (docs/memory-backends.md says what has).
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensord/client.h"
+#include "tests/cuda/driver_calls.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace tensord::testing {
 namespace {
 
-// The driver calls the tests make themselves, as a program with CUDA work of its own.
-struct Driver {
-  int (*init)(unsigned) = nullptr;
-  int (*device_count)(int*) = nullptr;
-  int (*retain)(void**, int) = nullptr;
-  int (*push)(void*) = nullptr;
-  int (*stream_create)(void**, unsigned) = nullptr;
-  int (*stream_synchronize)(void*) = nullptr;
-  int (*alloc)(uint64_t*, size_t) = nullptr;
-  int (*free)(uint64_t) = nullptr;
-  int (*copy_in)(uint64_t, const void*, size_t) = nullptr;
-  int (*memset_async)(uint64_t, unsigned, size_t, void*) = nullptr;
-  std::string why_not;  // empty: usable
-
-  static const Driver& Get() {
-    static const Driver* driver = [] {
-      auto* d = new Driver();
-      void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-      if (lib == nullptr) {
-        d->why_not = std::string("libcuda.so.1 not found (") + ::dlerror() + "): no NVIDIA driver";
-        return d;
-      }
-      auto get = [&](auto& fn, const char* name) {
-        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
-        if (fn == nullptr && d->why_not.empty()) d->why_not = std::string("libcuda.so.1 lacks ") + name;
-      };
-      get(d->init, "cuInit");
-      get(d->device_count, "cuDeviceGetCount");
-      get(d->retain, "cuDevicePrimaryCtxRetain");
-      get(d->push, "cuCtxPushCurrent_v2");
-      get(d->stream_create, "cuStreamCreate");
-      get(d->stream_synchronize, "cuStreamSynchronize");
-      get(d->alloc, "cuMemAlloc_v2");
-      get(d->free, "cuMemFree_v2");
-      get(d->copy_in, "cuMemcpyHtoD_v2");
-      get(d->memset_async, "cuMemsetD32Async");
-      int count = 0;
-      if (d->why_not.empty() && (d->init(0) != 0 || d->device_count(&count) != 0 || count == 0)) {
-        d->why_not = "the driver sees no CUDA device";
-      }
-      return d;
-    }();
-    return *driver;
-  }
-};
-
-constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING: no implicit sync
+constexpr unsigned kStreamNonBlocking = DriverCalls::kStreamNonBlocking;  // no implicit sync
 constexpr size_t kScratchWords = size_t{256} << 20;  // 1 GiB of 32-bit words
 
 class CudaGpuTest : public ::testing::Test {
@@ -80,15 +32,13 @@ class CudaGpuTest : public ::testing::Test {
       GTEST_SKIP() << "TENSORD_LIBCUDA=" << fake << " names a stand-in: these tests are for a real GPU";
     }
     if (!d().why_not.empty()) GTEST_SKIP() << "no CUDA GPU here (" << d().why_not << "): these tests need one";
-    void* context = nullptr;
-    ASSERT_EQ(d().retain(&context, 0), 0);
-    ASSERT_EQ(d().push(context), 0);
+    ASSERT_TRUE(d().MakeCurrent(0));
     ASSERT_EQ(d().alloc(&scratch_, kScratchWords * 4), 0);
   }
   void TearDown() override {
     if (scratch_ != 0) d().free(scratch_);
   }
-  static const Driver& d() { return Driver::Get(); }
+  static const DriverCalls& d() { return DriverCalls::Get(); }
 
   // About half a second of GPU work on `stream` that touches no tensor: whatever is queued
   // after it runs late, so a missing wait would show.
@@ -124,8 +74,8 @@ uint64_t Halves(int64_t count) {
   std::vector<float> values(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
   uint64_t block = 0;
-  if (Driver::Get().alloc(&block, values.size() * 4) != 0) return 0;
-  if (Driver::Get().copy_in(block, values.data(), values.size() * 4) != 0) return 0;
+  if (DriverCalls::Get().alloc(&block, values.size() * 4) != 0) return 0;
+  if (DriverCalls::Get().copy_in(block, values.data(), values.size() * 4) != 0) return 0;
   return block;
 }
 

@@ -1,0 +1,75 @@
+// DriverCalls: the libcuda entry points a test program calls itself, as a program with CUDA
+// work of its own (a torch process) would: contexts, streams, memory and copies, outside
+// tensord. Loaded once, from $TENSORD_LIBCUDA when set (a stand-in such as tests/fake_cuda)
+// or libcuda.so.1; why_not() says why they cannot be used (no driver, a missing symbol, no
+// device), and then no entry point may be called.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+namespace tensord::testing {
+
+struct DriverCalls {
+  int (*init)(unsigned) = nullptr;
+  int (*device_count)(int*) = nullptr;
+  int (*retain)(void**, int) = nullptr;
+  int (*push)(void*) = nullptr;
+  int (*stream_create)(void**, unsigned) = nullptr;
+  int (*stream_synchronize)(void*) = nullptr;
+  int (*alloc)(uint64_t*, size_t) = nullptr;
+  int (*free)(uint64_t) = nullptr;
+  int (*copy_in)(uint64_t, const void*, size_t) = nullptr;
+  int (*memset_async)(uint64_t, unsigned, size_t, void*) = nullptr;
+  int (*copy_async)(uint64_t, uint64_t, size_t, void*) = nullptr;
+  std::string library = "libcuda.so.1";
+  std::string why_not;  // empty: usable
+
+  static constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
+
+  static const DriverCalls& Get() {
+    static const DriverCalls* calls = new DriverCalls();
+    return *calls;
+  }
+
+  // Makes device `ordinal`'s primary context current on this thread.
+  bool MakeCurrent(int ordinal) const {
+    void* context = nullptr;
+    return why_not.empty() && retain(&context, ordinal) == 0 && push(context) == 0;
+  }
+
+ private:
+  DriverCalls() {
+    if (const char* other = std::getenv("TENSORD_LIBCUDA"); other != nullptr) library = other;
+    void* lib = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      why_not = library + " not found (" + ::dlerror() + "): no NVIDIA driver";
+      return;
+    }
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      if (fn == nullptr && why_not.empty()) why_not = library + " lacks " + name;
+    };
+    get(init, "cuInit");
+    get(device_count, "cuDeviceGetCount");
+    get(retain, "cuDevicePrimaryCtxRetain");
+    get(push, "cuCtxPushCurrent_v2");
+    get(stream_create, "cuStreamCreate");
+    get(stream_synchronize, "cuStreamSynchronize");
+    get(alloc, "cuMemAlloc_v2");
+    get(free, "cuMemFree_v2");
+    get(copy_in, "cuMemcpyHtoD_v2");
+    get(memset_async, "cuMemsetD32Async");
+    get(copy_async, "cuMemcpyDtoDAsync_v2");
+    int count = 0;
+    if (why_not.empty() && (init(0) != 0 || device_count(&count) != 0 || count == 0)) {
+      why_not = "the driver sees no CUDA device";
+    }
+  }
+};
+
+}  // namespace tensord::testing
