@@ -8,6 +8,7 @@
 #include <iterator>
 #include <thread>
 #include <set>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -281,22 +282,32 @@ Result<std::vector<TensorRef>> ToRefs(absl::StatusOr<std::vector<LeaseView*>> vi
   return refs;
 }
 
-// Acquired tensors: device ones are ordered on `stream` before the caller gets them (a
-// failure gives every reference back).
+// Acquired views: device ones are ordered on `stream` before the caller gets them; host
+// ones have nothing to order and cost nothing here. A failure gives every reference back.
+absl::Status OrderOnStream(std::span<LeaseView* const> views, uintptr_t stream) {
+  for (LeaseView* view : views) {
+    if (!view->stream_ordered()) continue;
+    if (absl::Status ordered = view->UseOnStream(stream); !ordered.ok()) {
+      for (LeaseView* each : views) each->Unref();
+      return ordered;
+    }
+  }
+  return absl::OkStatus();
+}
+
 Result<TensorRef> ToOrderedRef(absl::StatusOr<LeaseView*> view, uintptr_t stream) {
-  Result<TensorRef> ref = ToRef(std::move(view));
-  if (!ref.ok()) return ref;
-  if (Status ordered = ref->UseOnStream(stream); !ordered.ok()) return ordered;
-  return ref;
+  if (view.ok()) {
+    LeaseView* const one = *view;
+    if (absl::Status ordered = OrderOnStream({&one, 1}, stream); !ordered.ok()) return FromAbsl(ordered);
+  }
+  return ToRef(std::move(view));
 }
 
 Result<std::vector<TensorRef>> ToOrderedRefs(absl::StatusOr<std::vector<LeaseView*>> views, uintptr_t stream) {
-  Result<std::vector<TensorRef>> refs = ToRefs(std::move(views));
-  if (!refs.ok()) return refs;
-  for (const TensorRef& ref : *refs) {
-    if (Status ordered = ref.UseOnStream(stream); !ordered.ok()) return ordered;
+  if (views.ok()) {
+    if (absl::Status ordered = OrderOnStream(*views, stream); !ordered.ok()) return FromAbsl(ordered);
   }
-  return refs;
+  return ToRefs(std::move(views));
 }
 
 }  // namespace

@@ -45,6 +45,17 @@ def to_numpy(self):
     return self._numpy()
 
 
+def _capsule_as(self, dtype):
+    """A legacy capsule of the elements as dtype, for torch.from_dlpack(capsule). A capsule
+    carries no stream, so for a GPU tensor torch's current stream is ordered here, as
+    __dlpack__(stream=...) would order it."""
+    if self.__dlpack_device__()[0] == 2:
+        import torch
+
+        self.use_on_stream(torch.cuda.current_stream().cuda_stream or 1)
+    return self._legacy_capsule_as(dtype)
+
+
 def to_torch(self, *, reinterpret_unsigned=False):
     """A torch tensor over this tensor's memory (no copy).
 
@@ -56,7 +67,7 @@ def to_torch(self, *, reinterpret_unsigned=False):
 
     dtype = self.dtype
     if dtype == "bool":
-        return torch.from_dlpack(self._legacy_capsule_as("uint8")).view(torch.bool)
+        return torch.from_dlpack(_capsule_as(self, "uint8")).view(torch.bool)
     if self.readonly:
         warnings.warn(
             f"tensord tensor {self.name or self.tensor_id!r} is a read-only mapping and torch "
@@ -64,7 +75,7 @@ def to_torch(self, *, reinterpret_unsigned=False):
             UserWarning,
             stacklevel=2,
         )
-        return torch.from_dlpack(self._legacy_capsule_as(dtype))
+        return torch.from_dlpack(_capsule_as(self, dtype))
     if dtype in _UNSIGNED_WIDE:
         try:
             return torch.from_dlpack(self)
@@ -76,7 +87,7 @@ def to_torch(self, *, reinterpret_unsigned=False):
                     f".torch(reinterpret_unsigned=True) for the same bits as "
                     f"{_UNSIGNED_WIDE[dtype]}"
                 ) from None
-            return torch.from_dlpack(self._legacy_capsule_as(_UNSIGNED_WIDE[dtype]))
+            return torch.from_dlpack(_capsule_as(self, _UNSIGNED_WIDE[dtype]))
     return torch.from_dlpack(self)
 
 
