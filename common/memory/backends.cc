@@ -10,13 +10,23 @@
 #include "common/memory/cuda/cuda_importer.h"
 #endif
 
+// ---- level_zero (built when CMake found level_zero/ze_api.h: TENSORD_HAVE_LEVEL_ZERO) ----
+#if defined(TENSORD_HAVE_LEVEL_ZERO)
+#include "common/memory/level_zero/ze_backend.h"
+#include "common/memory/level_zero/ze_importer.h"
+#endif
+
 namespace tensord::common {
 
-#if !defined(TENSORD_HAVE_CUDA)
 namespace {
+#if !defined(TENSORD_HAVE_CUDA)
 constexpr char kNoCudaReason[] = "this build found no cuda.h (or was configured with TENSORD_WITH_CUDA=OFF)";
-}  // namespace
 #endif
+#if !defined(TENSORD_HAVE_LEVEL_ZERO)
+constexpr char kNoLevelZeroReason[] =
+    "this build found no level_zero/ze_api.h (Debian: libze-dev; or was configured with TENSORD_WITH_LEVEL_ZERO=OFF)";
+#endif
+}  // namespace
 
 std::vector<std::unique_ptr<MemoryBackend>> MakeBackends() {
   std::vector<std::unique_ptr<MemoryBackend>> backends;
@@ -24,6 +34,10 @@ std::vector<std::unique_ptr<MemoryBackend>> MakeBackends() {
 #if defined(TENSORD_HAVE_CUDA)
   // Loads the driver now (the daemon starts once); unavailable without one, never fatal.
   backends.push_back(std::make_unique<CudaBackend>());
+#endif
+#if defined(TENSORD_HAVE_LEVEL_ZERO)
+  // Loads the loader and its drivers now; unavailable without them, never fatal.
+  backends.push_back(std::make_unique<ZeBackend>());
 #endif
   return backends;
 }
@@ -39,6 +53,13 @@ std::vector<std::unique_ptr<Importer>> MakeImporters() {
 #else
   importers.push_back(std::make_unique<UnbuiltImporter>(tensord::v1::DEVICE_TYPE_CUDA_HOST, "cuda", kNoCudaReason));
 #endif
+#if defined(TENSORD_HAVE_LEVEL_ZERO)
+  // Loads the loader at its first import, so host-only clients never pay for zeInit.
+  importers.push_back(std::make_unique<ZeImporter>());
+#else
+  importers.push_back(
+      std::make_unique<UnbuiltImporter>(tensord::v1::DEVICE_TYPE_ONEAPI, "level_zero", kNoLevelZeroReason));
+#endif
   return importers;
 }
 
@@ -47,12 +68,24 @@ const Importers& ProcessImporters() {
   return *importers;
 }
 
+absl::Status UseLevelZeroContext(void* driver, void* context) {
+#if defined(TENSORD_HAVE_LEVEL_ZERO)
+  return ZeProcessContexts::Get().Use(static_cast<ze_driver_handle_t>(driver), static_cast<ze_context_handle_t>(context));
+#else
+  (void)driver;
+  (void)context;
+  return absl::UnimplementedError(std::string("use a Level Zero context: ") + kNoLevelZeroReason);
+#endif
+}
+
 std::vector<MissingBackend> MissingBackends() {
   std::vector<MissingBackend> missing;
 #if !defined(TENSORD_HAVE_CUDA)
   missing.push_back({"cuda", tensord::v1::DEVICE_TYPE_CUDA, kNoCudaReason});
 #endif
-  missing.push_back({"level_zero", tensord::v1::DEVICE_TYPE_ONEAPI, "this version of tensord has no level_zero backend yet"});
+#if !defined(TENSORD_HAVE_LEVEL_ZERO)
+  missing.push_back({"level_zero", tensord::v1::DEVICE_TYPE_ONEAPI, kNoLevelZeroReason});
+#endif
   return missing;
 }
 

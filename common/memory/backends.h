@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/memory/importer.h"
 #include "common/memory/memory_backend.h"
 
@@ -19,6 +20,10 @@ std::vector<std::unique_ptr<Importer>> MakeImporters();
 // unmapped by a DLPack deleter at any time, also while the process exits, and importers
 // keep per-process driver state (a GPU importer's opened handles).
 const Importers& ProcessImporters();
+
+// The Level Zero context (of `driver`) this process's imports use: ZeProcessContexts::Use
+// (level_zero/ze_importer.h). UNIMPLEMENTED in a build without the level_zero backend.
+absl::Status UseLevelZeroContext(void* driver, void* context);
 
 // A backend this build does not have, and why, for `tensorctl status`.
 struct MissingBackend {

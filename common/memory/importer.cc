@@ -15,8 +15,9 @@ Importers::Importers(std::vector<std::unique_ptr<Importer>> importers) {
 absl::StatusOr<Importer*> Importers::For(tensord::v1::DeviceType type) const {
   auto it = by_type_.find(type);
   if (it == by_type_.end()) {
-    return absl::UnimplementedError("device type " + tensord::v1::DeviceType_Name(type) +
-                                    " is not supported by this client build");
+    std::string name = tensord::v1::DeviceType_Name(type);
+    if (name.empty()) name = std::to_string(static_cast<int>(type));  // a value this build has no name for
+    return absl::UnimplementedError("device type " + name + " is not supported by this client build");
   }
   return it->second.get();
 }

@@ -45,7 +45,7 @@ class ImportedRegion {
   // view of host memory is DEVICE_TYPE_CUDA_HOST. UNSPECIFIED (the default): the buffer's.
   virtual tensord::v1::DeviceType view_device_type() const { return tensord::v1::DEVICE_TYPE_UNSPECIFIED; }
   // How work on this memory is ordered between processes (stream_order.h); null for
-  // memory no stream writes (host memory). Lives as long as the process.
+  // memory no stream writes (host memory). Lives at least as long as the region.
   virtual const StreamOrder* stream_order() const { return nullptr; }
   // Copy-on-write host mappings: throws away this process's private copies of the pages of
   // [offset, offset + length) so they read the buffer again. Other regions have no private

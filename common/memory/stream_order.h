@@ -15,8 +15,9 @@
 // DLPack's stream numbers mean the same to the driver: 1 is the legacy default stream
 // (CU_STREAM_LEGACY), 2 the per-thread default stream (CU_STREAM_PER_THREAD).
 //
-// Implementations live for the whole process (a DoneFence may outlive every client) and
-// are thread-safe.
+// An implementation lives at least as long as the regions that return it, and a
+// DoneFence needs none of it (it may outlive every client): CUDA's order is one per
+// process; Level Zero's is one per imported buffer, over its ready-event pool. Thread-safe.
 #pragma once
 
 #include <cstdint>
