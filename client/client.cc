@@ -9,6 +9,7 @@
 #include "client/dlpack_context.h"
 #include "client/lease_view.h"
 #include "client/status_util.h"
+#include "common/memory/backends.h"
 #include "common/socket_paths.h"
 
 namespace tensord {
@@ -179,5 +180,9 @@ uint64_t Client::session_id() const { return core_->session_id(); }
 const std::string& Client::socket_path() const { return core_->socket_path(); }
 
 std::string DefaultClientSocketPath() { return common::DefaultClientSocketPath(); }
+
+Status UseLevelZeroContext(void* ze_driver, void* ze_context) {
+  return internal::FromAbsl(common::UseLevelZeroContext(ze_driver, ze_context));
+}
 
 }  // namespace tensord

@@ -48,10 +48,17 @@ absl::StatusOr<LeaseView*> Session::ExportDevice(const void* device_ptr, std::st
   // tensor is at its start.
   TENSORD_ASSIGN_OR_RETURN(common::MemoryHandle handle,
                            (*importer)->ExportExisting(device_ptr, layout.extent, desc->device(), what));
-  if (!handle.fds.empty()) {
-    return absl::UnimplementedError(what + ": a device handle that travels with fds is not exported yet");
+  // The handle's fd (Level Zero: the allocation's dma-buf) goes ahead on the fd channel.
+  if (handle.fds.size() > 1) {
+    return absl::UnimplementedError(what + ": a device handle with " + std::to_string(handle.fds.size()) +
+                                    " fds is not exported (one per allocation is)");
   }
   tensord::v1::ExportRequest request;
+  if (handle.fds.size() == 1) {
+    absl::StatusOr<uint64_t> staged = fd_->Stage(handle.fds[0].get());
+    if (!staged.ok()) return Annotate(staged.status(), what);
+    request.set_staged_fd_id(*staged);
+  }
   request.set_handle_data(std::move(handle.data));
   request.set_size(layout.extent);
   request.set_offset(0);

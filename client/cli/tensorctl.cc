@@ -142,7 +142,7 @@ std::string DeviceText(DLDevice d) {
     case kDLCPU: return "cpu";
     case kDLCUDA: return "cuda:" + std::to_string(d.device_id);
     case kDLCUDAHost: return "cuda_host";
-    case kDLOneAPI: return "oneapi:" + std::to_string(d.device_id);
+    case kDLOneAPI: return "xpu:" + std::to_string(d.device_id);
     default: return "device" + std::to_string(d.device_type) + ":" + std::to_string(d.device_id);
   }
 }

@@ -102,10 +102,14 @@ class PyTensor {
     std::shared_ptr<TensorRef> ref = Ref();
     // DLPack's stream protocol: the consumer's stream waits for the producer's writes
     // (None: the legacy default stream; -1: the consumer asks for no ordering). Only GPU
-    // memory has streams: host tensors and pinned host views ignore `stream`.
-    if (info_.device.device_type == kDLCUDA) {
-      const int64_t wanted = stream.is_none() ? static_cast<int64_t>(kLegacyDefaultStream) : stream.cast<int64_t>();
-      if (wanted == 0) {
+    // memory has streams: host tensors and pinned host views ignore `stream`. Level Zero
+    // (kDLOneAPI) has no default stream: None waits on the host, an int is the handle of a
+    // ze_command_list_handle_t in tensord's context (UseLevelZeroContext).
+    const bool level_zero = info_.device.device_type == kDLOneAPI;
+    if (info_.device.device_type == kDLCUDA || level_zero) {
+      const int64_t none = level_zero ? 0 : static_cast<int64_t>(kLegacyDefaultStream);
+      const int64_t wanted = stream.is_none() ? none : stream.cast<int64_t>();
+      if (wanted == 0 && !level_zero) {
         throw py::value_error("__dlpack__: stream 0 is ambiguous for CUDA (the DLPack protocol disallows it); "
                               "pass 1 for the legacy default stream or the stream's handle");
       }

@@ -445,4 +445,14 @@ class TENSORD_EXPORT Watcher {
 // The socket a client uses by default (see ClientOptions::socket_path).
 TENSORD_EXPORT std::string DefaultClientSocketPath();
 
+// Level Zero (kDLOneAPI tensors): the context this process opens Level Zero memory and
+// events in, for one driver. Level Zero lets a command list use only memory and events of
+// its own context, so a program with its own (a SYCL queue's native context, say) hands
+// it over before its first Level Zero tensor; otherwise tensord makes a context of its
+// own, and the program's command lists cannot use tensord's tensors or wait on their
+// events. `ze_driver` and `ze_context` are a ze_driver_handle_t and a ze_context_handle_t
+// from the same loader. FAILED_PRECONDITION once tensord has used another context of that
+// driver in this process; UNIMPLEMENTED in a build without the level_zero backend.
+TENSORD_EXPORT Status UseLevelZeroContext(void* ze_driver, void* ze_context);
+
 }  // namespace tensord

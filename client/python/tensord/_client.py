@@ -22,12 +22,13 @@ def dtype_name(dtype):
 
 
 # DLPack device types (DLDeviceType) by the names torch and users write.
-_DEVICE_TYPES = {"cpu": 1, "cuda": 2}
+_DEVICE_TYPES = {"cpu": 1, "cuda": 2, "xpu": 14}
 
 
 def device_tuple(device):
     """(device_type, device_id) as __dlpack_device__ gives it, from None or 'cpu', 'cuda',
-    'cuda:1', a torch.device, or such a tuple. The id is this process's ordinal."""
+    'cuda:1', 'xpu:0' (a Level Zero GPU, kDLOneAPI), a torch.device, or such a tuple. The id
+    is this process's ordinal."""
     if device is None:
         return (1, 0)
     if isinstance(device, tuple) and len(device) == 2:
@@ -35,7 +36,7 @@ def device_tuple(device):
     text = str(device)
     kind, _, index = text.partition(":")
     if kind not in _DEVICE_TYPES or (index and not index.isdigit()):
-        raise ValueError(f"device {device!r}: give 'cpu', 'cuda', 'cuda:N' or a (device_type, device_id) tuple")
+        raise ValueError(f"device {device!r}: give 'cpu', 'cuda', 'cuda:N', 'xpu:N' or a (device_type, device_id) tuple")
     return (_DEVICE_TYPES[kind], int(index) if index else 0)
 
 
@@ -174,7 +175,9 @@ class Client:
         broker knows it by its UUID; each consumer sees its own ordinal for it). A CUDA
         tensor is filled through torch.from_dlpack(t) on a CUDA build of torch; .numpy()
         refuses it. Publish with stream= (the stream whose kernels wrote it) and consumers'
-        streams wait for that work on the GPU: no synchronize needed."""
+        streams wait for that work on the GPU: no synchronize needed. 'xpu:N' is Level Zero
+        GPU N (kDLOneAPI); Level Zero has no default stream, so without stream= the ready
+        event is signalled and waited on the host (docs/memory-backends.md)."""
         return self._core.empty(_shape(shape), dtype_name(dtype), ns, device_tuple(device))
 
     def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True, stream=None):
