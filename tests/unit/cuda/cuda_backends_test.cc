@@ -9,7 +9,7 @@ namespace {
 
 TEST(CudaBackendsTest, HostThenCuda) {
   auto backends = MakeBackends();
-  ASSERT_EQ(backends.size(), 2u);
+  ASSERT_GE(backends.size(), 2u);  // level_zero follows where it is built
   EXPECT_EQ(backends[0]->name(), "host");
   EXPECT_EQ(backends[1]->name(), "cuda");
   EXPECT_EQ(backends[1]->unavailable_reason(), "");  // the fake's two devices
