@@ -175,7 +175,9 @@ TEST_F(ZeFakeDaemonTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProduc
     retired = client->Stat(TensorId{id});
   }
   // Unleased, a retired tensor may be gone at once.
-  if (retired.ok()) EXPECT_EQ(retired->info.state, TensorState::kRetired);
+  if (retired.ok()) {
+    EXPECT_EQ(retired->info.state, TensorState::kRetired);
+  }
   EXPECT_THAT(RunPeer({"consume", daemon.socket(), "xpu/e", "1000", "host"}),
               AllOf(StartsWith("error acquire: NOT_FOUND"), HasSubstr("xpu/e")));
   auto after = client->GetStatus();
