@@ -70,8 +70,9 @@ absl::StatusOr<ze_context_handle_t> ZeProcessContexts::For(const ZeLoader& loade
 
 // ---- the open cache ----
 
-// This process's opens of buffers' allocations and ready-event pools, by the file of
-// their fds, refcounted. One Open per allocation, however many regions and modes.
+// This process's opens of buffers' allocations and of their ready-event pools, each keyed
+// by the file of its fd and refcounted. Two maps, because two buffers may share one
+// allocation (two exports from one producer block) but never a pool.
 class ZeImporter::Opens {
  public:
   struct Key {
@@ -79,128 +80,148 @@ class ZeImporter::Opens {
     ino_t ino = 0;
     auto operator<=>(const Key&) const = default;
   };
-  struct Open {
-    const ZeLoader* loader = nullptr;
-    ze_context_handle_t context = nullptr;
-    ze_device_handle_t device = nullptr;
+  struct Memory {
     void* base = nullptr;
+    int refs = 0;
+  };
+  struct Pool {
     ze_event_pool_handle_t pool = nullptr;
     ze_event_handle_t ready = nullptr;
-    // Lives as long as the open: the regions' stream order.
-    std::unique_ptr<ZeRegionOrder> order;
+    std::unique_ptr<ZeRegionOrder> order;  // the regions' stream order
     int refs = 0;
+  };
+  // What one region holds.
+  struct Held {
+    const ZeLoader* loader = nullptr;
+    ze_context_handle_t context = nullptr;
+    Key memory_key;
+    Key pool_key;
+    void* base = nullptr;
+    const ZeRegionOrder* order = nullptr;
   };
 
   static absl::StatusOr<Key> KeyOf(int fd, const std::string& what) {
     struct stat st {};
-    if (::fstat(fd, &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(what, ": fstat of the buffer's fd"));
+    if (::fstat(fd, &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(what, ": fstat of a buffer's fd"));
     return Key{st.st_dev, st.st_ino};
   }
 
-  // The open of the allocation `key` names, made now if there is none.
-  absl::StatusOr<Open*> Acquire(const ZeLoader& loader, const Key& key, const ZeDevice& device,
-                                ze_context_handle_t context, const ZeHandle& handle, const FetchedBuffer& buffer,
-                                const std::string& what) {
+  // The buffer's allocation and pool, opened now where this process has not yet.
+  absl::StatusOr<Held> Acquire(const ZeLoader& loader, const ZeDevice& device, ze_context_handle_t context,
+                               const ZeHandle& handle, const FetchedBuffer& buffer, const std::string& what) {
+    Held held;
+    held.loader = &loader;
+    held.context = context;
+    TENSORD_ASSIGN_OR_RETURN(held.memory_key, KeyOf(buffer.handle.fds[0].get(), what));
+    TENSORD_ASSIGN_OR_RETURN(held.pool_key, KeyOf(buffer.handle.fds[1].get(), what));
     absl::MutexLock lock(&mu_);
-    auto it = opens_.find(key);
-    if (it != opens_.end()) {
-      ++it->second->refs;
-      return it->second.get();
+    Memory& memory = memories_[held.memory_key];
+    if (memory.refs == 0) {
+      ze_ipc_mem_handle_t ipc{};
+      std::memcpy(ipc.data, handle.memory.data(), sizeof(ipc.data));
+      absl::StatusOr<ze_ipc_mem_handle_t> with_fd = loader.MemoryHandleWithFd(context, ipc, buffer.handle.fds[0].get());
+      absl::Status opened =
+          with_fd.ok() ? ZeLoader::ZeStatus(loader.zeMemOpenIpcHandle(context, device.device, *with_fd, 0, &memory.base),
+                                            absl::StrCat(what, ": zeMemOpenIpcHandle on ", ZeDeviceName(device)))
+                       : with_fd.status();
+      if (!opened.ok()) {
+        memories_.erase(held.memory_key);
+        return opened;
+      }
     }
-    auto open = std::make_unique<Open>();
-    open->loader = &loader;
-    open->context = context;
-    open->device = device.device;
-    ze_ipc_mem_handle_t ipc{};
-    std::memcpy(ipc.data, handle.memory.data(), sizeof(ipc.data));
-    TENSORD_ASSIGN_OR_RETURN(ipc, loader.MemoryHandleWithFd(context, ipc, buffer.handle.fds[0].get()));
-    TENSORD_RETURN_IF_ERROR(ZeLoader::ZeStatus(loader.zeMemOpenIpcHandle(context, device.device, ipc, 0, &open->base),
-                                               absl::StrCat(what, ": zeMemOpenIpcHandle on ", ZeDeviceName(device))));
-    if (absl::Status pool = OpenPool(loader, *open, handle, buffer.handle.fds[1].get(), what); !pool.ok()) {
-      Close(*open);
-      return pool;
+    ++memory.refs;
+    held.base = memory.base;
+    Pool& pool = pools_[held.pool_key];
+    if (pool.refs == 0) {
+      absl::Status opened = OpenPool(loader, context, handle, buffer.handle.fds[1].get(), pool, what);
+      if (!opened.ok()) {
+        ClosePool(loader, pool);
+        pools_.erase(held.pool_key);
+        ReleaseMemoryLocked(held);
+        return opened;
+      }
+      pool.order = std::make_unique<ZeRegionOrder>(&loader, context, device.device, device.uuid, pool.ready);
     }
-    open->order = std::make_unique<ZeRegionOrder>(&loader, context, device.device, device.uuid, open->ready);
-    open->refs = 1;
-    Open* raw = open.get();
-    opens_.emplace(key, std::move(open));
-    return raw;
+    ++pool.refs;
+    held.order = pool.order.get();
+    return held;
   }
 
-  // Drops one reference; the last closes the open, under the lock, so a concurrent Acquire
-  // of the same allocation never sees it half-closed.
-  void Release(const Key& key) {
+  // Drops a region's references; the last of each closes it, under the lock, so a
+  // concurrent Acquire never sees an open half-closed.
+  void Release(const Held& held) {
     absl::MutexLock lock(&mu_);
-    auto it = opens_.find(key);
-    if (it == opens_.end() || --it->second->refs > 0) return;
-    Close(*it->second);
-    opens_.erase(it);
-  }
-
-  int64_t size() {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(opens_.size());
+    auto pool = pools_.find(held.pool_key);
+    if (pool != pools_.end() && --pool->second.refs == 0) {
+      ClosePool(*held.loader, pool->second);
+      pools_.erase(pool);
+    }
+    ReleaseMemoryLocked(held);
   }
 
  private:
-  static absl::Status OpenPool(const ZeLoader& loader, Open& open, const ZeHandle& handle, int fd,
-                               const std::string& what) {
+  void ReleaseMemoryLocked(const Held& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto memory = memories_.find(held.memory_key);
+    if (memory == memories_.end() || --memory->second.refs > 0) return;
+    if (ze_result_t r = held.loader->zeMemCloseIpcHandle(held.context, memory->second.base); r != ZE_RESULT_SUCCESS) {
+      spdlog::error("level_zero: close an IPC open: {}", ZeLoader::ResultName(r));
+    }
+    memories_.erase(memory);
+  }
+
+  static absl::Status OpenPool(const ZeLoader& loader, ze_context_handle_t context, const ZeHandle& handle, int fd,
+                               Pool& pool, const std::string& what) {
     ze_ipc_event_pool_handle_t ipc{};
     std::array<uint8_t, ZE_MAX_IPC_HANDLE_SIZE> bytes = handle.event_pool;
     SetIpcFd(bytes, fd);
     std::memcpy(ipc.data, bytes.data(), sizeof(ipc.data));
-    TENSORD_RETURN_IF_ERROR(ZeLoader::ZeStatus(loader.zeEventPoolOpenIpcHandle(open.context, ipc, &open.pool),
+    TENSORD_RETURN_IF_ERROR(ZeLoader::ZeStatus(loader.zeEventPoolOpenIpcHandle(context, ipc, &pool.pool),
                                                absl::StrCat(what, ": zeEventPoolOpenIpcHandle")));
     ze_event_desc_t desc{};
     desc.stype = ZE_STRUCTURE_TYPE_EVENT_DESC;
     desc.index = 0;
     desc.signal = ZE_EVENT_SCOPE_FLAG_HOST;
     desc.wait = ZE_EVENT_SCOPE_FLAG_HOST;
-    return ZeLoader::ZeStatus(loader.zeEventCreate(open.pool, &desc, &open.ready),
+    return ZeLoader::ZeStatus(loader.zeEventCreate(pool.pool, &desc, &pool.ready),
                               absl::StrCat(what, ": zeEventCreate of the ready event"));
   }
 
-  static void Close(Open& open) {
-    const ZeLoader& ze = *open.loader;
-    if (open.ready != nullptr) {
-      if (ze_result_t r = ze.zeEventDestroy(open.ready); r != ZE_RESULT_SUCCESS) {
+  static void ClosePool(const ZeLoader& ze, Pool& pool) {
+    if (pool.ready != nullptr) {
+      if (ze_result_t r = ze.zeEventDestroy(pool.ready); r != ZE_RESULT_SUCCESS) {
         spdlog::error("level_zero: destroy a ready event: {}", ZeLoader::ResultName(r));
       }
     }
-    if (open.pool != nullptr) {
-      if (ze_result_t r = ze.zeEventPoolCloseIpcHandle(open.pool); r != ZE_RESULT_SUCCESS) {
+    if (pool.pool != nullptr) {
+      if (ze_result_t r = ze.zeEventPoolCloseIpcHandle(pool.pool); r != ZE_RESULT_SUCCESS) {
         spdlog::error("level_zero: close a ready-event pool: {}", ZeLoader::ResultName(r));
-      }
-    }
-    if (open.base != nullptr) {
-      if (ze_result_t r = ze.zeMemCloseIpcHandle(open.context, open.base); r != ZE_RESULT_SUCCESS) {
-        spdlog::error("level_zero: close an IPC open: {}", ZeLoader::ResultName(r));
       }
     }
   }
 
   absl::Mutex mu_;
-  std::map<Key, std::unique_ptr<Open>> opens_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Memory> memories_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
 
 class ZeRegion final : public ImportedRegion {
  public:
-  ZeRegion(std::shared_ptr<ZeImporter::Opens> opens, ZeImporter::Opens::Key key, ZeImporter::Opens::Open* open,
-           uint8_t* data, uint64_t size, MapMode mode, int32_t ordinal)
-      : opens_(std::move(opens)), key_(key), open_(open), data_(data), size_(size), mode_(mode), ordinal_(ordinal) {}
-  ~ZeRegion() override { opens_->Release(key_); }
+  ZeRegion(std::shared_ptr<ZeImporter::Opens> opens, ZeImporter::Opens::Held held, uint8_t* data, uint64_t size,
+           MapMode mode, int32_t ordinal)
+      : opens_(std::move(opens)), held_(held), data_(data), size_(size), mode_(mode), ordinal_(ordinal) {}
+  ~ZeRegion() override { opens_->Release(held_); }
   uint8_t* data() const override { return data_; }
   uint64_t size() const override { return size_; }
   MapMode mode() const override { return mode_; }
   int32_t device_ordinal() const override { return ordinal_; }
-  const StreamOrder* stream_order() const override { return open_->order.get(); }
+  // Alive while this region holds its pool.
+  const StreamOrder* stream_order() const override { return held_.order; }
 
  private:
   const std::shared_ptr<ZeImporter::Opens> opens_;
-  const ZeImporter::Opens::Key key_;
-  ZeImporter::Opens::Open* const open_;  // alive while this region holds its reference
+  const ZeImporter::Opens::Held held_;
   uint8_t* const data_;
   const uint64_t size_;
   const MapMode mode_;
@@ -240,10 +261,9 @@ absl::StatusOr<std::unique_ptr<ImportedRegion>> ZeImporter::Import(const Fetched
   absl::StatusOr<const ZeDevice*> device = ze.DeviceByUuid(handle->uuid);
   if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat(what, ": ", device.status().message()));
   TENSORD_ASSIGN_OR_RETURN(ze_context_handle_t context, ZeProcessContexts::Get().For(ze, (*device)->driver));
-  TENSORD_ASSIGN_OR_RETURN(Opens::Key key, Opens::KeyOf(buffer.handle.fds[0].get(), what));
-  TENSORD_ASSIGN_OR_RETURN(Opens::Open * open, opens_->Acquire(ze, key, **device, context, *handle, buffer, what));
-  auto* data = static_cast<uint8_t*>(open->base) + handle->offset;
-  return std::make_unique<ZeRegion>(opens_, key, open, data, buffer.size, mode, (*device)->ordinal);
+  TENSORD_ASSIGN_OR_RETURN(Opens::Held held, opens_->Acquire(ze, **device, context, *handle, buffer, what));
+  auto* data = static_cast<uint8_t*>(held.base) + handle->offset;
+  return std::make_unique<ZeRegion>(opens_, held, data, buffer.size, mode, (*device)->ordinal);
 }
 
 absl::Status ZeImporter::NameDevice(tensord::v1::Device& device) const {

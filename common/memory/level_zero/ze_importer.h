@@ -12,11 +12,12 @@
 // daemon's: ZE_AFFINITY_MASK), the received fd written into the handle bytes
 // (ZeLoader::MemoryHandleWithFd), zeMemOpenIpcHandle; the buffer's ready-event pool with
 // zeEventPoolOpenIpcHandle and its event with zeEventCreate. Opening one allocation twice
-// in a process costs the driver a second mapping, so opens are cached per allocation
-// (keyed by the fd's file: its device and inode, the same for every fd of one dma-buf) with
-// a refcount, shared by every region and view of it, and closed (zeMemCloseIpcHandle,
-// zeEventDestroy + zeEventPoolCloseIpcHandle) when the last region goes. The fds may be
-// closed once Import returns.
+// in a process costs the driver a second mapping, so opens are cached per allocation, and
+// pools per buffer (keyed by their fd's file: its device and inode, the same for every fd
+// of one dma-buf), refcounted, shared by every region and view, and closed
+// (zeMemCloseIpcHandle; zeEventDestroy + zeEventPoolCloseIpcHandle) when the last region
+// that uses them goes. Two buffers may share an allocation (two exports from one block),
+// never a pool. The fds may be closed once Import returns.
 //
 // Access: device memory has neither copy-on-write nor, in the 1.4 API, read-only opens:
 // every mode opens read-write; kPrivate is shared (a consumer's writes reach every reader)

@@ -193,6 +193,15 @@ TEST_F(ZeFakeDaemonTest, AProcessOpensAnAllocationOnceAndClosesItWithItsLastLeas
   EXPECT_EQ(RunPeer({"opens", daemon.socket(), "xpu/o", "1000"}), "opens 1|opens 0");
 }
 
+// Two tensors exported from one block are two buffers over one allocation: a consumer
+// opens the allocation once and each buffer's ready-event pool on its own.
+TEST_F(ZeFakeDaemonTest, TwoExportsFromOneBlockShareTheOpenOfTheirAllocation) {
+  DaemonProcess daemon;
+  ChildProcess producer({TENSORD_ZE_PEER, "export2", daemon.socket(), "xpu/p", "0", "1000"});
+  ASSERT_EQ(producer.WaitForLine(""), "exported 0");
+  EXPECT_EQ(RunPeer({"pair", daemon.socket(), "xpu/p", "1000"}), "pair ok ok|opens 1");
+}
+
 TEST_F(ZeFakeDaemonTest, EachDeviceHasItsQuota) {
   DaemonProcess daemon({"--max-device-bytes", "level_zero:1=32KiB"});
   EXPECT_THAT(RunPeer({"produce", daemon.socket(), "xpu/big", "1", "1000"}),

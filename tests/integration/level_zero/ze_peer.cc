@@ -23,6 +23,12 @@
 //                                       in front of the values, ExportDevice that interior
 //                                       pointer, publish NAME, print "exported <id>", sleep
 //                                       until killed
+//   export2 SOCKET NAME ORDINAL COUNT   as export, with two tensors in one block (NAMEa,
+//                                       then NAMEb right after it), both published:
+//                                       print "exported <id>", sleep until killed
+//   pair SOCKET NAME COUNT              acquire NAMEa and NAMEb, print "pair <a> <b>" (ok
+//                                       or mismatch), then "opens <n>" (the fake's open
+//                                       IPC handles of this process)
 //   hold SOCKET NAME COUNT              acquire, print "held ok"; on SIGUSR1 release,
 //                                       flush, print "released", sleep until killed
 //   ordered SOCKET NAME COUNT           acquire with the list as the stream, queue a copy
@@ -107,7 +113,7 @@ int main(int argc, char** argv) {
   sigaddset(&usr1, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
 
-  const bool produces = command == "produce" || command == "stalled" || command == "export";
+  const bool produces = command == "produce" || command == "stalled" || command == "export" || command == "export2";
   const int ordinal = produces && argc >= 5 ? std::atoi(argv[4]) : 0;
   ZeProgram ze(ordinal);
   if (!ze.ok()) return Fail("level zero: " + ze.error());
@@ -152,11 +158,12 @@ int main(int argc, char** argv) {
     Say("signalled");
     for (;;) ::pause();
   }
-  if (command == "export" && argc == 6) {
+  if ((command == "export" || command == "export2") && argc == 6) {
     const int64_t count = std::atoll(argv[5]);
+    const int tensors = command == "export" ? 1 : 2;
     std::vector<float> block(kSlack / sizeof(float), -1.0f);
     const std::vector<float> values = Halves(count);
-    block.insert(block.end(), values.begin(), values.end());
+    for (int i = 0; i < tensors; ++i) block.insert(block.end(), values.begin(), values.end());
     const size_t bytes = block.size() * sizeof(float);
     ze_device_mem_alloc_desc_t desc{};
     desc.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC;
@@ -166,13 +173,18 @@ int main(int argc, char** argv) {
         !ze.CopyNow(memory, block.data(), bytes)) {
       return Fail("allocate and fill own device memory");
     }
-    const void* tensor_ptr = static_cast<const uint8_t*>(memory) + kSlack;
-    auto tensor = (*client)->ExportDevice(tensor_ptr, ns, XpuFloats(count, ordinal));
-    if (!tensor.ok()) return Fail("export", tensor.status());
-    if (tensor->data() != tensor_ptr) return Fail("export: the producer's view is not its own pointer");
-    auto published = (*client)->Publish(*tensor, name);
-    if (!published.ok()) return Fail("publish", published.status());
-    Say("exported " + std::to_string(tensor->info().device.device_id));
+    std::vector<tensord::TensorRef> kept;
+    for (int i = 0; i < tensors; ++i) {
+      const void* tensor_ptr = static_cast<const uint8_t*>(memory) + kSlack + i * count * sizeof(float);
+      auto tensor = (*client)->ExportDevice(tensor_ptr, ns, XpuFloats(count, ordinal));
+      if (!tensor.ok()) return Fail("export", tensor.status());
+      if (tensor->data() != tensor_ptr) return Fail("export: the producer's view is not its own pointer");
+      const std::string bound = tensors == 1 ? name : name + (i == 0 ? "a" : "b");
+      auto published = (*client)->Publish(*tensor, bound);
+      if (!published.ok()) return Fail("publish", published.status());
+      kept.push_back(std::move(*tensor));
+    }
+    Say("exported " + std::to_string(kept.front().info().device.device_id));
     for (;;) ::pause();  // the memory is ours: keep it until killed
   }
   if (command == "consume" && argc == 6) {
@@ -199,6 +211,22 @@ int main(int argc, char** argv) {
     Say(ze.zeEventQueryStatus(done) == ZE_RESULT_NOT_READY ? "pending" : "early");
     if (ze.zeEventHostSynchronize(done, 20'000'000'000ull) != ZE_RESULT_SUCCESS) return Fail("the copy out never ran");
     Say(Verdict(values));
+    return 0;
+  }
+  if (command == "pair" && argc == 5) {
+    const int64_t count = std::atoll(argv[4]);
+    std::string verdicts;
+    std::vector<tensord::TensorRef> held;
+    for (const char* suffix : {"a", "b"}) {
+      auto tensor = (*client)->Acquire(name + suffix);
+      if (!tensor.ok()) return Fail("acquire", tensor.status());
+      std::vector<float> values(static_cast<size_t>(count));
+      if (!ze.CopyNow(values.data(), tensor->data(), values.size() * sizeof(float))) return Fail("copy out");
+      verdicts += " " + Verdict(values);
+      held.push_back(std::move(*tensor));
+    }
+    Say("pair" + verdicts);
+    Say("opens " + std::to_string(tensord::testing::FakeZeLiveObjects("ipc_open")));
     return 0;
   }
   if (command == "hold" && argc == 5) {
