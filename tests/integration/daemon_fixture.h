@@ -160,6 +160,17 @@ class DaemonProcess {
   ChildProcess process_;
 };
 
+// Runs `argv` to its end and returns its stdout lines joined by '|'.
+inline std::string RunToEnd(const std::vector<std::string>& argv) {
+  ChildProcess child(argv);
+  std::string out;
+  for (std::string line = child.WaitForLine(""); !line.empty(); line = child.WaitForLine("")) {
+    out += (out.empty() ? "" : "|") + line;
+  }
+  child.Wait();
+  return out;
+}
+
 inline std::vector<std::string> PeerArgs(std::initializer_list<std::string> args) {
   std::vector<std::string> argv = {TENSORD_TEST_PEER};
   argv.insert(argv.end(), args);

@@ -2,7 +2,10 @@
 // count leases exactly.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tensord/client.h"
@@ -22,6 +25,17 @@ inline std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
   auto client = Client::Connect(Options(daemon));
   EXPECT_TRUE(client.ok()) << client.status().ToString();
   return client.ok() ? std::move(client).value() : nullptr;
+}
+
+// Polls until tensor `tensor_id` has `holders` holders (true) or `timeout` passes (false).
+inline bool WaitForHolders(Client& client, uint64_t tensor_id, size_t holders, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto stat = client.Stat(TensorId{tensor_id});
+    if (stat.ok() && stat->holders.size() == holders) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace tensord::testing

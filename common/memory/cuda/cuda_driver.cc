@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/memory/driver_library.h"
 #include "spdlog/spdlog.h"
 
 namespace tensord::common {
@@ -59,32 +60,18 @@ const CudaDriver& CudaDriver::Get() {
 }
 
 void CudaDriver::Load() {
-  const char* override_library = std::getenv("TENSORD_LIBCUDA");
-  library_ = override_library != nullptr && *override_library != '\0' ? override_library : kDefaultLibrary;
-
-  dl_handle_ = ::dlopen(library_.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (dl_handle_ == nullptr) {
-    const char* err = ::dlerror();
-    unavailable_reason_ = absl::StrCat(library_, " not found (dlopen: ", err != nullptr ? err : "unknown error",
-                                       "): no NVIDIA driver on this machine");
-    return;
-  }
+  library_ = DriverLibraryPath("TENSORD_LIBCUDA", kDefaultLibrary);
+  dl_handle_ = OpenDriverLibrary(library_, "no NVIDIA driver on this machine", &unavailable_reason_);
+  if (dl_handle_ == nullptr) return;
 
   // Resolve everything before calling anything, so a partial table is never used.
   bool complete = true;
-#define TENSORD_CUDA_DRIVER_RESOLVE(name)                                                    \
-  if (complete) {                                                                            \
-    ::dlerror();                                                                             \
-    void* symbol = ::dlsym(dl_handle_, #name);                                               \
-    if (symbol == nullptr) {                                                                 \
-      const char* err = ::dlerror();                                                         \
-      unavailable_reason_ = absl::StrCat(library_, " lacks ", #name, " (dlsym: ",            \
-                                         err != nullptr ? err : "null symbol",               \
-                                         "): the NVIDIA driver is too old or not CUDA's");  \
-      complete = false;                                                                      \
-    } else {                                                                                 \
-      name = reinterpret_cast<decltype(name)>(symbol);                                       \
-    }                                                                                        \
+#define TENSORD_CUDA_DRIVER_RESOLVE(name)                                                                   \
+  if (complete) {                                                                                           \
+    void* symbol =                                                                                          \
+        DriverSymbol(dl_handle_, library_, #name, "the NVIDIA driver is too old or not CUDA's", &unavailable_reason_); \
+    complete = symbol != nullptr;                                                                           \
+    if (complete) name = reinterpret_cast<decltype(name)>(symbol);                                          \
   }
   TENSORD_CUDA_DRIVER_ENTRY_POINTS(TENSORD_CUDA_DRIVER_RESOLVE)
 #undef TENSORD_CUDA_DRIVER_RESOLVE

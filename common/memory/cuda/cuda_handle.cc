@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/memory/handle_bytes.h"
 
 namespace tensord::common {
 namespace {
@@ -13,17 +14,8 @@ constexpr char kMagic[4] = {'T', 'D', 'C', 'U'};
 constexpr char kFenceMagic[4] = {'T', 'D', 'C', 'E'};
 constexpr uint16_t kFenceVersion = 1;
 
-void PutLe(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-uint64_t GetLe(std::string_view in, size_t at, int bytes) {
-  uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) {
-    value |= static_cast<uint64_t>(static_cast<uint8_t>(in[at + static_cast<size_t>(i)])) << (8 * i);
-  }
-  return value;
-}
+using handle_bytes::GetLe;
+using handle_bytes::PutLe;
 
 }  // namespace
 

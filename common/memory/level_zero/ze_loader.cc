@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/memory/driver_library.h"
 #include "common/memory/level_zero/ze_handle.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -109,31 +110,17 @@ const ZeLoader& ZeLoader::Get() {
 }
 
 void ZeLoader::Load() {
-  const char* override_library = std::getenv("TENSORD_LIBZE_LOADER");
-  library_ = override_library != nullptr && *override_library != '\0' ? override_library : kDefaultLibrary;
-
-  dl_handle_ = ::dlopen(library_.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (dl_handle_ == nullptr) {
-    const char* err = ::dlerror();
-    unavailable_reason_ = absl::StrCat(library_, " not found (dlopen: ", err != nullptr ? err : "unknown error",
-                                       "): no Level Zero loader on this machine (Debian: libze1)");
-    return;
-  }
+  library_ = DriverLibraryPath("TENSORD_LIBZE_LOADER", kDefaultLibrary);
+  dl_handle_ = OpenDriverLibrary(library_, "no Level Zero loader on this machine (Debian: libze1)", &unavailable_reason_);
+  if (dl_handle_ == nullptr) return;
   // Resolve everything before calling anything, so a partial table is never used.
   bool complete = true;
-#define TENSORD_ZE_LOADER_RESOLVE(name)                                                            \
-  if (complete) {                                                                                  \
-    ::dlerror();                                                                                   \
-    void* symbol = ::dlsym(dl_handle_, #name);                                                     \
-    if (symbol == nullptr) {                                                                       \
-      const char* err = ::dlerror();                                                               \
-      unavailable_reason_ = absl::StrCat(library_, " lacks ", #name, " (dlsym: ",                  \
-                                         err != nullptr ? err : "null symbol",                     \
-                                         "): not a Level Zero loader of API 1.4 or later");        \
-      complete = false;                                                                            \
-    } else {                                                                                       \
-      name = reinterpret_cast<decltype(name)>(symbol);                                             \
-    }                                                                                              \
+#define TENSORD_ZE_LOADER_RESOLVE(name)                                                                        \
+  if (complete) {                                                                                              \
+    void* symbol = DriverSymbol(dl_handle_, library_, #name, "not a Level Zero loader of API 1.4 or later", \
+                                &unavailable_reason_);                                                         \
+    complete = symbol != nullptr;                                                                              \
+    if (complete) name = reinterpret_cast<decltype(name)>(symbol);                                             \
   }
   TENSORD_ZE_LOADER_ENTRY_POINTS(TENSORD_ZE_LOADER_RESOLVE)
 #undef TENSORD_ZE_LOADER_RESOLVE

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 
 namespace tensord::testing {
 namespace {
@@ -127,13 +128,8 @@ class CudaFakeDaemonTest : public ::testing::Test {
   std::string RunPeer(std::vector<std::string> args, const char* visible = nullptr) {
     args.insert(args.begin(), TENSORD_CUDA_PEER);
     if (visible != nullptr) ::setenv("CUDA_VISIBLE_DEVICES", visible, 1);
-    ChildProcess peer(args);
+    std::string out = RunToEnd(args);
     ::unsetenv("CUDA_VISIBLE_DEVICES");
-    std::string out;
-    for (std::string line = peer.WaitForLine(""); !line.empty(); line = peer.WaitForLine("")) {
-      out += (out.empty() ? "" : "|") + line;
-    }
-    peer.Wait();
     return out;
   }
 
@@ -479,16 +475,6 @@ void FakeHoldStreams(bool hold) {
 int FakeFinishStreams() { return reinterpret_cast<int (*)()>(FakeDriver("tensord_fake_cuda_finish_streams"))(); }
 
 // Polls Stat until `holders` sessions hold the tensor, or `timeout`.
-bool WaitForHolders(Client& client, uint64_t tensor_id, size_t holders, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    auto stat = client.Stat(TensorId{tensor_id});
-    if (stat.ok() && stat->holders.size() == holders) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
 TEST_F(CudaFakeDaemonTest, AConsumersStreamWaitsForTheProducersWorkAndItsReleaseForItsOwn) {
   DaemonProcess daemon;
   auto producer = Connect(daemon);

@@ -48,13 +48,7 @@ class CudaGpuTest : public ::testing::Test {
 
   std::string RunPeer(std::vector<std::string> args) {
     args.insert(args.begin(), TENSORD_CUDA_PEER);
-    ChildProcess peer(args);
-    std::string out;
-    for (std::string line = peer.WaitForLine(""); !line.empty(); line = peer.WaitForLine("")) {
-      out += (out.empty() ? "" : "|") + line;
-    }
-    peer.Wait();
-    return out;
+    return RunToEnd(args);
   }
 
   std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {

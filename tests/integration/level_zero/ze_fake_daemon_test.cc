@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 #include "tests/integration/level_zero/ze_test_api.h"
 
 namespace tensord::testing {
@@ -38,24 +39,10 @@ class ZeFakeDaemonTest : public ::testing::Test {
     ::unsetenv("TENSORD_LIBZE_LOADER");
   }
 
-  std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
-    ClientOptions options;
-    options.socket_path = daemon.socket();
-    auto client = Client::Connect(options);
-    EXPECT_TRUE(client.ok()) << client.status().ToString();
-    return client.ok() ? std::move(client).value() : nullptr;
-  }
-
   // Runs the peer to its end and returns its stdout lines joined by '|'.
   static std::string RunPeer(std::vector<std::string> args) {
     args.insert(args.begin(), TENSORD_ZE_PEER);
-    ChildProcess peer(args);
-    std::string out;
-    for (std::string line = peer.WaitForLine(""); !line.empty(); line = peer.WaitForLine("")) {
-      out += (out.empty() ? "" : "|") + line;
-    }
-    peer.Wait();
-    return out;
+    return RunToEnd(args);
   }
 
   static const BackendInfo* LevelZero(const BrokerStatus& status) {
@@ -65,15 +52,6 @@ class ZeFakeDaemonTest : public ::testing::Test {
     return nullptr;
   }
 
-  static bool WaitForHolders(Client& client, uint64_t tensor_id, size_t holders, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      auto stat = client.Stat(TensorId{tensor_id});
-      if (stat.ok() && stat->holders.size() == holders) return true;
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
 };
 
 TEST_F(ZeFakeDaemonTest, ATensorOnAnXpuOutlivesItsProducerAndAnotherProcessReadsIt) {

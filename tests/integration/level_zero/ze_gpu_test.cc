@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 #include "tests/integration/level_zero/ze_test_api.h"
 
 namespace tensord::testing {
@@ -33,13 +34,7 @@ class ZeGpuTest : public ::testing::Test {
 
   static std::string RunPeer(std::vector<std::string> args) {
     args.insert(args.begin(), TENSORD_ZE_PEER);
-    ChildProcess peer(args);
-    std::string out;
-    for (std::string line = peer.WaitForLine(""); !line.empty(); line = peer.WaitForLine("")) {
-      out += (out.empty() ? "" : "|") + line;
-    }
-    peer.Wait();
-    return out;
+    return RunToEnd(args);
   }
 };
 
