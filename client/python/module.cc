@@ -114,11 +114,7 @@ class PyTensor {
                               "pass 1 for the legacy default stream or the stream's handle");
       }
       if (wanted != -1) {
-        Status ordered = [&] {
-          GilRelease release;
-          return ref->UseOnStream(static_cast<uintptr_t>(wanted));
-        }();
-        ThrowIfError(ordered);
+        ThrowIfError(WithoutGil([&] { return ref->UseOnStream(static_cast<uintptr_t>(wanted)); }));
       }
     }
     if (versioned) {
@@ -137,11 +133,7 @@ class PyTensor {
 
   void UseOnStream(uintptr_t stream) const {
     std::shared_ptr<TensorRef> ref = Ref();
-    Status ordered = [&] {
-      GilRelease release;
-      return ref->UseOnStream(stream);
-    }();
-    ThrowIfError(ordered);
+    ThrowIfError(WithoutGil([&] { return ref->UseOnStream(stream); }));
   }
 
   // A legacy capsule for .torch(): elements reinterpreted as `as_dtype` (same size), and a
@@ -205,11 +197,7 @@ std::string SliceReason(std::string message) {
 template <typename T, typename Fn>
 T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
   if (timeout && !(*timeout > 0)) {
-    Result<T> r = [&]() -> Result<T> {
-      GilRelease release;
-      return fn(Wait::None());
-    }();
-    return Unwrap(std::move(r));
+    return Unwrap(WithoutGil([&]() -> Result<T> { return fn(Wait::None()); }));
   }
   const Clock::time_point deadline =
       timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -221,10 +209,7 @@ T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
       auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       slice = std::clamp(left, milliseconds(1), kWaitSlice);
     }
-    Result<T> r = [&]() -> Result<T> {
-      GilRelease release;
-      return fn(Wait::For(slice));
-    }();
+    Result<T> r = WithoutGil([&]() -> Result<T> { return fn(Wait::For(slice)); });
     if (r.ok()) return std::move(r).value();
     if (r.status().code() != StatusCode::kDeadlineExceeded) throw StatusError(r.status());
     if (timeout && Clock::now() >= deadline) {
@@ -263,10 +248,7 @@ class PyWatcher {
         auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
         slice = std::clamp(left, milliseconds(0), kWaitSlice);
       }
-      Result<std::optional<WatchEvent>> r = [&]() -> Result<std::optional<WatchEvent>> {
-        GilRelease release;
-        return watcher->Next(slice);
-      }();
+      Result<std::optional<WatchEvent>> r = WithoutGil([&] { return watcher->Next(slice); });
       if (!r.ok()) {
         if (r.status().code() == StatusCode::kCancelled) {
           *done = true;
@@ -282,8 +264,7 @@ class PyWatcher {
 
   void Cancel() {
     if (std::shared_ptr<Watcher> watcher = std::move(watcher_)) {
-      GilRelease release;
-      watcher->Cancel();
+      WithoutGil([&] { watcher->Cancel(); });
     }
   }
 
@@ -335,17 +316,13 @@ class PyClient {
     options.lease_cache = lease_cache;
     options.lease_cache_linger =
         milliseconds(static_cast<int64_t>(std::max(lease_cache_linger, 0.0) * 1000.0));
-    Result<std::unique_ptr<Client>> client = [&]() -> Result<std::unique_ptr<Client>> {
-      GilRelease release;
-      return Client::Connect(options);
-    }();
-    return std::unique_ptr<PyClient>(new PyClient(Unwrap(std::move(client))));
+    std::unique_ptr<Client> client = Unwrap(WithoutGil([&] { return Client::Connect(options); }));
+    return std::unique_ptr<PyClient>(new PyClient(std::move(client)));
   }
 
   ~PyClient() {
     // Stopping the client joins its threads, none of which needs the GIL.
-    GilRelease release;
-    client_.reset();
+    WithoutGil([&] { client_.reset(); });
   }
 
   std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
@@ -356,11 +333,8 @@ class PyClient {
     spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
     spec.isolated = !ns.has_value();
     std::shared_ptr<Client> client = Core();
-    Result<TensorRef> ref = [&]() -> Result<TensorRef> {
-      GilRelease release;
-      return client->Allocate(ns.value_or(""), spec);
-    }();
-    return std::make_unique<PyTensor>(Unwrap(std::move(ref)), /*producer=*/true);
+    TensorRef ref = Unwrap(WithoutGil([&] { return client->Allocate(ns.value_or(""), spec); }));
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/true);
   }
 
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
@@ -369,11 +343,7 @@ class PyClient {
     PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
-    Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
-      GilRelease release;
-      return client->Publish(*ref, name, options);
-    }();
-    tensor.set_info(Unwrap(std::move(info)));
+    tensor.set_info(Unwrap(WithoutGil([&] { return client->Publish(*ref, name, options); })));
     return InfoToDict(tensor.info());
   }
 
@@ -384,11 +354,7 @@ class PyClient {
     PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
-    Status sent = [&]() -> Status {
-      GilRelease release;
-      return client->PublishNoWait(*ref, name, options);
-    }();
-    ThrowIfError(sent);
+    ThrowIfError(WithoutGil([&] { return client->PublishNoWait(*ref, name, options); }));
   }
 
   // Allocates, copies `source` in (the one copy) and publishes; the producer's own
@@ -413,8 +379,7 @@ class PyClient {
     std::string space = ns.value_or(NamespaceOf(name));
     const uint64_t nbytes = source.nbytes();  // refuses an overflowing shape before anything is allocated
     std::shared_ptr<Client> client = Core();
-    Result<TensorInfo> info = [&]() -> Result<TensorInfo> {
-      GilRelease release;
+    Result<TensorInfo> info = WithoutGil([&]() -> Result<TensorInfo> {
       Result<TensorRef> ref = client->Allocate(space, spec);
       if (!ref.ok()) return ref.status();
       if (source.on_device()) {
@@ -423,7 +388,7 @@ class PyClient {
         source.CopyTo(ref->mutable_data());
       }
       return client->Publish(*ref, name, options);
-    }();
+    });
     return InfoToDict(Unwrap(std::move(info)));
   }
 
@@ -450,8 +415,7 @@ class PyClient {
       allocations.push_back(std::move(item));
     }
     std::shared_ptr<Client> client = Core();
-    Result<std::vector<TensorInfo>> infos = [&]() -> Result<std::vector<TensorInfo>> {
-      GilRelease release;
+    Result<std::vector<TensorInfo>> infos = WithoutGil([&]() -> Result<std::vector<TensorInfo>> {
       Result<std::vector<TensorRef>> refs = client->AllocateMany(allocations);
       if (!refs.ok()) return refs.status();
       std::vector<PublishItem> publish;
@@ -461,7 +425,7 @@ class PyClient {
         publish.push_back(PublishItem{&(*refs)[i], items[i].first, options});
       }
       return client->PublishMany(publish);
-    }();
+    });
     py::list out;
     for (const TensorInfo& info : Unwrap(std::move(infos))) out.append(InfoToDict(info));
     return out;
@@ -510,11 +474,8 @@ class PyClient {
     options.readonly = readonly;
     options.pinned = pinned;
     std::shared_ptr<Client> client = Core();
-    Result<TensorRef> ref = [&]() -> Result<TensorRef> {
-      GilRelease release;
-      return client->Acquire(TensorId{id}, options);
-    }();
-    return std::make_unique<PyTensor>(Unwrap(std::move(ref)), /*producer=*/false);
+    TensorRef ref = Unwrap(WithoutGil([&] { return client->Acquire(TensorId{id}, options); }));
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
   }
 
   std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
@@ -540,73 +501,45 @@ class PyClient {
 
   void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
     std::shared_ptr<Client> client = Core();
-    Status status = [&] {
-      GilRelease release;
-      return client->Delete(name, if_generation.value_or(0));
-    }();
-    ThrowIfError(status);
+    ThrowIfError(WithoutGil([&] { return client->Delete(name, if_generation.value_or(0)); }));
   }
 
   py::list List(const std::string& prefix) {
     std::shared_ptr<Client> client = Core();
-    Result<std::vector<TensorInfo>> infos = [&]() -> Result<std::vector<TensorInfo>> {
-      GilRelease release;
-      return client->List(prefix);
-    }();
+    std::vector<TensorInfo> infos = Unwrap(WithoutGil([&] { return client->List(prefix); }));
     py::list out;
-    for (const TensorInfo& info : Unwrap(std::move(infos))) out.append(InfoToDict(info));
+    for (const TensorInfo& info : infos) out.append(InfoToDict(info));
     return out;
   }
 
   py::dict Stat(const std::string& name) {
     std::shared_ptr<Client> client = Core();
-    Result<TensorStat> stat = [&]() -> Result<TensorStat> {
-      GilRelease release;
-      return client->Stat(name);
-    }();
-    return StatToDict(Unwrap(std::move(stat)));
+    return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(name); })));
   }
 
   py::dict StatById(uint64_t id) {
     std::shared_ptr<Client> client = Core();
-    Result<TensorStat> stat = [&]() -> Result<TensorStat> {
-      GilRelease release;
-      return client->Stat(TensorId{id});
-    }();
-    return StatToDict(Unwrap(std::move(stat)));
+    return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(TensorId{id}); })));
   }
 
   py::dict BrokerStatusDict() {
     std::shared_ptr<Client> client = Core();
-    Result<BrokerStatus> status = [&]() -> Result<BrokerStatus> {
-      GilRelease release;
-      return client->GetStatus();
-    }();
-    return StatusToDict(Unwrap(std::move(status)));
+    return StatusToDict(Unwrap(WithoutGil([&] { return client->GetStatus(); })));
   }
 
   std::unique_ptr<PyWatcher> Watch(const std::string& prefix, bool initial) {
     std::shared_ptr<Client> client = Core();
-    Result<std::unique_ptr<Watcher>> watcher = [&]() -> Result<std::unique_ptr<Watcher>> {
-      GilRelease release;
-      return client->Watch(prefix, initial);
-    }();
-    return std::make_unique<PyWatcher>(Unwrap(std::move(watcher)));
+    return std::make_unique<PyWatcher>(Unwrap(WithoutGil([&] { return client->Watch(prefix, initial); })));
   }
 
   void Flush() {
     std::shared_ptr<Client> client = Core();
-    Status status = [&] {
-      GilRelease release;
-      return client->Flush();
-    }();
-    ThrowIfError(status);
+    ThrowIfError(WithoutGil([&] { return client->Flush(); }));
   }
 
   void Close() {
     std::shared_ptr<Client> client = std::move(client_);
-    GilRelease release;
-    client.reset();  // the last call in flight, if any, destroys it instead
+    WithoutGil([&] { client.reset(); });  // the last call in flight, if any, destroys it instead
   }
 
   bool closed() const { return client_ == nullptr; }

@@ -87,14 +87,12 @@ void ConsumeOnNativeThreadForTest(py::object capsule) {
   if (PyCapsule_IsValid(c, kLegacyCapsuleName)) {
     auto* view = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, kLegacyCapsuleName));
     if (PyCapsule_SetName(c, kUsedLegacyCapsuleName) != 0) throw py::error_already_set();
-    GilRelease release;
-    std::thread([view] { view->deleter(view); }).join();
+    WithoutGil([view] { std::thread([view] { view->deleter(view); }).join(); });
   } else if (PyCapsule_IsValid(c, kVersionedCapsuleName)) {
     auto* view = static_cast<DLManagedTensorVersioned*>(
         PyCapsule_GetPointer(c, kVersionedCapsuleName));
     if (PyCapsule_SetName(c, kUsedVersionedCapsuleName) != 0) throw py::error_already_set();
-    GilRelease release;
-    std::thread([view] { view->deleter(view); }).join();
+    WithoutGil([view] { std::thread([view] { view->deleter(view); }).join(); });
   } else {
     throw py::value_error("not an unconsumed DLPack capsule");
   }

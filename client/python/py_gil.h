@@ -1,4 +1,5 @@
-// GilRelease: releases the GIL around a blocking call into the client library.
+// WithoutGil(f): runs a blocking call into the client library with the GIL released.
+// GilRelease: the scope that does it.
 //
 // A Python daemon thread may be inside such a call when the interpreter finalizes. Taking
 // the GIL back then makes CPython end the thread with pthread_exit, whose forced unwind
@@ -9,6 +10,8 @@
 #pragma once
 
 #include <Python.h>
+
+#include <utility>
 
 namespace tensord::python {
 
@@ -33,5 +36,19 @@ class GilRelease {
  private:
   PyThreadState* state_;
 };
+
+// Runs f() with the GIL released and returns its result once the GIL is held again.
+//
+// f must not touch Python objects (no pybind11 calls, no Python exceptions). Errors come back
+// as values: f returns the Status or Result<T>, and the caller checks it after WithoutGil
+// returns, with the GIL held (ThrowIfError, Unwrap). Whatever f does throw (std::bad_alloc,
+// a StatusError) never reaches the caller without the GIL: the GilRelease below takes it
+// back as the exception unwinds out of here, so pybind11 translates it as usual. Likewise
+// f's result is built before the GIL is retaken and destroyed after, with the GIL held.
+template <typename F>
+auto WithoutGil(F&& f) {
+  GilRelease release;
+  return std::forward<F>(f)();
+}
 
 }  // namespace tensord::python
