@@ -263,4 +263,15 @@ void Source::CopyTo(void* dst) const {
            ItemSize(dtype_));
 }
 
+void BindSource(py::module_& m) {
+  py::class_<Source>(m, "_Source")
+      .def_static("from_dlpack", &Source::FromDLPack, py::arg("capsule"))
+      .def_static("from_buffer", &Source::FromBuffer, py::arg("obj"))
+      .def_static("from_array_interface", &Source::FromArrayInterface, py::arg("obj"))
+      .def_property_readonly("dtype", [](const Source& s) { return DtypeName(s.dtype()); })
+      .def_property_readonly("shape", [](const Source& s) { return py::tuple(py::cast(s.shape())); })
+      .def("override_dtype",
+           [](Source& s, const std::string& dtype) { s.OverrideDtype(DtypeFromName(dtype)); });
+}
+
 }  // namespace tensord::python

@@ -67,4 +67,7 @@ class Source {
   pybind11::object owner_;
 };
 
+// Adds the class `_Source` to `m`.
+void BindSource(pybind11::module_& m);
+
 }  // namespace tensord::python

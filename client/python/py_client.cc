@@ -1,0 +1,490 @@
+#include "py_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "py_convert.h"
+#include "py_errors.h"
+#include "py_gil.h"
+#include "py_source.h"
+#include "py_tensor.h"
+#include "tensord/client.h"
+
+namespace tensord::python {
+namespace {
+
+namespace py = pybind11;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// The longest single broker wait: the bound on how late Ctrl-C is noticed.
+constexpr milliseconds kWaitSlice{150};
+
+std::string SecondsText(double s) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), s < 1000 ? "%.3g s" : "%.0f s", s);
+  return buf;
+}
+
+// What the broker said when the last bounded wait of a WaitLoop ran out, as the caller's
+// timeout should read it. Its "within N ms" is the length of that one slice, not the
+// caller's timeout, so it goes; so does the whole reason when it only says that nothing
+// came ("nothing to acquire"). A batch's reason keeps which element was missing.
+std::string SliceReason(std::string message) {
+  for (size_t at = message.find(" within "); at != std::string::npos; at = message.find(" within ", at)) {
+    size_t end = at + std::strlen(" within ");
+    const size_t digits = end;
+    while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+    if (end > digits && message.compare(end, 3, " ms") == 0) {
+      message.erase(at, end + 3 - at);
+    } else {
+      at = end;
+    }
+  }
+  if (message.starts_with("nothing to ") && message.find(' ', std::strlen("nothing to ")) == std::string::npos) {
+    return "";
+  }
+  return message;
+}
+
+// Runs fn(Wait) as a loop of bounded broker waits with the GIL released, checking for
+// signals (Ctrl-C) between them. timeout: nullopt waits forever, <= 0 fails at once.
+template <typename T, typename Fn>
+T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
+  if (timeout && !(*timeout > 0)) {
+    return Unwrap(WithoutGil([&]() -> Result<T> { return fn(Wait::None()); }));
+  }
+  const Clock::time_point deadline =
+      timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(*timeout))
+              : Clock::time_point::max();
+  for (;;) {
+    milliseconds slice = kWaitSlice;
+    if (timeout) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      slice = std::clamp(left, milliseconds(1), kWaitSlice);
+    }
+    Result<T> r = WithoutGil([&]() -> Result<T> { return fn(Wait::For(slice)); });
+    if (r.ok()) return std::move(r).value();
+    if (r.status().code() != StatusCode::kDeadlineExceeded) throw StatusError(r.status());
+    if (timeout && Clock::now() >= deadline) {
+      const std::string reason = SliceReason(r.status().message());
+      throw StatusError(Status(StatusCode::kDeadlineExceeded, what + " did not arrive within " +
+                                                                  SecondsText(*timeout) +
+                                                                  (reason.empty() ? "" : ": " + reason)));
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+class PyWatcher {
+ public:
+  explicit PyWatcher(std::unique_ptr<Watcher> watcher) : watcher_(std::move(watcher)) {}
+  ~PyWatcher() {
+    if (watcher_) watcher_->Cancel();
+  }
+
+  // The next event as a dict; None when `timeout` passes (nullopt: wait forever) or the
+  // watch was cancelled (then `done` is set).
+  py::object Next(std::optional<double> timeout, bool* done) {
+    *done = false;
+    std::shared_ptr<Watcher> watcher = watcher_;
+    if (!watcher) {
+      *done = true;
+      return py::none();
+    }
+    const Clock::time_point deadline =
+        timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(std::max(*timeout, 0.0)))
+                : Clock::time_point::max();
+    for (;;) {
+      milliseconds slice = kWaitSlice;
+      if (timeout) {
+        auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+        slice = std::clamp(left, milliseconds(0), kWaitSlice);
+      }
+      Result<std::optional<WatchEvent>> r = WithoutGil([&] { return watcher->Next(slice); });
+      if (!r.ok()) {
+        if (r.status().code() == StatusCode::kCancelled) {
+          *done = true;
+          return py::none();
+        }
+        throw StatusError(r.status());
+      }
+      if (r.value()) return EventToDict(*r.value());
+      if (timeout && Clock::now() >= deadline) return py::none();
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+  void Cancel() {
+    if (std::shared_ptr<Watcher> watcher = std::move(watcher_)) {
+      WithoutGil([&] { watcher->Cancel(); });
+    }
+  }
+
+ private:
+  std::shared_ptr<Watcher> watcher_;  // null once cancelled
+};
+
+PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_generation,
+                                  std::optional<double> ttl, std::optional<uintptr_t> stream = std::nullopt) {
+  PublishOptions options;
+  // 0 is the CUDA driver's NULL stream, which torch reports for its default stream: the
+  // legacy default stream, unless a program was built for per-thread default streams.
+  if (stream && *stream != 0) options.stream = *stream;
+  if (if_absent && if_generation) {
+    throw py::value_error("publish: if_absent and if_generation exclude each other");
+  }
+  if (if_absent) options.condition = PublishOptions::Condition::kIfAbsent;
+  if (if_generation) {
+    options.condition = PublishOptions::Condition::kIfGeneration;
+    options.generation = *if_generation;
+  }
+  if (ttl) {
+    if (!(*ttl > 0)) throw py::value_error("publish: ttl must be positive seconds");
+    options.ttl = milliseconds(std::max<int64_t>(1, static_cast<int64_t>(*ttl * 1000.0)));
+  }
+  return options;
+}
+
+// The namespace of a name: its first segment.
+std::string NamespaceOf(const std::string& name) { return name.substr(0, name.find('/')); }
+
+// The handle's reference, for a publish: only a tensor from empty() is published in place.
+std::shared_ptr<TensorRef> PublishableRef(const PyTensor& tensor) {
+  if (!tensor.producer()) {
+    throw py::value_error("publish: tensor " + tensor.Describe() +
+                          " was not made by empty(); use put() to publish a copy");
+  }
+  return tensor.Ref();
+}
+
+class PyClient {
+ public:
+  static std::unique_ptr<PyClient> Connect(std::optional<std::string> socket,
+                                           std::optional<std::string> client_name,
+                                           bool lease_cache, double lease_cache_linger) {
+    ClientOptions options;
+    if (socket) options.socket_path = *socket;
+    if (client_name) options.client_name = *client_name;
+    options.lease_cache = lease_cache;
+    options.lease_cache_linger =
+        milliseconds(static_cast<int64_t>(std::max(lease_cache_linger, 0.0) * 1000.0));
+    std::unique_ptr<Client> client = Unwrap(WithoutGil([&] { return Client::Connect(options); }));
+    return std::unique_ptr<PyClient>(new PyClient(std::move(client)));
+  }
+
+  ~PyClient() {
+    // Stopping the client joins its threads, none of which needs the GIL.
+    WithoutGil([&] { client_.reset(); });
+  }
+
+  std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
+                                  std::optional<std::string> ns, std::pair<int32_t, int32_t> device) {
+    TensorSpec spec;
+    spec.dtype = DtypeFromName(dtype);
+    spec.shape = std::move(shape);
+    spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
+    spec.isolated = !ns.has_value();
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = Unwrap(WithoutGil([&] { return client->Allocate(ns.value_or(""), spec); }));
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/true);
+  }
+
+  py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
+                   std::optional<uint64_t> if_generation, std::optional<double> ttl,
+                   std::optional<uintptr_t> stream) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
+    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
+    std::shared_ptr<Client> client = Core();
+    tensor.set_info(Unwrap(WithoutGil([&] { return client->Publish(*ref, name, options); })));
+    return InfoToDict(tensor.info());
+  }
+
+  // The handle's description stays as it was: the broker's answer is not waited for.
+  void PublishNoWait(PyTensor& tensor, const std::string& name, bool if_absent,
+                     std::optional<uint64_t> if_generation, std::optional<double> ttl,
+                     std::optional<uintptr_t> stream) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
+    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
+    std::shared_ptr<Client> client = Core();
+    ThrowIfError(WithoutGil([&] { return client->PublishNoWait(*ref, name, options); }));
+  }
+
+  // Allocates, copies `source` in (the one copy) and publishes; the producer's own
+  // reference goes when this returns, so the binding is what holds the tensor.
+  // A CUDA source is copied device to device on `stream` (the caller's current stream,
+  // or the legacy default one) into a broker-owned tensor on the same GPU, and published
+  // with a ready event there: no host round trip and no host wait.
+  py::dict Put(const std::string& name, Source& source, bool if_absent,
+               std::optional<uint64_t> if_generation, std::optional<double> ttl,
+               std::optional<std::string> ns, std::optional<uintptr_t> stream) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
+    TensorSpec spec;
+    spec.dtype = source.dtype();
+    spec.shape = source.shape();
+    if (source.on_device()) {
+      spec.device = source.device();
+      if (!source.compact()) {
+        throw py::value_error("put: a CUDA source is copied as one block and must be in compact C order; "
+                              "pass tensor.contiguous()");
+      }
+    }
+    std::string space = ns.value_or(NamespaceOf(name));
+    const uint64_t nbytes = source.nbytes();  // refuses an overflowing shape before anything is allocated
+    std::shared_ptr<Client> client = Core();
+    Result<TensorInfo> info = WithoutGil([&]() -> Result<TensorInfo> {
+      Result<TensorRef> ref = client->Allocate(space, spec);
+      if (!ref.ok()) return ref.status();
+      if (source.on_device()) {
+        if (Status copied = ref->CopyFromDevice(source.data(), nbytes, options.stream); !copied.ok()) return copied;
+      } else {
+        source.CopyTo(ref->mutable_data());
+      }
+      return client->Publish(*ref, name, options);
+    });
+    return InfoToDict(Unwrap(std::move(info)));
+  }
+
+  // put() for a batch: every source read first (with the GIL), then one batch of
+  // allocations, the copies, and one batch of publishes. The producer's own
+  // references go when this returns.
+  py::list PutMany(const std::vector<std::pair<std::string, Source*>>& items, bool if_absent,
+                   std::optional<uint64_t> if_generation, std::optional<double> ttl,
+                   std::optional<std::string> ns) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+    std::vector<AllocateItem> allocations;
+    allocations.reserve(items.size());
+    for (const auto& [name, source] : items) {
+      if (source == nullptr) throw py::type_error("put_many: no array given for '" + name + "'");
+      if (source->on_device()) {
+        throw py::value_error("put_many: '" + name + "' is CUDA memory; put_many copies host arrays, put() copies a "
+                              "CUDA tensor device to device");
+      }
+      source->nbytes();  // refuses an overflowing shape before anything is allocated
+      AllocateItem item;
+      item.ns = ns.value_or(NamespaceOf(name));
+      item.spec.dtype = source->dtype();
+      item.spec.shape = source->shape();
+      allocations.push_back(std::move(item));
+    }
+    std::shared_ptr<Client> client = Core();
+    Result<std::vector<TensorInfo>> infos = WithoutGil([&]() -> Result<std::vector<TensorInfo>> {
+      Result<std::vector<TensorRef>> refs = client->AllocateMany(allocations);
+      if (!refs.ok()) return refs.status();
+      std::vector<PublishItem> publish;
+      publish.reserve(items.size());
+      for (size_t i = 0; i < items.size(); ++i) {
+        items[i].second->CopyTo((*refs)[i].mutable_data());
+        publish.push_back(PublishItem{&(*refs)[i], items[i].first, options});
+      }
+      return client->PublishMany(publish);
+    });
+    py::list out;
+    for (const TensorInfo& info : Unwrap(std::move(infos))) out.append(InfoToDict(info));
+    return out;
+  }
+
+  // get() for a batch of names: one batch per broker wait slice, all or nothing.
+  py::list GetMany(const std::vector<std::string>& names, std::optional<double> timeout,
+                   std::optional<uint64_t> min_generation, bool readonly, bool pinned) {
+    AcquireOptions options;
+    options.min_generation = min_generation.value_or(0);
+    options.readonly = readonly;
+    options.pinned = pinned;
+    std::shared_ptr<Client> client = Core();
+    const std::string what = "the batch of " + std::to_string(names.size()) + " name" +
+                             (names.size() == 1 ? "" : "s");
+    std::vector<TensorRef> refs =
+        WaitLoop<std::vector<TensorRef>>(what, timeout, [&](Wait wait) {
+          AcquireOptions o = options;
+          o.wait = wait;
+          return client->AcquireMany(names, o);
+        });
+    py::list out;
+    for (TensorRef& ref : refs) {
+      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
+    }
+    return out;
+  }
+
+  std::unique_ptr<PyTensor> Get(const std::string& name, std::optional<double> timeout,
+                                std::optional<uint64_t> min_generation, bool readonly, bool pinned) {
+    AcquireOptions options;
+    options.min_generation = min_generation.value_or(0);
+    options.readonly = readonly;
+    options.pinned = pinned;
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = WaitLoop<TensorRef>("'" + name + "'", timeout, [&](Wait wait) {
+      AcquireOptions o = options;
+      o.wait = wait;
+      return client->Acquire(name, o);
+    });
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+  }
+
+  std::unique_ptr<PyTensor> GetById(uint64_t id, bool readonly, bool pinned) {
+    AcquireOptions options;
+    options.readonly = readonly;
+    options.pinned = pinned;
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = Unwrap(WithoutGil([&] { return client->Acquire(TensorId{id}, options); }));
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+  }
+
+  std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
+                                 std::optional<double> timeout) {
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = WaitLoop<TensorRef>("'" + name_or_prefix + "'", timeout, [&](Wait wait) {
+      return client->Take(name_or_prefix, wait);
+    });
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+  }
+
+  py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout) {
+    std::shared_ptr<Client> client = Core();
+    std::vector<TensorRef> refs = WaitLoop<std::vector<TensorRef>>(
+        "'" + name_or_prefix + "'", timeout,
+        [&](Wait wait) { return client->TakeMany(name_or_prefix, max_count, wait); });
+    py::list out;
+    for (TensorRef& ref : refs) {
+      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
+    }
+    return out;
+  }
+
+  void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
+    std::shared_ptr<Client> client = Core();
+    ThrowIfError(WithoutGil([&] { return client->Delete(name, if_generation.value_or(0)); }));
+  }
+
+  py::list List(const std::string& prefix) {
+    std::shared_ptr<Client> client = Core();
+    std::vector<TensorInfo> infos = Unwrap(WithoutGil([&] { return client->List(prefix); }));
+    py::list out;
+    for (const TensorInfo& info : infos) out.append(InfoToDict(info));
+    return out;
+  }
+
+  py::dict Stat(const std::string& name) {
+    std::shared_ptr<Client> client = Core();
+    return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(name); })));
+  }
+
+  py::dict StatById(uint64_t id) {
+    std::shared_ptr<Client> client = Core();
+    return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(TensorId{id}); })));
+  }
+
+  py::dict BrokerStatusDict() {
+    std::shared_ptr<Client> client = Core();
+    return StatusToDict(Unwrap(WithoutGil([&] { return client->GetStatus(); })));
+  }
+
+  std::unique_ptr<PyWatcher> Watch(const std::string& prefix, bool initial) {
+    std::shared_ptr<Client> client = Core();
+    return std::make_unique<PyWatcher>(Unwrap(WithoutGil([&] { return client->Watch(prefix, initial); })));
+  }
+
+  void Flush() {
+    std::shared_ptr<Client> client = Core();
+    ThrowIfError(WithoutGil([&] { return client->Flush(); }));
+  }
+
+  void Close() {
+    std::shared_ptr<Client> client = std::move(client_);
+    WithoutGil([&] { client.reset(); });  // the last call in flight, if any, destroys it instead
+  }
+
+  bool closed() const { return client_ == nullptr; }
+  uint64_t session_id() { return Core()->session_id(); }
+  std::string socket_path() { return Core()->socket_path(); }
+
+ private:
+  explicit PyClient(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+
+  // Read and written with the GIL held only. Calls copy it so that close() from another
+  // thread never destroys a Client in use.
+  std::shared_ptr<Client> Core() const {
+    if (!client_) throw py::value_error("the tensord client is closed");
+    return client_;
+  }
+
+  std::shared_ptr<Client> client_;
+};
+
+}  // namespace
+
+void BindWatcher(py::module_& m) {
+  py::class_<PyWatcher>(m, "_Watcher")
+      .def("next",
+           [](PyWatcher& w, std::optional<double> timeout) {
+             bool done = false;
+             return w.Next(timeout, &done);
+           },
+           py::arg("timeout") = py::none())
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__",
+           [](PyWatcher& w) {
+             bool done = false;
+             py::object event = w.Next(std::nullopt, &done);
+             if (done) throw py::stop_iteration();
+             return event;
+           })
+      .def("cancel", &PyWatcher::Cancel);
+}
+
+void BindClient(py::module_& m) {
+  py::class_<PyClient>(m, "_Client")
+      .def_static("connect", &PyClient::Connect, py::arg("socket") = py::none(),
+                  py::arg("client_name") = py::none(), py::arg("lease_cache") = true,
+                  py::arg("lease_cache_linger") = 2.0)
+      .def("empty", &PyClient::Empty, py::arg("shape"), py::arg("dtype"),
+           py::arg("ns") = py::none(), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}))
+      .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
+           py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none())
+      .def("publish_nowait", &PyClient::PublishNoWait, py::arg("tensor"), py::arg("name"),
+           py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none())
+      .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,
+           py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
+           py::arg("ns") = py::none(), py::arg("stream") = py::none())
+      .def("put_many", &PyClient::PutMany, py::arg("items"), py::arg("if_absent") = false,
+           py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
+           py::arg("ns") = py::none())
+      .def("get", &PyClient::Get, py::arg("name"), py::arg("timeout") = 0.0,
+           py::arg("min_generation") = py::none(), py::arg("readonly") = false,
+           py::arg("pinned") = false)
+      .def("get_many", &PyClient::GetMany, py::arg("names"), py::arg("timeout") = 0.0,
+           py::arg("min_generation") = py::none(), py::arg("readonly") = false,
+           py::arg("pinned") = false)
+      .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false,
+           py::arg("pinned") = false)
+      .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0)
+      .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
+           py::arg("timeout") = 0.0)
+      .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
+      .def("list", &PyClient::List, py::arg("prefix") = "")
+      .def("stat", &PyClient::Stat, py::arg("name"))
+      .def("stat_by_id", &PyClient::StatById, py::arg("tensor_id"))
+      .def("status", &PyClient::BrokerStatusDict)
+      .def("watch", &PyClient::Watch, py::arg("prefix") = "", py::arg("initial") = false)
+      .def("flush", &PyClient::Flush)
+      .def("close", &PyClient::Close)
+      .def_property_readonly("closed", &PyClient::closed)
+      .def_property_readonly("session_id", &PyClient::session_id)
+      .def_property_readonly("socket", &PyClient::socket_path);
+}
+
+}  // namespace tensord::python

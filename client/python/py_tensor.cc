@@ -1,0 +1,157 @@
+#include "py_tensor.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <pybind11/stl.h>
+
+#include "py_convert.h"
+#include "py_dlpack.h"
+#include "py_errors.h"
+#include "py_gil.h"
+
+namespace tensord::python {
+
+namespace py = pybind11;
+
+std::shared_ptr<TensorRef> PyTensor::Ref() const {
+  if (!ref_) throw py::value_error("tensor " + Describe() + " was released");
+  return ref_;
+}
+
+std::string PyTensor::Describe() const {
+  return info_.name.empty() ? "#" + std::to_string(info_.tensor_id) : "'" + info_.name + "'";
+}
+
+py::tuple PyTensor::Device() const {
+  return py::make_tuple(info_.device.device_type, info_.device.device_id);
+}
+
+py::object PyTensor::DLPack(py::object stream, py::object max_version, py::object dl_device,
+                            py::object copy) const {
+  if (!copy.is_none() && copy.cast<bool>()) {
+    throw py::buffer_error("tensord exports zero-copy views only (copy=True refused); "
+                           "copy the result instead");
+  }
+  if (!dl_device.is_none()) {
+    auto wanted = dl_device.cast<std::pair<int32_t, int32_t>>();
+    if (wanted.first != info_.device.device_type || wanted.second != info_.device.device_id) {
+      throw py::buffer_error("tensor " + Describe() + " lives on device (" +
+                             std::to_string(info_.device.device_type) + ", " +
+                             std::to_string(info_.device.device_id) + "); cannot export to (" +
+                             std::to_string(wanted.first) + ", " +
+                             std::to_string(wanted.second) + ") without a copy");
+    }
+  }
+  bool versioned = false;
+  if (!max_version.is_none()) {
+    auto version = max_version.cast<std::pair<uint32_t, uint32_t>>();
+    versioned = version.first >= kDLPackMajorVersion;
+  }
+  std::shared_ptr<TensorRef> ref = Ref();
+  // DLPack's stream protocol: the consumer's stream waits for the producer's writes
+  // (None: the legacy default stream; -1: the consumer asks for no ordering). Only GPU
+  // memory has streams: host tensors and pinned host views ignore `stream`. Level Zero
+  // (kDLOneAPI) has no default stream: None waits on the host, an int is the handle of a
+  // ze_command_list_handle_t in tensord's context (UseLevelZeroContext).
+  const bool level_zero = info_.device.device_type == kDLOneAPI;
+  if (info_.device.device_type == kDLCUDA || level_zero) {
+    const int64_t none = level_zero ? 0 : static_cast<int64_t>(kLegacyDefaultStream);
+    const int64_t wanted = stream.is_none() ? none : stream.cast<int64_t>();
+    if (wanted == 0 && !level_zero) {
+      throw py::value_error("__dlpack__: stream 0 is ambiguous for CUDA (the DLPack protocol disallows it); "
+                            "pass 1 for the legacy default stream or the stream's handle");
+    }
+    if (wanted != -1) {
+      ThrowIfError(WithoutGil([&] { return ref->UseOnStream(static_cast<uintptr_t>(wanted)); }));
+    }
+  }
+  if (versioned) {
+    DLManagedTensorVersioned* view = ref->ToDLPackVersioned();
+    if (readonly_) view->flags |= kDLFlagBitMaskReadOnly;
+    return MakeVersionedCapsule(view);
+  }
+  if (readonly_) {
+    throw py::buffer_error("tensor " + Describe() + " is a read-only mapping, which a legacy "
+                           "DLPack capsule cannot signal; pass max_version=(1, 0), use "
+                           ".numpy() or .torch(), or get it without " +
+                           (pinned() ? "pinned=True" : "readonly=True"));
+  }
+  return MakeLegacyCapsule(ref->ToDLPack());
+}
+
+void PyTensor::UseOnStream(uintptr_t stream) const {
+  std::shared_ptr<TensorRef> ref = Ref();
+  ThrowIfError(WithoutGil([&] { return ref->UseOnStream(stream); }));
+}
+
+py::object PyTensor::LegacyCapsuleAs(const std::string& as_dtype) const {
+  DLDataType dtype = DtypeFromName(as_dtype);
+  if (ItemSize(dtype) != ItemSize(info_.dtype)) {
+    throw py::type_error("cannot view " + DtypeName(info_.dtype).value_or("?") + " as " +
+                         as_dtype + ": different item size");
+  }
+  DLManagedTensor* view = Ref()->ToDLPack();
+  view->dl_tensor.dtype = dtype;
+  // A pinned view is host memory, which torch 1.13 refuses under kDLCUDAHost ("Unsupported
+  // device_type: 3"): it gets the CPU tensor it is.
+  if (pinned()) view->dl_tensor.device = DLDevice{kDLCPU, 0};
+  return MakeLegacyCapsule(view);
+}
+
+py::object PyTensor::NumpyArray() const { return MakeNumpyArray(Ref()->ToDLPack(), readonly_); }
+
+uintptr_t PyTensor::DataPtr() const { return reinterpret_cast<uintptr_t>(Ref()->data()); }
+
+void BindTensor(py::module_& m) {
+  py::class_<PyTensor>(m, "Tensor", "A tensor held through tensord (see tensord.Tensor).")
+      .def("__dlpack__", &PyTensor::DLPack, py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none())
+      .def("__dlpack_device__", &PyTensor::Device)
+      .def("use_on_stream", &PyTensor::UseOnStream, py::arg("stream"),
+           "GPU tensors: makes `stream` (an int handle, e.g. torch's stream.cuda_stream) wait for the "
+           "producer's writes, and holds the lease's release until the work queued there is done. "
+           "__dlpack__(stream=...) does this for the stream it is given. Nothing for host tensors.")
+      .def("_legacy_capsule_as", &PyTensor::LegacyCapsuleAs, py::arg("dtype"))
+      .def("_numpy", &PyTensor::NumpyArray)
+      .def_property_readonly("_data_ptr", &PyTensor::DataPtr)
+      .def("release", &PyTensor::Release,
+           "Drops this handle's own reference now; views made from it keep theirs.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyTensor& t, py::args) { t.Release(); })
+      .def_property_readonly("shape",
+                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().shape)); })
+      .def_property_readonly("strides",
+                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().strides)); })
+      .def_property_readonly("dtype",
+                             [](const PyTensor& t) { return DtypeName(t.info().dtype); })
+      .def_property_readonly("name",
+                             [](const PyTensor& t) -> std::optional<std::string> {
+                               if (t.info().name.empty()) return std::nullopt;
+                               return t.info().name;
+                             })
+      .def_property_readonly("tensor_id", [](const PyTensor& t) { return t.info().tensor_id; })
+      .def_property_readonly("generation", [](const PyTensor& t) { return t.info().generation; })
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info().nbytes; })
+      .def_property_readonly("device", &PyTensor::Device)
+      .def_property_readonly("readonly", &PyTensor::readonly)
+      .def_property_readonly("pinned", &PyTensor::pinned)
+      .def_property_readonly("writable", &PyTensor::producer,
+                             "True for a tensor from empty(): fill it, then publish it.")
+      .def_property_readonly("released", &PyTensor::released)
+      .def_property_readonly("info", [](const PyTensor& t) { return InfoToDict(t.info()); })
+      .def("__repr__", [](const PyTensor& t) {
+        std::string repr = "<tensord.Tensor " + t.Describe() + " " +
+                           DtypeName(t.info().dtype).value_or("?") + "[";
+        for (size_t i = 0; i < t.info().shape.size(); ++i) {
+          if (i > 0) repr += ", ";
+          repr += std::to_string(t.info().shape[i]);
+        }
+        repr += t.released() ? "] released>" : "]>";
+        return repr;
+      });
+}
+
+}  // namespace tensord::python

@@ -1,0 +1,73 @@
+// The Python `Tensor` class (tensord._tensord.Tensor): one TensorRef (the handle's own
+// reference) plus a snapshot of its description. DLPack capsules and array views made from
+// it hold their own references, so release() drops only the handle's.
+//
+// Errors: BufferError for DLPack requests that cannot be honoured; ValueError for a released
+// tensor. Used with the GIL held; calls that block (UseOnStream) release it.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <pybind11/pybind11.h>
+
+#include "tensord/client.h"
+
+namespace tensord::python {
+
+class PyTensor {
+ public:
+  // `producer`: a tensor from empty(), which publish() publishes in place.
+  PyTensor(TensorRef ref, bool producer)
+      : info_(ref.info()),
+        readonly_(ref.readonly()),
+        producer_(producer),
+        ref_(std::make_shared<TensorRef>(std::move(ref))) {}
+
+  const TensorInfo& info() const { return info_; }
+  void set_info(TensorInfo info) { info_ = std::move(info); }
+  bool readonly() const { return readonly_; }
+  bool pinned() const { return info_.device.device_type == kDLCUDAHost; }
+  bool producer() const { return producer_; }
+  bool released() const { return ref_ == nullptr; }
+
+  // The handle's reference; ValueError once released. Shared so that a call running without
+  // the GIL keeps the TensorRef alive if another thread releases the handle meanwhile.
+  std::shared_ptr<TensorRef> Ref() const;
+
+  void Release() { ref_.reset(); }
+
+  // "'ns/x'", or "#<id>" for a tensor without a name.
+  std::string Describe() const;
+
+  pybind11::tuple Device() const;
+
+  // __dlpack__(stream, max_version, dl_device, copy), the DLPack exchange protocol.
+  pybind11::object DLPack(pybind11::object stream, pybind11::object max_version,
+                          pybind11::object dl_device, pybind11::object copy) const;
+
+  void UseOnStream(uintptr_t stream) const;
+
+  // A legacy capsule for .torch(): elements reinterpreted as `as_dtype` (same size), and a
+  // read-only mapping allowed (the caller warns).
+  pybind11::object LegacyCapsuleAs(const std::string& as_dtype) const;
+
+  pybind11::object NumpyArray() const;
+
+  uintptr_t DataPtr() const;
+
+ private:
+  TensorInfo info_;
+  bool readonly_;
+  bool producer_;
+  std::shared_ptr<TensorRef> ref_;  // null once released
+};
+
+// Adds the class `Tensor` to `m`.
+void BindTensor(pybind11::module_& m);
+
+}  // namespace tensord::python
