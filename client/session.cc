@@ -453,7 +453,7 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
       tensord::v1::Device view;
       view.set_type(mapping->view_device_type());
       view.set_index(mapping->device_ordinal());
-      params.info.device = common::ToDLDevice(view);
+      params.info.device = ToDLDevice(view);
     }
   }
   params.lease_id = lease_id;

@@ -31,11 +31,11 @@ TensorInfo ToPublicInfo(const tensord::v1::TensorInfo& proto, const common::Tens
   info.tensor_id = proto.tensor_id();
   info.name = proto.name();
   info.generation = proto.generation();
-  info.dtype = common::ToDLDataType(proto.desc().dtype());
+  info.dtype = ToDLDataType(proto.desc().dtype());
   info.shape.assign(proto.desc().shape().begin(), proto.desc().shape().end());
   info.strides = layout.strides;
   info.byte_offset = proto.desc().byte_offset();
-  info.device = common::ToDLDevice(proto.desc().device());
+  info.device = ToDLDevice(proto.desc().device());
   info.state = ToPublicState(proto.state());
   info.tags = std::map<std::string, std::string>(proto.tags().begin(), proto.tags().end());
   info.created_unix_ms = proto.created_unix_ms();
@@ -87,8 +87,8 @@ absl::StatusOr<ValidatedTensor> ValidateTensorInfo(const tensord::v1::TensorInfo
 
 absl::StatusOr<tensord::v1::TensorDesc> SpecToDesc(const TensorSpec& spec) {
   tensord::v1::TensorDesc desc;
-  TENSORD_ASSIGN_OR_RETURN(*desc.mutable_dtype(), common::FromDLDataType(spec.dtype));
-  TENSORD_ASSIGN_OR_RETURN(*desc.mutable_device(), common::FromDLDevice(spec.device));
+  TENSORD_ASSIGN_OR_RETURN(*desc.mutable_dtype(), FromDLDataType(spec.dtype));
+  TENSORD_ASSIGN_OR_RETURN(*desc.mutable_device(), FromDLDevice(spec.device));
   // Our ordinal means nothing to the broker or other processes: a GPU goes by its UUID.
   TENSORD_RETURN_IF_ERROR(common::ProcessImporters().NameDevice(*desc.mutable_device()));
   for (int64_t d : spec.shape) desc.add_shape(d);
@@ -130,7 +130,7 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
     info.unavailable_reason = backend.unavailable_reason();
     for (const tensord::v1::DeviceUsage& usage : backend.devices()) {
       DeviceUsage device;
-      device.device = common::ToDLDevice(usage.device());
+      device.device = ToDLDevice(usage.device());
       device.uuid = usage.device().uuid().empty()
                         ? std::string()
                         : common::FormatDeviceUuid(usage.device().type(), usage.device().uuid());

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "client/dlpack_convert.h"  // the dtype and device conversions these build on
 #include "common/tensor_desc.h"
 #include "tensord/client.h"
 #include "tensord/v1/broker.pb.h"

@@ -66,23 +66,25 @@ absl::string_view AllowedBits(int code) {
   }
 }
 
-bool KnownCode(int code) { return !AllowedBits(code).empty(); }
+}  // namespace
 
-absl::Status ValidateDType(const DataType& dtype, absl::string_view field) {
-  if (!KnownCode(dtype.code())) {
+bool KnownDTypeCode(int code) { return !AllowedBits(code).empty(); }
+
+absl::Status ValidateDType(const DataType& dtype, std::string_view field) {
+  if (!KnownDTypeCode(dtype.code())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".code is ", dtype.code(),
+        AbslView(field), ".code is ", dtype.code(),
         ": expected a known type code (int, uint, float, bfloat, complex or bool)"));
   }
   if (FindDType(dtype.code(), dtype.bits()) == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".bits is ", dtype.bits(), ": ",
+        absl::StrCat(AbslView(field), ".bits is ", dtype.bits(), ": ",
                      tensord::v1::DTypeCode_Name(dtype.code()), " allows ",
                      AllowedBits(dtype.code())));
   }
   if (dtype.lanes() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".lanes is ", dtype.lanes(), ": must be 1 (vector types are not supported)"));
+        AbslView(field), ".lanes is ", dtype.lanes(), ": must be 1 (vector types are not supported)"));
   }
   return absl::OkStatus();
 }
@@ -99,25 +101,27 @@ bool KnownDeviceType(int type) {
   }
 }
 
-absl::Status ValidateDevice(const Device& device, absl::string_view field) {
+absl::Status ValidateDevice(const Device& device, std::string_view field) {
   if (!KnownDeviceType(device.type())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".type is ", device.type(), ": expected CPU, CUDA, CUDA_HOST or ONEAPI"));
+        AbslView(field), ".type is ", device.type(), ": expected CPU, CUDA, CUDA_HOST or ONEAPI"));
   }
   if (device.index() < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".index is ", device.index(), ": must be >= 0"));
+        absl::StrCat(AbslView(field), ".index is ", device.index(), ": must be >= 0"));
   }
   if (device.type() == tensord::v1::DEVICE_TYPE_CPU && device.index() != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".index is ", device.index(), ": must be 0 for a CPU device"));
+        absl::StrCat(AbslView(field), ".index is ", device.index(), ": must be 0 for a CPU device"));
   }
   if (!device.uuid().empty() && device.uuid().size() != 16) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".uuid has ", device.uuid().size(), " bytes: must be empty or 16 bytes"));
+        AbslView(field), ".uuid has ", device.uuid().size(), " bytes: must be empty or 16 bytes"));
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // a * b, or false when it overflows or exceeds kMaxTensorBytes.
 bool MulBounded(uint64_t a, uint64_t b, uint64_t* out) {
@@ -288,44 +292,6 @@ std::vector<int64_t> CompactStrides(const std::vector<int64_t>& shape) {
     if (__builtin_mul_overflow(step, dim, &step)) step = INT64_MAX;
   }
   return strides;
-}
-
-tensord::DLDataType ToDLDataType(const DataType& dtype) {
-  return tensord::DLDataType{static_cast<uint8_t>(dtype.code() - 1),
-                             static_cast<uint8_t>(dtype.bits()),
-                             static_cast<uint16_t>(dtype.lanes())};
-}
-
-absl::StatusOr<DataType> FromDLDataType(tensord::DLDataType dtype) {
-  DataType out;
-  // DLPack codes are the proto's minus one; an unknown code stays unknown after the shift.
-  out.set_code(static_cast<tensord::v1::DTypeCode>(dtype.code + 1));
-  out.set_bits(dtype.bits);
-  out.set_lanes(dtype.lanes);
-  if (!KnownCode(dtype.code + 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dlpack dtype.code is ", dtype.code, ": tensord supports int, uint, float, bfloat, "
-        "complex and bool"));
-  }
-  TENSORD_RETURN_IF_ERROR(ValidateDType(out, "dlpack dtype"));
-  return out;
-}
-
-tensord::DLDevice ToDLDevice(const Device& device) {
-  return tensord::DLDevice{static_cast<int32_t>(device.type()), device.index()};
-}
-
-absl::StatusOr<Device> FromDLDevice(tensord::DLDevice device) {
-  if (!KnownDeviceType(device.device_type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dlpack device_type is ", device.device_type,
-                     ": tensord supports kDLCPU, kDLCUDA, kDLCUDAHost and kDLOneAPI"));
-  }
-  Device out;
-  out.set_type(static_cast<tensord::v1::DeviceType>(device.device_type));
-  out.set_index(device.device_id);
-  TENSORD_RETURN_IF_ERROR(ValidateDevice(out, "dlpack device"));
-  return out;
 }
 
 std::string DTypeName(const DataType& dtype) {

@@ -1,16 +1,18 @@
 // Tensor descriptions: validation and layout arithmetic, shared by the broker (which checks
 // every request) and the client (which checks every description it gets back before it
-// builds a DLTensor). Pure functions; thread-safe.
+// builds a DLTensor). Wire descriptions only: converting to and from DLPack's types is the
+// client's (client/dlpack_convert.h). Pure functions; thread-safe.
 //
 // Errors: INVALID_ARGUMENT naming the field ("desc.shape[2] is -1: dimensions must be >= 0").
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tensord/dlpack.h"
 #include "tensord/v1/tensor.pb.h"
 
 namespace tensord::common {
@@ -51,12 +53,15 @@ uint64_t ItemBytes(const tensord::v1::DataType& dtype);
 // C-order strides (elements) for a shape.
 std::vector<int64_t> CompactStrides(const std::vector<int64_t>& shape);
 
-// Conversions between the proto and DLPack forms. The proto -> DLPack direction assumes a
-// validated description.
-tensord::DLDataType ToDLDataType(const tensord::v1::DataType& dtype);
-absl::StatusOr<tensord::v1::DataType> FromDLDataType(tensord::DLDataType dtype);
-tensord::DLDevice ToDLDevice(const tensord::v1::Device& device);
-absl::StatusOr<tensord::v1::Device> FromDLDevice(tensord::DLDevice device);
+// The parts of ValidateDesc, for a dtype or device that comes alone (from DLPack, say).
+// `field` names it in errors ("desc.dtype": "desc.dtype.bits is 12: INT allows ...").
+// ValidateDType: a known code and width, lanes == 1. ValidateDevice: a known type, index
+// >= 0 (0 for CPU), a uuid of 0 or 16 bytes.
+absl::Status ValidateDType(const tensord::v1::DataType& dtype, std::string_view field);
+absl::Status ValidateDevice(const tensord::v1::Device& device, std::string_view field);
+// Whether tensord knows a DTypeCode / DeviceType value (whatever its width or index).
+bool KnownDTypeCode(int code);
+bool KnownDeviceType(int type);
 
 // "float32", "int64", "bool", "bfloat16", "complex64", ...
 std::string DTypeName(const tensord::v1::DataType& dtype);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/dlpack_convert.h"
 #include "client/tensor_convert.h"
 #include "common/human_bytes.h"
 #include "common/names.h"
@@ -109,7 +110,7 @@ std::string ShapeText(const std::vector<int64_t>& v) {
 }
 
 std::string DTypeText(DLDataType dtype) {
-  auto proto = common::FromDLDataType(dtype);
+  auto proto = internal::FromDLDataType(dtype);
   if (!proto.ok()) return "code" + std::to_string(dtype.code) + "x" + std::to_string(dtype.bits);
   return common::DTypeName(*proto);
 }
@@ -432,7 +433,7 @@ int CmdPut(Client& client, const Globals& g, const std::string& name, const std:
   if (!header.ok()) return Fail(what, path + ": " + std::string(header.status().message()));
 
   TensorSpec spec;
-  spec.dtype = common::ToDLDataType(header->dtype);
+  spec.dtype = internal::ToDLDataType(header->dtype);
   spec.shape = header->shape;
   if (header->fortran_order) spec.strides = FortranStrides(header->shape);
   Result<TensorRef> ref = client.Allocate(common::NamespaceOf(name), spec);
@@ -456,7 +457,7 @@ int CmdPut(Client& client, const Globals& g, const std::string& name, const std:
 
 Status WriteNpy(const TensorRef& ref, const std::string& path) {
   const TensorInfo& t = ref.info();
-  absl::StatusOr<tensord::v1::DataType> dtype = common::FromDLDataType(t.dtype);
+  absl::StatusOr<tensord::v1::DataType> dtype = internal::FromDLDataType(t.dtype);
   if (!dtype.ok()) return Status(StatusCode::kInvalidArgument, std::string(dtype.status().message()));
   const uint64_t item = common::ItemBytes(*dtype);
   const bool c_order = SameLayout(t.shape, t.strides, common::CompactStrides(t.shape));

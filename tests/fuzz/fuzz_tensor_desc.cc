@@ -5,14 +5,16 @@
 // Invariants: an accepted description's layout equals an independent 128-bit computation
 // (element count, bytes, extent, strides, contiguity), every element of a small tensor lies
 // inside its extent and the last one ends exactly there, ValidateFitsBuffer accepts exactly
-// the buffers that hold the extent, and the dtype and device survive the DLPack round trip;
-// a refused one gets INVALID_ARGUMENT naming a desc field.
+// the buffers that hold the extent, and the dtype and device survive the DLPack round trip
+// (the client's conversions, client/dlpack_convert.h, compiled in); a refused one gets
+// INVALID_ARGUMENT naming a desc field.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "client/dlpack_convert.h"
 #include "common/tensor_desc.h"
 #include "google/protobuf/stubs/logging.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -20,6 +22,10 @@
 namespace tensord::common {
 namespace {
 
+using tensord::internal::FromDLDataType;
+using tensord::internal::FromDLDevice;
+using tensord::internal::ToDLDataType;
+using tensord::internal::ToDLDevice;
 using tensord::v1::BufferRef;
 using tensord::v1::TensorDesc;
 using u128 = unsigned __int128;

@@ -1,6 +1,7 @@
 #include "common/tensor_desc.h"
 
 #include <initializer_list>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -257,47 +258,38 @@ struct NamedDType {
   const char* name;
   v1::DTypeCode code;
   uint32_t bits;
-  uint8_t dl_code;
 };
 
 constexpr NamedDType kAllDTypes[] = {
-    {"bool", v1::DTYPE_CODE_BOOL, 8, kDLBool},
-    {"int8", v1::DTYPE_CODE_INT, 8, kDLInt},
-    {"int16", v1::DTYPE_CODE_INT, 16, kDLInt},
-    {"int32", v1::DTYPE_CODE_INT, 32, kDLInt},
-    {"int64", v1::DTYPE_CODE_INT, 64, kDLInt},
-    {"uint8", v1::DTYPE_CODE_UINT, 8, kDLUInt},
-    {"uint16", v1::DTYPE_CODE_UINT, 16, kDLUInt},
-    {"uint32", v1::DTYPE_CODE_UINT, 32, kDLUInt},
-    {"uint64", v1::DTYPE_CODE_UINT, 64, kDLUInt},
-    {"float16", v1::DTYPE_CODE_FLOAT, 16, kDLFloat},
-    {"float32", v1::DTYPE_CODE_FLOAT, 32, kDLFloat},
-    {"float64", v1::DTYPE_CODE_FLOAT, 64, kDLFloat},
-    {"bfloat16", v1::DTYPE_CODE_BFLOAT, 16, kDLBfloat},
-    {"complex64", v1::DTYPE_CODE_COMPLEX, 64, kDLComplex},
-    {"complex128", v1::DTYPE_CODE_COMPLEX, 128, kDLComplex},
+    {"bool", v1::DTYPE_CODE_BOOL, 8},
+    {"int8", v1::DTYPE_CODE_INT, 8},
+    {"int16", v1::DTYPE_CODE_INT, 16},
+    {"int32", v1::DTYPE_CODE_INT, 32},
+    {"int64", v1::DTYPE_CODE_INT, 64},
+    {"uint8", v1::DTYPE_CODE_UINT, 8},
+    {"uint16", v1::DTYPE_CODE_UINT, 16},
+    {"uint32", v1::DTYPE_CODE_UINT, 32},
+    {"uint64", v1::DTYPE_CODE_UINT, 64},
+    {"float16", v1::DTYPE_CODE_FLOAT, 16},
+    {"float32", v1::DTYPE_CODE_FLOAT, 32},
+    {"float64", v1::DTYPE_CODE_FLOAT, 64},
+    {"bfloat16", v1::DTYPE_CODE_BFLOAT, 16},
+    {"complex64", v1::DTYPE_CODE_COMPLEX, 64},
+    {"complex128", v1::DTYPE_CODE_COMPLEX, 128},
 };
 
-TEST(DTypeTest, NamesAndDLPackCodesRoundTrip) {
+TEST(DTypeTest, NamesRoundTrip) {
   for (const NamedDType& t : kAllDTypes) {
     SCOPED_TRACE(t.name);
     v1::DataType dtype = DType(t.code, t.bits);
     EXPECT_EQ(DTypeName(dtype), t.name);
     EXPECT_EQ(ItemBytes(dtype), t.bits / 8);
+    EXPECT_THAT(ValidateDType(dtype, "dtype"), IsOk());
     auto parsed = ParseDTypeName(t.name);
     ASSERT_THAT(parsed, IsOk());
     EXPECT_EQ(parsed->code(), t.code);
     EXPECT_EQ(parsed->bits(), t.bits);
     EXPECT_EQ(parsed->lanes(), 1u);
-
-    DLDataType dl = ToDLDataType(dtype);
-    EXPECT_EQ(dl.code, t.dl_code);
-    EXPECT_EQ(dl.bits, t.bits);
-    EXPECT_EQ(dl.lanes, 1);
-    auto back = FromDLDataType(dl);
-    ASSERT_THAT(back, IsOk());
-    EXPECT_EQ(back->code(), t.code);
-    EXPECT_EQ(back->bits(), t.bits);
   }
 }
 
@@ -308,30 +300,29 @@ TEST(DTypeTest, RefusesUnknown) {
   EXPECT_EQ(ItemBytes(DType(v1::DTYPE_CODE_INT, 12)), 0u);
   EXPECT_EQ(ItemBytes(DType(v1::DTYPE_CODE_INT, 32, 4)), 0u);
   EXPECT_THAT(DTypeName(DType(v1::DTYPE_CODE_INT, 12)), HasSubstr("invalid"));
-  EXPECT_THAT(FromDLDataType(DLDataType{kDLOpaqueHandle, 64, 1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dlpack dtype.code is 3")));
-  EXPECT_THAT(FromDLDataType(DLDataType{kDLFloat, 32, 4}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lanes is 4")));
-  EXPECT_THAT(FromDLDataType(DLDataType{kDLFloat, 128, 1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bits is 128")));
+  EXPECT_FALSE(KnownDTypeCode(4));  // DLPack's kDLOpaqueHandle, shifted
+  EXPECT_THAT(ValidateDType(DType(v1::DTYPE_CODE_FLOAT, 32, 4), "dtype"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype.lanes is 4")));
+  EXPECT_THAT(ValidateDType(DType(v1::DTYPE_CODE_FLOAT, 128), "dtype"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype.bits is 128")));
 }
 
-TEST(DeviceTest, DLPackRoundTrip) {
-  for (auto [type, index] : {std::pair{kDLCPU, 0}, std::pair{kDLCUDA, 3},
-                             std::pair{kDLCUDAHost, 0}, std::pair{kDLOneAPI, 1}}) {
-    auto device = FromDLDevice(DLDevice{type, index});
-    ASSERT_THAT(device, IsOk());
-    EXPECT_EQ(device->type(), static_cast<int>(type));
-    DLDevice back = ToDLDevice(*device);
-    EXPECT_EQ(back.device_type, type);
-    EXPECT_EQ(back.device_id, index);
+TEST(DeviceTest, ValidatesAlone) {
+  for (auto [type, index] : {std::pair{v1::DEVICE_TYPE_CPU, 0}, std::pair{v1::DEVICE_TYPE_CUDA, 3},
+                             std::pair{v1::DEVICE_TYPE_CUDA_HOST, 0},
+                             std::pair{v1::DEVICE_TYPE_ONEAPI, 1}}) {
+    v1::Device device;
+    device.set_type(type);
+    device.set_index(index);
+    EXPECT_TRUE(KnownDeviceType(type));
+    EXPECT_THAT(ValidateDevice(device, "device"), IsOk());
   }
-  EXPECT_THAT(FromDLDevice(DLDevice{kDLVulkan, 0}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device_type is 7")));
-  EXPECT_THAT(FromDLDevice(DLDevice{kDLCPU, 2}),
+  EXPECT_FALSE(KnownDeviceType(7));  // Vulkan
+  v1::Device cpu2;
+  cpu2.set_type(v1::DEVICE_TYPE_CPU);
+  cpu2.set_index(2);
+  EXPECT_THAT(ValidateDevice(cpu2, "device"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be 0 for a CPU")));
-  EXPECT_THAT(FromDLDevice(DLDevice{kDLCUDA, -1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(">= 0")));
 }
 
 }  // namespace
