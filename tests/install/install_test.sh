@@ -13,7 +13,10 @@ cleanup() {
 trap cleanup EXIT
 
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
-test -f "$work/prefix/include/tensord/client.h"
+# client.h and, beside it, the ABI headers it includes (abi/include in the source tree).
+for header in client.h dlpack.h status.h; do
+  test -f "$work/prefix/include/tensord/$header"
+done
 # The installed headers name no gRPC, protobuf or absl type.
 if grep -rlE '#include.*(grpc|google/protobuf|absl)|(grpc|absl|google::protobuf)::' "$work/prefix/include/tensord"; then
   echo "install_test: installed headers mention gRPC/protobuf/absl" >&2

@@ -5,9 +5,11 @@ Debian python3 (this interpreter, /usr/bin/python3 under ctest) from the reposit
 against a test daemon of its own ($TENSORD_SOCKET points at it, as for any child process
 here), with a time limit: a snippet that blocks fails instead of hanging the suite.
 
-README.md's ```cpp block is a whole program. It is compiled as written against
-client/include and the build tree's libtensord.so with -Wall -Wextra -Wpedantic -Werror
-(an ignored [[nodiscard]] result is an error), then run against a test daemon.
+README.md's ```cpp block is a whole program. It is compiled as written against the source
+tree's public headers (client/include, and abi/include for the tensord/dlpack.h and
+tensord/status.h that client.h includes) and the build tree's libtensord.so with -Wall
+-Wextra -Wpedantic -Werror (an ignored [[nodiscard]] result is an error), then run against a
+test daemon.
 
 A block that is deliberately not run is preceded by the line
 
@@ -99,7 +101,8 @@ def test_cpp_snippet_compiles_without_warnings_and_runs(broker, tmp_path, code):
     lib_dir = _lib_dir()
     compile_cmd = [
         os.environ.get("TENSORD_CXX", "c++"), "-std=c++20", "-Wall", "-Wextra", "-Wpedantic",
-        "-Werror", "-I", os.path.join(REPO, "client", "include"), str(source), "-o",
+        "-Werror", "-I", os.path.join(REPO, "client", "include"),
+        "-I", os.path.join(REPO, "abi", "include"), str(source), "-o",
         str(program), "-L", lib_dir, "-ltensord", f"-Wl,-rpath,{lib_dir}",
     ]
     built = subprocess.run(compile_cmd, capture_output=True, text=True, timeout=600)
