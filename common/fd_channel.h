@@ -17,13 +17,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/protocol_limits.h"  // kMaxFdMessageBytes, kMaxFdsPerMessage
 #include "common/unique_fd.h"
 #include "google/protobuf/message_lite.h"
 
 namespace tensord::common {
 
-inline constexpr size_t kMaxFdMessageBytes = 64 * 1024;
-inline constexpr size_t kMaxFdsPerMessage = 253;  // SCM_MAX_FD
 // 2: Session-stream batches (SessionRequest.batch, SessionResponse.batch).
 // 3: FetchedBuffer carries its device type and a MemoryHandle (bytes and an fd count).
 inline constexpr uint32_t kFdProtocolVersion = 3;
