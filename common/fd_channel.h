@@ -6,6 +6,7 @@
 // the caller allows, RESOURCE_EXHAUSTED when fewer than max_fds arrived (our fd table is
 // full). A message with more fds than allowed has all its fds closed and is refused. A closed peer
 // answers UNAVAILABLE "peer closed the fd channel". EINTR is retried; nothing else loops.
+// A non-blocking socket that is not ready is no error: the result says FdIo::kWouldBlock.
 // Thread-safety: none of its own; callers serialise use of one socket per direction.
 #pragma once
 
@@ -27,7 +28,14 @@ namespace tensord::common {
 // 3: FetchedBuffer carries its device type and a MemoryHandle (bytes and an fd count).
 inline constexpr uint32_t kFdProtocolVersion = 3;
 
+// What a send or receive did. kWouldBlock: the socket is non-blocking and was not ready
+// (EAGAIN: nothing queued to read, or no room to send); nothing was sent or received, and
+// the caller waits for readiness (epoll, poll) before it tries again. A blocking socket
+// never answers it.
+enum class FdIo { kDone, kWouldBlock };
+
 struct ReceivedMessage {
+  FdIo io = FdIo::kDone;  // kWouldBlock: nothing arrived; bytes and fds are empty
   std::string bytes;
   std::vector<UniqueFd> fds;
 };
@@ -37,14 +45,15 @@ struct ReceivedMessage {
 // (a zero-length SOCK_SEQPACKET datagram reads as end-of-file at the receiver, so give
 // every message a field: FdRequest/FdResponse always have their oneof set), or there are
 // too many fds. UNAVAILABLE "peer closed the fd channel" when the peer is gone.
-absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& message,
-                           std::span<const int> fds = {});
+absl::StatusOr<FdIo> SendFdMessage(int socket, const google::protobuf::MessageLite& message,
+                                   std::span<const int> fds = {});
 
-// Receives one datagram, blocking unless the socket is non-blocking (then EAGAIN gives
-// UNAVAILABLE with "would block" and an empty result is never returned).
+// Receives one datagram, blocking unless the socket is non-blocking (then, with nothing
+// queued, a message whose io is kWouldBlock).
 absl::StatusOr<ReceivedMessage> ReceiveFdMessage(int socket, size_t max_fds);
 
-// Parses `received.bytes` into `message`: INVALID_ARGUMENT "fd channel: malformed <type>".
+// Parses `received.bytes` into `message`: INVALID_ARGUMENT "fd channel: malformed <type>";
+// FAILED_PRECONDITION for a kWouldBlock result, which holds no message to parse.
 absl::Status ParseFdMessage(const ReceivedMessage& received, google::protobuf::MessageLite* message);
 
 struct PeerCredentials {

@@ -45,12 +45,19 @@ int MillisUntil(std::optional<SteadyClock::time_point> deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
 }
 
-// Sends a reply without blocking. False when the peer cannot take it (then it is dropped).
+// Sends a reply without blocking. False when the peer cannot take it (then it is dropped,
+// and the caller closes the connection).
 bool Reply(const Connection& connection, const v1::FdResponse& response,
            std::span<const int> fds = {}) {
-  absl::Status sent = common::SendFdMessage(connection.fd.get(), response, fds);
+  absl::StatusOr<common::FdIo> sent = common::SendFdMessage(connection.fd.get(), response, fds);
   if (!sent.ok()) {
-    spdlog::debug("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.ToString());
+    spdlog::debug("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.status().ToString());
+    return false;
+  }
+  if (*sent == common::FdIo::kWouldBlock) {
+    // Waiting for room would let one peer stall every other connection of the loop.
+    spdlog::debug("fd channel: pid {} does not read its replies (its socket buffer is full)",
+                  connection.creds.pid);
     return false;
   }
   return true;
@@ -268,16 +275,16 @@ void FdServer::Run() {
           // Room for the one fd a STAGE carries: the kernel drops a larger batch's surplus
           // (MSG_CTRUNC), so a peer cannot make us hold hundreds of its fds.
           absl::StatusOr<common::ReceivedMessage> received = common::ReceiveFdMessage(fd, kMaxRequestFds);
-          if (received.ok()) {
-            keep = Handle(broker_, hello_check_, it->second, std::move(*received));
-          } else if (received.status().code() == absl::StatusCode::kUnavailable &&
-                     received.status().message().find("would block") != std::string_view::npos) {
-            keep = true;
-          } else {
+          if (!received.ok()) {
+            // A peer that hung up (UNAVAILABLE) cannot be told; any other is told why.
             if (received.status().code() != absl::StatusCode::kUnavailable) {
               ReplyError(it->second, 0, received.status());
             }
             keep = false;
+          } else if (received->io == common::FdIo::kWouldBlock) {
+            keep = true;  // woken with nothing queued after all
+          } else {
+            keep = Handle(broker_, hello_check_, it->second, std::move(*received));
           }
         } else if (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
           keep = false;
