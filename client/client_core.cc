@@ -79,12 +79,23 @@ const GrpcForkHooks& GetGrpcForkHooks() {
   return hooks;
 }
 
+// False when the program opted out with TENSORD_NO_PROCESS_HOOKS=1 (client.h says what it
+// gives up): then nothing here touches the environment or installs fork handlers. Set once,
+// by the constructor below, before any thread of ours exists.
+bool g_process_hooks = true;
+
 // Read by gRPC when it initialises; a program's own settings win.
 //  - GRPC_POLL_STRATEGY=poll: the epoll1 engine keeps its epoll fd open across a complete
 //    shutdown, so a child would share the parent's epoll set; poll() keeps no kernel
 //    state between calls (and costs nothing with the one connection a client has).
 //  - GRPC_ENABLE_FORK_SUPPORT=1: for the fallback below.
+// At load time, because gRPC reads them once, when the first channel initialises it.
 __attribute__((constructor)) void ConfigureGrpcForFork() {
+  const char* opt_out = ::getenv("TENSORD_NO_PROCESS_HOOKS");
+  if (opt_out != nullptr && std::string_view(opt_out) == "1") {
+    g_process_hooks = false;
+    return;
+  }
   ::setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   ::setenv("GRPC_ENABLE_FORK_SUPPORT", "1", /*overwrite=*/0);
 }
@@ -141,8 +152,12 @@ void ShutdownAllAtExit() {
 void InstallProcessHooks() {
   static std::once_flag once;
   std::call_once(once, [] {
-    GetGrpcForkHooks();  // resolved now, not inside a fork handler
-    pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork);
+    if (g_process_hooks) {
+      GetGrpcForkHooks();  // resolved now, not inside a fork handler
+      pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork);
+    }
+    // Kept with the opt-out: it changes nothing the program sees, and without it a Client
+    // still alive at exit() would meet gRPC's static destructors.
     std::atexit(&ShutdownAllAtExit);
   });
 }

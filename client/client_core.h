@@ -3,7 +3,8 @@
 // this process is a fork child that has not used the client yet, and turns the Session's
 // results into the public types (TensorRef, TensorInfo, Status).
 //
-// fork(): pthread_atfork handlers, registered once, walk every live ClientCore. `prepare`
+// fork(): pthread_atfork handlers, registered once (unless the program opted out with
+// TENSORD_NO_PROCESS_HOOKS=1, see client.h), walk every live ClientCore. `prepare`
 // takes the registry lock and each core's mutex so no core is mid-swap at fork time, and
 // has each Session drop every gRPC object so gRPC shuts down before fork() (see
 // client_core.cc for why); in the parent the cores go on and reconnect gRPC on next use; in

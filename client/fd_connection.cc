@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "client/status_util.h"
@@ -25,6 +26,17 @@ absl::Status CheckDaemonUid(uid_t daemon_uid, uid_t our_uid, std::span<const uin
       ", which is neither root, our uid " + std::to_string(our_uid) +
       ", nor in trusted_daemon_uids");
 }
+
+namespace {
+
+// The socket is made blocking and poll() comes before each receive, so only someone who
+// set O_NONBLOCK on our fd behind our back gets here.
+absl::Status WouldBlock(std::string_view what, uint64_t seq) {
+  return absl::InternalError("fd channel: could not " + std::string(what) + " request " +
+                             std::to_string(seq) + " without blocking (someone made the socket non-blocking)");
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<FdConnection>> FdConnection::Connect(
     const std::string& fd_path, const std::string& client_name,
@@ -69,10 +81,14 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
   }
   const uint64_t seq = next_seq_++;
   request.set_seq(seq);
-  absl::Status sent = common::SendFdMessage(socket_.get(), request, fds);
+  absl::StatusOr<common::FdIo> sent = common::SendFdMessage(socket_.get(), request, fds);
   if (!sent.ok()) {
-    if (sent.code() != absl::StatusCode::kInvalidArgument) broken_.store(true);
-    return sent;
+    if (sent.status().code() != absl::StatusCode::kInvalidArgument) broken_.store(true);
+    return sent.status();
+  }
+  if (*sent == common::FdIo::kWouldBlock) {
+    broken_.store(true);
+    return WouldBlock("send", seq);
   }
   // One request in flight, so the next datagram is its reply; wait for it with a bound so
   // a wedged broker cannot hang this thread forever while it holds mu_.
@@ -95,6 +111,10 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
   if (!received.ok()) {
     broken_.store(true);
     return received.status();
+  }
+  if (received->io == common::FdIo::kWouldBlock) {
+    broken_.store(true);
+    return WouldBlock("receive the reply to", seq);
   }
   tensord::v1::FdResponse response;
   absl::Status parsed = common::ParseFdMessage(*received, &response);

@@ -4,15 +4,12 @@
 #include <utility>
 
 #include "client/status_util.h"
+#include "common/protocol_limits.h"
 #include "common/status.h"
 #include "grpc/support/time.h"
 
 namespace tensord::internal {
 namespace {
-
-// What one SessionRequest.batch carries at most (the broker refuses more than 4096).
-constexpr int kMaxBatchRequests = 4096;
-constexpr size_t kMaxBatchRequestBytes = size_t{1} << 20;
 
 // Completion-queue tags: which operation completed.
 enum class Op : intptr_t { kStart = 1, kRead, kWrite, kWritesDone, kFinish };
@@ -429,8 +426,8 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
     for (size_t i = 0; i < n; ++i) {
       const size_t size = requests[i].ByteSizeLong();
       if (envelope.batch().requests_size() > 0 &&
-          (envelope.batch().requests_size() >= kMaxBatchRequests ||
-           bytes + size > kMaxBatchRequestBytes)) {
+          (envelope.batch().requests_size() >= common::kMaxBatchRequests ||
+           bytes + size > common::kMaxBatchBytes)) {
         EnqueueLocked(std::exchange(envelope, {}));
         bytes = 0;
       }

@@ -46,8 +46,8 @@ ssize_t RecvmsgRetrying(int socket, msghdr* msg) {
 
 }  // namespace
 
-absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& message,
-                           std::span<const int> fds) {
+absl::StatusOr<FdIo> SendFdMessage(int socket, const google::protobuf::MessageLite& message,
+                                   std::span<const int> fds) {
   size_t size = message.ByteSizeLong();
   if (size > kMaxFdMessageBytes) {
     return absl::InvalidArgumentError(absl::StrCat("fd channel: ", message.GetTypeName(),
@@ -87,9 +87,7 @@ absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& mess
   } while (sent < 0 && errno == EINTR);
   if (sent < 0) {
     if (errno == EPIPE || errno == ECONNRESET) return PeerClosed();
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return absl::UnavailableError("fd channel: send would block");
-    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return FdIo::kWouldBlock;
     return ErrnoToStatus(absl::StrCat("fd channel: send ", message.GetTypeName()), errno);
   }
   // SOCK_SEQPACKET sends a datagram whole or not at all.
@@ -97,7 +95,7 @@ absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& mess
     return absl::InternalError(absl::StrCat("fd channel: sent ", sent, " of ", bytes.size(),
                                             " bytes of ", message.GetTypeName()));
   }
-  return absl::OkStatus();
+  return FdIo::kDone;
 }
 
 absl::StatusOr<ReceivedMessage> ReceiveFdMessage(int socket, size_t max_fds) {
@@ -118,7 +116,9 @@ absl::StatusOr<ReceivedMessage> ReceiveFdMessage(int socket, size_t max_fds) {
   ssize_t n = RecvmsgRetrying(socket, &msg);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return absl::UnavailableError("fd channel: receive would block");
+      ReceivedMessage nothing;
+      nothing.io = FdIo::kWouldBlock;
+      return nothing;
     }
     if (errno == ECONNRESET) return PeerClosed();
     return ErrnoToStatus("fd channel: receive", errno);
@@ -151,6 +151,10 @@ absl::StatusOr<ReceivedMessage> ReceiveFdMessage(int socket, size_t max_fds) {
 
 absl::Status ParseFdMessage(const ReceivedMessage& received,
                             google::protobuf::MessageLite* message) {
+  if (received.io == FdIo::kWouldBlock) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fd channel: no ", message->GetTypeName(), " to parse: the receive would have blocked"));
+  }
   if (!message->ParseFromString(received.bytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("fd channel: malformed ", message->GetTypeName()));

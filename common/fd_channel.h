@@ -6,6 +6,7 @@
 // the caller allows, RESOURCE_EXHAUSTED when fewer than max_fds arrived (our fd table is
 // full). A message with more fds than allowed has all its fds closed and is refused. A closed peer
 // answers UNAVAILABLE "peer closed the fd channel". EINTR is retried; nothing else loops.
+// A non-blocking socket that is not ready is no error: the result says FdIo::kWouldBlock.
 // Thread-safety: none of its own; callers serialise use of one socket per direction.
 #pragma once
 
@@ -17,18 +18,24 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/protocol_limits.h"  // kMaxFdMessageBytes, kMaxFdsPerMessage
 #include "common/unique_fd.h"
 #include "google/protobuf/message_lite.h"
 
 namespace tensord::common {
 
-inline constexpr size_t kMaxFdMessageBytes = 64 * 1024;
-inline constexpr size_t kMaxFdsPerMessage = 253;  // SCM_MAX_FD
 // 2: Session-stream batches (SessionRequest.batch, SessionResponse.batch).
 // 3: FetchedBuffer carries its device type and a MemoryHandle (bytes and an fd count).
 inline constexpr uint32_t kFdProtocolVersion = 3;
 
+// What a send or receive did. kWouldBlock: the socket is non-blocking and was not ready
+// (EAGAIN: nothing queued to read, or no room to send); nothing was sent or received, and
+// the caller waits for readiness (epoll, poll) before it tries again. A blocking socket
+// never answers it.
+enum class FdIo { kDone, kWouldBlock };
+
 struct ReceivedMessage {
+  FdIo io = FdIo::kDone;  // kWouldBlock: nothing arrived; bytes and fds are empty
   std::string bytes;
   std::vector<UniqueFd> fds;
 };
@@ -38,14 +45,15 @@ struct ReceivedMessage {
 // (a zero-length SOCK_SEQPACKET datagram reads as end-of-file at the receiver, so give
 // every message a field: FdRequest/FdResponse always have their oneof set), or there are
 // too many fds. UNAVAILABLE "peer closed the fd channel" when the peer is gone.
-absl::Status SendFdMessage(int socket, const google::protobuf::MessageLite& message,
-                           std::span<const int> fds = {});
+absl::StatusOr<FdIo> SendFdMessage(int socket, const google::protobuf::MessageLite& message,
+                                   std::span<const int> fds = {});
 
-// Receives one datagram, blocking unless the socket is non-blocking (then EAGAIN gives
-// UNAVAILABLE with "would block" and an empty result is never returned).
+// Receives one datagram, blocking unless the socket is non-blocking (then, with nothing
+// queued, a message whose io is kWouldBlock).
 absl::StatusOr<ReceivedMessage> ReceiveFdMessage(int socket, size_t max_fds);
 
-// Parses `received.bytes` into `message`: INVALID_ARGUMENT "fd channel: malformed <type>".
+// Parses `received.bytes` into `message`: INVALID_ARGUMENT "fd channel: malformed <type>";
+// FAILED_PRECONDITION for a kWouldBlock result, which holds no message to parse.
 absl::Status ParseFdMessage(const ReceivedMessage& received, google::protobuf::MessageLite* message);
 
 struct PeerCredentials {

@@ -1,7 +1,8 @@
 // Tensor names: `[A-Za-z0-9._-]` segments joined by single '/', no empty, '.' or '..'
-// segments, at most kMaxNameBytes. The first segment is the namespace that ACLs and quotas
-// apply to. Names are compared byte for byte; there is no canonicalisation beyond refusing
-// anything that is not already canonical. Thread-safe pure functions.
+// segments, at most kMaxNameBytes (protocol_limits.h, with kMaxSegmentBytes). The first
+// segment is the namespace that ACLs and quotas apply to. Names are compared byte for byte;
+// there is no canonicalisation beyond refusing anything that is not already canonical.
+// Thread-safe pure functions.
 //
 // Errors: INVALID_ARGUMENT that quotes the (truncated) name and says which rule it broke.
 #pragma once
@@ -10,11 +11,9 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "common/protocol_limits.h"
 
 namespace tensord::common {
-
-inline constexpr size_t kMaxNameBytes = 512;
-inline constexpr size_t kMaxSegmentBytes = 255;
 
 absl::Status ValidateName(std::string_view name);
 // A namespace: one segment.

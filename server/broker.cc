@@ -15,6 +15,7 @@
 #include "common/memory/host/memfd.h"
 #include "common/memory/device_names.h"
 #include "common/names.h"
+#include "common/protocol_limits.h"
 #include "common/status.h"
 #include "common/tensor_desc.h"
 #include "spdlog/spdlog.h"
@@ -59,26 +60,21 @@ std::pair<uint64_t, std::string> DeviceLimitFor(const DeviceLimits& limits, cons
 }
 
 // Tags are kept in the daemon for the tensor's life: bounded per entry and in all.
-constexpr size_t kMaxTags = 64;
-constexpr size_t kMaxTagKeyBytes = 256;
-constexpr size_t kMaxTagValueBytes = 4096;
-constexpr size_t kMaxTagBytes = 16384;
-
 absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>& tags) {
-  if (tags.size() > kMaxTags) {
-    return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most ", kMaxTags));
+  if (tags.size() > common::kMaxTags) {
+    return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most ", common::kMaxTags));
   }
   size_t total = 0;
   for (const auto& [key, value] : tags) {
-    if (key.empty() || key.size() > kMaxTagKeyBytes || value.size() > kMaxTagValueBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("tags: keys 1..", kMaxTagKeyBytes,
-                                                     " bytes, values at most ", kMaxTagValueBytes, " bytes"));
+    if (key.empty() || key.size() > common::kMaxTagKeyBytes || value.size() > common::kMaxTagValueBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("tags: keys 1..", common::kMaxTagKeyBytes,
+                                                     " bytes, values at most ", common::kMaxTagValueBytes, " bytes"));
     }
     total += key.size() + value.size();
   }
-  if (total > kMaxTagBytes) {
+  if (total > common::kMaxTagBytes) {
     return absl::InvalidArgumentError(absl::StrCat("tags: ", total, " bytes of keys and values, at most ",
-                                                   kMaxTagBytes, " in all"));
+                                                   common::kMaxTagBytes, " in all"));
   }
   return absl::OkStatus();
 }
@@ -755,11 +751,9 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
 absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v1::PublishRequest& request) {
   const std::string& name = request.name();
   if (!name.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateName(name));
-  // A fence is an event handle (CUDA: 88 bytes); the bound keeps a tensor's record small.
-  constexpr size_t kMaxReadyFenceBytes = 256;
-  if (request.ready_fence().size() > kMaxReadyFenceBytes) {
+  if (request.ready_fence().size() > common::kMaxReadyFenceBytes) {
     return absl::InvalidArgumentError(absl::StrCat("ready_fence: ", request.ready_fence().size(),
-                                                   " bytes, more than ", kMaxReadyFenceBytes));
+                                                   " bytes, more than ", common::kMaxReadyFenceBytes));
   }
   std::optional<common::TensorLayout> new_layout;
   if (request.has_desc()) {
@@ -873,7 +867,7 @@ absl::Status Broker::CheckFitsRegionLocked(const Tensor& tensor, const v1::Tenso
 }
 
 void Broker::ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) {
-  ttl_ms = std::min<uint64_t>(ttl_ms, uint64_t{365} * 24 * 3600 * 1000);
+  ttl_ms = std::min(ttl_ms, common::kMaxDurationMs);
   uint64_t id = tensor.id;
   uint64_t generation = tensor.generation;
   tensor.ttl_timer = timers_.Schedule(

@@ -45,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/fd_channel.h"
 #include "common/memory/memory_backend.h"
+#include "common/protocol_limits.h"
 #include "server/backend_registry.h"
 #include "server/access_policy.h"
 #include "server/arena_allocator.h"
@@ -133,10 +134,9 @@ class Broker {
                 Completion<tensord::v1::AcquireResponse> done);
   // Completes a pending wait with CANCELLED; no-op when it already completed.
   void CancelWait(uint64_t wait_id);
-  // INVALID_ARGUMENT (nothing released) for more than kMaxReleaseBatch ids.
+  // INVALID_ARGUMENT (nothing released) for more than common::kMaxReleaseBatch ids.
   absl::StatusOr<tensord::v1::ReleaseResponse> Release(uint64_t session_id,
                                                        const tensord::v1::ReleaseRequest& request);
-  static constexpr size_t kMaxReleaseBatch = 65536;
   absl::StatusOr<tensord::v1::DeleteResponse> Delete(uint64_t session_id,
                                                      const tensord::v1::DeleteRequest& request);
   absl::StatusOr<tensord::v1::ListResponse> List(uint64_t session_id,

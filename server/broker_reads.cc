@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/memory/device_names.h"
 #include "common/names.h"
+#include "common/protocol_limits.h"
 #include "common/status.h"
 #include "server/broker.h"
 #include "spdlog/spdlog.h"
@@ -20,9 +21,7 @@ namespace v1 = tensord::v1;
 
 namespace {
 
-// Longer waits are as good as forever; the bound keeps deadline arithmetic from overflowing.
 constexpr size_t kMaxWatchers = 4096;
-constexpr uint64_t kMaxWaitMs = uint64_t{365} * 24 * 3600 * 1000;
 
 template <typename Request>
 bool WantsWait(const Request& request) {
@@ -50,7 +49,7 @@ uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::Acqui
   waiter.done = std::move(done);
   uint64_t id = waiters_.Add(std::move(waiter));
   if (timeout_ms) {
-    uint64_t ms = std::min(*timeout_ms, kMaxWaitMs);
+    uint64_t ms = std::min(*timeout_ms, common::kMaxDurationMs);
     waiters_.Find(id)->timer_id = timers_.Schedule(
         TimerQueue::Clock::now() + std::chrono::milliseconds(ms),
         [this, id, ms, what = std::string(what)] {
@@ -224,10 +223,10 @@ void Broker::CancelWait(uint64_t wait_id) {
 
 absl::StatusOr<v1::ReleaseResponse> Broker::Release(uint64_t session_id,
                                                     const v1::ReleaseRequest& request) {
-  if (static_cast<size_t>(request.lease_ids_size()) > kMaxReleaseBatch) {
+  if (static_cast<size_t>(request.lease_ids_size()) > common::kMaxReleaseBatch) {
     // All or nothing: releasing a prefix would leave the caller unsure what it still holds.
     return absl::InvalidArgumentError(absl::StrCat("release: lease_ids has ", request.lease_ids_size(),
-                                                   " entries, at most ", kMaxReleaseBatch,
+                                                   " entries, at most ", common::kMaxReleaseBatch,
                                                    " per request; nothing was released"));
   }
   v1::ReleaseResponse response;

@@ -27,6 +27,7 @@
 #include "common/names.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
+#include "server/arena.h"
 #include "toml++/toml.h"
 
 #ifndef TENSORD_VERSION
@@ -396,16 +397,16 @@ absl::Status ApplyToml(const Setting& setting, const toml::node& node, const std
   return ApplyText(setting, node.as_string()->get(), where, config);
 }
 
-// Arenas are memfds carved in whole pages: sizes round up to a page; a tensor bound above
-// the arena size could never fit.
+// Arenas are memfds carved in whole pages (the arena's own, ArenaAlignment()): sizes round up
+// to a page; a tensor bound above the arena size could never fit.
 absl::Status FinishArenaSettings(Config& config) {
-  constexpr uint64_t kPage = 4096;
+  const uint64_t page = ArenaAlignment();
   constexpr uint64_t kMaxArena = uint64_t{1} << 40;
   if (config.arena_bytes > kMaxArena) {
     return absl::InvalidArgumentError(absl::StrCat("arena size ", config.arena_bytes, " is above 1 TiB"));
   }
-  config.arena_bytes = (config.arena_bytes + kPage - 1) / kPage * kPage;
-  config.arena_max_tensor_bytes = (config.arena_max_tensor_bytes + kPage - 1) / kPage * kPage;
+  config.arena_bytes = (config.arena_bytes + page - 1) / page * page;
+  config.arena_max_tensor_bytes = (config.arena_max_tensor_bytes + page - 1) / page * page;
   if (config.arena_bytes > 0 && config.arena_max_tensor_bytes > config.arena_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--arena-max-tensor (", config.arena_max_tensor_bytes, " bytes) is larger than --arena-bytes (",

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include <cerrno>
 #include <cstring>
@@ -45,12 +46,19 @@ int MillisUntil(std::optional<SteadyClock::time_point> deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
 }
 
-// Sends a reply without blocking. False when the peer cannot take it (then it is dropped).
+// Sends a reply without blocking. False when the peer cannot take it (then it is dropped,
+// and the caller closes the connection).
 bool Reply(const Connection& connection, const v1::FdResponse& response,
            std::span<const int> fds = {}) {
-  absl::Status sent = common::SendFdMessage(connection.fd.get(), response, fds);
+  absl::StatusOr<common::FdIo> sent = common::SendFdMessage(connection.fd.get(), response, fds);
   if (!sent.ok()) {
-    spdlog::debug("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.ToString());
+    spdlog::debug("fd channel: reply to pid {} failed: {}", connection.creds.pid, sent.status().ToString());
+    return false;
+  }
+  if (*sent == common::FdIo::kWouldBlock) {
+    // Waiting for room would let one peer stall every other connection of the loop.
+    spdlog::debug("fd channel: pid {} does not read its replies (its socket buffer is full)",
+                  connection.creds.pid);
     return false;
   }
   return true;
@@ -155,15 +163,26 @@ bool Handle(Broker* broker, const FdServer::HelloCheck& hello_check, Connection&
 absl::Status FdServer::Start(const std::string& path, mode_t mode, gid_t group) {
   path_ = path;
   TENSORD_ASSIGN_OR_RETURN(listen_fd_, ListenUnix(path, SOCK_SEQPACKET, mode, group));
+  // Without its loop the socket serves nobody: it goes again, so clients are told at once.
+  auto abandon = [&](absl::Status status) {
+    listen_fd_.reset();
+    unlink(path.c_str());
+    return status;
+  };
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd_) return abandon(common::ErrnoToStatus(absl::StrCat("fd channel ", path, ": epoll_create1"), errno));
   wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!epoll_fd_ || !wake_fd_) return common::ErrnoToStatus("fd channel epoll", errno);
-  epoll_event event{};
-  event.events = EPOLLIN;
-  event.data.fd = listen_fd_.get();
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &event);
-  event.data.fd = wake_fd_.get();
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &event);
+  if (!wake_fd_) return abandon(common::ErrnoToStatus(absl::StrCat("fd channel ", path, ": eventfd"), errno));
+  const std::pair<int, const char*> watched[] = {{listen_fd_.get(), "listening socket"},
+                                                 {wake_fd_.get(), "wake-up eventfd"}};
+  for (const auto& [fd, what] : watched) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &event) != 0) {
+      return abandon(common::ErrnoToStatus(absl::StrCat("fd channel ", path, ": epoll_ctl(ADD) of its ", what), errno));
+    }
+  }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
 }
@@ -193,7 +212,13 @@ void FdServer::Run() {
   auto close_connection = [&](int fd) {
     auto it = connections.find(fd);
     if (it == connections.end()) return;
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    // Closing the socket below drops it from the epoll set as well (no one else holds it);
+    // a failure here means our bookkeeping and the kernel's disagree.
+    if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr) != 0) {
+      const int err = errno;
+      spdlog::warn("fd channel: epoll_ctl(DEL) of the connection of pid {}: {}", it->second.creds.pid,
+                   std::strerror(err));
+    }
     uint64_t session = it->second.session_id;
     limits.Leave(it->second.creds.uid);
     connections.erase(it);  // closes the socket
@@ -251,13 +276,22 @@ void FdServer::Run() {
             spdlog::debug("fd channel: pid {} refused: {}", creds->pid, std::string(admitted.message()));
             continue;  // closed here
           }
-          connection.serial = ++last_serial;
-          hello_deadlines.push_back({SteadyClock::now() + hello_timeout_, connection.fd.get(), connection.serial});
           int client_fd = connection.fd.get();
           epoll_event event{};
           event.events = EPOLLIN | EPOLLRDHUP;
           event.data.fd = client_fd;
-          epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, client_fd, &event);
+          if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, client_fd, &event) != 0) {
+            // Unwatched, the connection would never be served: refuse it now (the kernel's
+            // limit on epoll watches, or memory, is what ran out).
+            const int err = errno;
+            spdlog::warn("fd channel: epoll_ctl(ADD) of the connection of pid {} uid {}: {}; closed",
+                         creds->pid, creds->uid, std::strerror(err));
+            ReplyError(connection, 0, absl::UnavailableError("fd channel: the broker cannot serve another connection now"));
+            limits.Leave(creds->uid);
+            continue;  // closed here
+          }
+          connection.serial = ++last_serial;
+          hello_deadlines.push_back({SteadyClock::now() + hello_timeout_, client_fd, connection.serial});
           connections.emplace(client_fd, std::move(connection));
         }
       } else {
@@ -268,16 +302,16 @@ void FdServer::Run() {
           // Room for the one fd a STAGE carries: the kernel drops a larger batch's surplus
           // (MSG_CTRUNC), so a peer cannot make us hold hundreds of its fds.
           absl::StatusOr<common::ReceivedMessage> received = common::ReceiveFdMessage(fd, kMaxRequestFds);
-          if (received.ok()) {
-            keep = Handle(broker_, hello_check_, it->second, std::move(*received));
-          } else if (received.status().code() == absl::StatusCode::kUnavailable &&
-                     received.status().message().find("would block") != std::string_view::npos) {
-            keep = true;
-          } else {
+          if (!received.ok()) {
+            // A peer that hung up (UNAVAILABLE) cannot be told; any other is told why.
             if (received.status().code() != absl::StatusCode::kUnavailable) {
               ReplyError(it->second, 0, received.status());
             }
             keep = false;
+          } else if (received->io == common::FdIo::kWouldBlock) {
+            keep = true;  // woken with nothing queued after all
+          } else {
+            keep = Handle(broker_, hello_check_, it->second, std::move(*received));
           }
         } else if (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
           keep = false;

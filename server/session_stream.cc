@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/protocol_limits.h"
 #include "server/grpc_status.h"
 #include "server/wire_messages.h"
 #include "spdlog/spdlog.h"
@@ -20,11 +21,9 @@ namespace {
 
 constexpr size_t kMaxQueuedResponses = 1024;  // stop reading requests beyond this
 constexpr size_t kMaxQueuedPushes = 4096;      // beyond this: drop, then one cache_reset
-constexpr int kMaxBatchRequests = 4096;         // requests in one SessionRequest.batch
 // Messages queued together (replies and pushes) leave in one SessionResponse.batch of at
-// most this many and about this many bytes (well under a client's 4 MiB receive limit).
+// most this many and about common::kMaxBatchBytes.
 constexpr int kMaxBatchReplies = 4096;
-constexpr size_t kMaxBatchReplyBytes = size_t{1} << 20;
 
 // What the broker pushes unasked (counted against kMaxQueuedPushes); replies never have
 // these bodies, whatever seq a client chose.
@@ -224,12 +223,12 @@ class SessionStream final : public ServerCall {
       }
       case v1::SessionRequest::kBatch: {
         const auto& requests = request.batch().requests();
-        if (requests.size() > kMaxBatchRequests) {
+        if (requests.size() > common::kMaxBatchRequests) {
           // Only a broken client sends this; its seqs would all go unanswered.
           CancelWaits();
           outbox->Abort(absl::InvalidArgumentError(
               absl::StrCat("a session batch of ", requests.size(), " requests; at most ",
-                           kMaxBatchRequests)));
+                           common::kMaxBatchRequests)));
           break;
         }
         outbox->Cork();
@@ -371,7 +370,7 @@ void StreamOutbox::TakeNext() {
   *messages->Add() = std::move(in_flight_);
   while (!queue_.empty() && messages->size() < kMaxBatchReplies) {
     bytes += queue_.front().ByteSizeLong();
-    if (bytes > kMaxBatchReplyBytes) break;
+    if (bytes > common::kMaxBatchBytes) break;
     if (IsPush(queue_.front())) ++pushes_in_flight_;
     *messages->Add() = std::move(queue_.front());
     queue_.pop_front();

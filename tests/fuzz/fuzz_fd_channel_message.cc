@@ -114,6 +114,7 @@ void CheckRawReceive(FuzzedDataProvider& in, int memfd) {
   } else {
     FUZZ_CHECK(received.ok()) << received.status() << " for " << bytes.size() << " bytes, "
                               << attach << " fds, max_fds " << max_fds;
+    FUZZ_CHECK(received->io == FdIo::kDone);  // sent before, so never would block
     FUZZ_CHECK(received->bytes == bytes);
     FUZZ_CHECK(received->fds.size() == attach);
     for (const UniqueFd& fd : received->fds) {
@@ -135,14 +136,14 @@ void CheckRoundTrip(FuzzedDataProvider& in, int memfd) {
   size_t attach = in.ConsumeIntegralInRange<size_t>(0, 3);
   std::vector<int> fds(attach, memfd);
   SocketPair pair = MakePair();
-  absl::Status sent = SendFdMessage(pair.sender.get(), response, fds);
+  absl::StatusOr<FdIo> sent = SendFdMessage(pair.sender.get(), response, fds);
   if (response.ByteSizeLong() == 0) {
-    FUZZ_CHECK(sent.code() == absl::StatusCode::kInvalidArgument) << sent;
+    FUZZ_CHECK(sent.status().code() == absl::StatusCode::kInvalidArgument) << sent.status();
     return;
   }
-  FUZZ_CHECK(sent.ok()) << sent;
+  FUZZ_CHECK(sent.ok() && *sent == FdIo::kDone) << sent.status();
   absl::StatusOr<ReceivedMessage> received = ReceiveFdMessage(pair.receiver.get(), attach);
-  FUZZ_CHECK(received.ok()) << received.status();
+  FUZZ_CHECK(received.ok() && received->io == FdIo::kDone) << received.status();
   FUZZ_CHECK(received->fds.size() == attach);
   tensord::v1::FdResponse back;
   FUZZ_CHECK(ParseFdMessage(*received, &back).ok());

@@ -50,7 +50,7 @@ FloodSession Hello(const std::string& socket_path) {
   request.mutable_hello()->set_protocol_version(tensord::common::kFdProtocolVersion);
   request.mutable_hello()->set_client_name("lease-flood");
   if (auto sent = tensord::common::SendFdMessage(socket->get(), request, {}); !sent.ok()) {
-    Die("hello: " + std::string(sent.message()));
+    Die("hello: " + std::string(sent.status().message()));
   }
   auto received = tensord::common::ReceiveFdMessage(socket->get(), 0);
   if (!received.ok()) Die("welcome: " + std::string(received.status().message()));

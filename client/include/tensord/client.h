@@ -17,9 +17,26 @@
 // handle like a unique_ptr: move it between threads, do not use one from two threads at
 // once. DLPack views may be deleted from any thread, also after the Client is gone.
 //
-// fork(): a child process never keeps its parent's session alive. The child's Client drops
-// the inherited connection and opens a session of its own when the child first uses it;
-// TensorRefs inherited from the parent stay readable in the child but hold no lease there.
+// fork(): a child process never keeps its parent's session alive (unless the program opted
+// out of the library's process hooks, below). The child's Client drops the inherited
+// connection and opens a session of its own when the child first uses it; TensorRefs
+// inherited from the parent stay readable in the child but hold no lease there.
+//
+// What the library does to the process: gRPC, underneath, cannot be used in a child that
+// inherited it live, so when the library is loaded it sets GRPC_POLL_STRATEGY=poll and
+// GRPC_ENABLE_FORK_SUPPORT=1 in the environment (unless the program set them already), and
+// the first Client to connect installs pthread_atfork handlers that stop gRPC just before a
+// fork() and let both sides start it afresh (falling back to gRPC's own fork hooks, looked
+// up with dlsym, when gRPC cannot stop). It also installs an atexit handler that closes every
+// Client before static destructors run.
+//
+// To keep the environment and the fork handlers to itself, a program is started with
+// TENSORD_NO_PROCESS_HOOKS=1 (read when the library loads, so a setenv() in main() is too
+// late): then only the atexit handler is installed, and fork() after a Client connected is
+// unsupported. The child must not use any Client (or anything else of gRPC's) and should
+// exec() or _exit() at once (every socket of the library is close-on-exec); until it does,
+// it holds the parent's connection, so the parent's session and its leases outlive the
+// parent. Forking before the first Client connects, and posix_spawn(), are safe either way.
 #pragma once
 
 #include <chrono>

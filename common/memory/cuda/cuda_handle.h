@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/protocol_limits.h"
 
 namespace tensord::common {
 
@@ -69,6 +70,7 @@ const char* CudaHandleKindName(CudaHandleKind kind);
 //
 // 88 bytes. Like memory handles, the bytes are a capability: never logged.
 inline constexpr size_t kCudaEventFenceBytes = 88;
+static_assert(kCudaEventFenceBytes <= kMaxReadyFenceBytes, "the broker would refuse every CUDA publish");
 
 struct CudaEventFence {
   std::string uuid;  // 16 raw bytes

@@ -41,6 +41,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/protocol_limits.h"
 
 namespace tensord::common {
 
@@ -53,6 +54,7 @@ inline constexpr uint16_t kZeHandleVersion = 1;
 inline constexpr size_t kZeUuidBytes = 16;
 inline constexpr size_t kZeHandleBytes = 176;
 inline constexpr size_t kZeReadyFenceBytes = 32;
+static_assert(kZeReadyFenceBytes <= kMaxReadyFenceBytes, "the broker would refuse every Level Zero publish");
 
 struct ZeHandle {
   ZeHandleKind kind = ZeHandleKind::kDaemonAllocation;

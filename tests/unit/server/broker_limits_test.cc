@@ -190,7 +190,7 @@ TEST_F(BrokerLimitsTest, AnOversizedReleaseBatchReleasesNothing) {
   ASSERT_TRUE(lease.ok());
   v1::ReleaseRequest release;
   release.add_lease_ids(lease->lease_id());
-  for (size_t i = 0; i < Broker::kMaxReleaseBatch; ++i) release.add_lease_ids(1000000 + i);
+  for (size_t i = 0; i < common::kMaxReleaseBatch; ++i) release.add_lease_ids(1000000 + i);
   auto refused = broker_->Release(consumer, release);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("65536"), std::string::npos) << refused.status();

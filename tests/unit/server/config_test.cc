@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/arena.h"
 #include "tests/unit/common/status_matchers.h"
 
 namespace tensord::server {
@@ -585,7 +586,8 @@ TEST(Config, ArenaSettingsComeFromFlagsEnvironmentAndFile) {
     auto config = LoadConfig(2, const_cast<char**>(argv));
     ASSERT_TRUE(config.ok()) << config.status();
     EXPECT_EQ(config->arena_bytes, 32ull << 20);
-    EXPECT_EQ(config->arena_max_tensor_bytes, 12288u);  // whole pages
+    const uint64_t page = ArenaAlignment();  // 10000 bytes up to whole pages
+    EXPECT_EQ(config->arena_max_tensor_bytes, (10000 + page - 1) / page * page);
   }
   unsetenv("TENSORD_ARENA_BYTES");
   {
