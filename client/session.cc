@@ -39,7 +39,7 @@ Session::Session(const ClientOptions& options, std::string socket_path)
     : options_(options),
       socket_path_(std::move(socket_path)),
       mappings_(common::ProcessImporters(), options.lease_cache_linger),
-      table_(options.lease_cache, options.lease_cache_linger) {}
+      leases_(options.lease_cache, options.lease_cache_linger) {}
 
 std::optional<std::chrono::milliseconds> Session::ReplyBound(Wait wait) {
   if (wait.forever()) return std::nullopt;
@@ -109,7 +109,7 @@ Session::~Session() {
   if (stream != nullptr) stream->Close();
   stream.reset();
   // Cached leases go with the session (closing the fd channel releases them).
-  for (LeaseView* view : table_.TakeAllIdle()) delete view;
+  for (LeaseView* view : leases_.TakeAllIdle()) delete view;
 }
 
 void Session::ShutdownAtExit() {
@@ -347,7 +347,7 @@ void Session::ShortenWait(tensord::v1::SessionRequest& request,
 void Session::OnPush(const tensord::v1::SessionResponse& push) {
   std::vector<LeaseView*> dropped;
   if (push.has_retired()) {
-    dropped = table_.OnRetired(push.retired().tensor_id());
+    dropped = leases_.OnRetired(push.retired().tensor_id());
   } else if (push.has_export_released()) {
     // The source is dropped on the sender thread: it may be user code, and this thread may
     // be a caller's, inside another call.
@@ -355,7 +355,7 @@ void Session::OnPush(const tensord::v1::SessionResponse& push) {
       queue_->Wake();
     }
   } else if (push.has_cache_reset()) {
-    dropped = table_.DropAllCached();
+    dropped = leases_.DropAllCached();
     exports_.MarkUnsure();
     queue_->Wake();
   }
@@ -373,7 +373,7 @@ void Session::OnOrphan(const tensord::v1::SessionResponse& reply) {
 }
 
 void Session::ForgetName(std::string_view name) {
-  for (LeaseView* view : table_.DropName(name)) ReleaseQueue::Push(view);
+  for (LeaseView* view : leases_.DropName(name)) ReleaseQueue::Push(view);
 }
 
 Retention Session::RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind) {
@@ -424,7 +424,7 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
   absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(tensor, what);
   if (!valid.ok()) return give_back(valid.status());
   if (kind != ViewKind::kProducer) {
-    if (LeaseView* held = table_.FindByTensor(valid->info.tensor_id, kind, cache_name)) {
+    if (LeaseView* held = leases_.FindByTensor(valid->info.tensor_id, kind, cache_name)) {
       queue_->PushLeaseIds({lease_id});  // one remote lease per tensor is enough
       return held;
     }
@@ -469,7 +469,7 @@ absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
     params.arena_slot_length = valid->layout.extent;
   }
   auto* view = new LeaseView(std::move(params), queue_);
-  LeaseTable::InsertResult inserted = table_.Insert(view);
+  LeaseCache::InsertResult inserted = leases_.Insert(view);
   for (LeaseView* old : inserted.to_release) ReleaseQueue::Push(old);
   if (!inserted.inserted) {
     // Another acquire of the same tensor won the race; keep its lease, give back ours.
@@ -487,7 +487,7 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
                                ? "acquire '" + *name + "'"
                                : "acquire tensor " + std::to_string(std::get<uint64_t>(target));
   if (name != nullptr) {
-    if (LeaseView* hit = table_.FindByName(*name, kind, options.min_generation)) return hit;
+    if (LeaseView* hit = leases_.FindByName(*name, kind, options.min_generation)) return hit;
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
                            StreamCall(AcquireRequest(target, options), ReplyBound(options.wait)));
@@ -753,7 +753,7 @@ void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> 
   std::vector<LeaseView*> doomed;
   doomed.reserve(views.size());
   for (LeaseView* view : views) {
-    if (table_.Dispose(view, now, closing) == LeaseTable::Disposition::kRelease) {
+    if (leases_.Dispose(view, now, closing) == LeaseCache::Disposition::kRelease) {
       doomed.push_back(view);
     }
   }
@@ -808,7 +808,7 @@ void Session::SendReleases(std::vector<uint64_t> lease_ids) {
 
 ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
   Clock::time_point next;
-  std::vector<LeaseView*> expired = table_.TakeExpired(now, &next);
+  std::vector<LeaseView*> expired = leases_.TakeExpired(now, &next);
   if (!awaiting_done_.empty()) {
     // Queried again here; those still pending go back to awaiting_done_.
     expired.insert(expired.end(), awaiting_done_.begin(), awaiting_done_.end());

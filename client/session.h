@@ -2,7 +2,7 @@
 // life IS the session), the gRPC connection (grpc_connection.h: its peer checked to be the fd
 // channel's daemon before the session token goes out; made again when the broker closed it
 // while the session lives), the Session stream (reopened when it breaks), the mapping cache,
-// the lease table (with the lease cache), and the release queue and its sender thread.
+// the lease cache (its leases, cached or not), and the release queue and its sender thread.
 //
 // Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. A
 // small Allocate in a namespace is served from the allocation pool once its slot class has
@@ -48,7 +48,7 @@
 #include "client/export_table.h"
 #include "client/fd_connection.h"
 #include "client/grpc_connection.h"
-#include "client/lease_table.h"
+#include "client/lease_cache.h"
 #include "client/mapping_cache.h"
 #include "client/release_queue.h"
 #include "client/session_stream.h"
@@ -191,7 +191,7 @@ class Session final : public ReleaseSink {
   void ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) override;
   Clock::time_point Tick(Clock::time_point now) override;
 
-  LeaseTable& table_for_test() { return table_; }
+  LeaseCache& leases_for_test() { return leases_; }
   ExportTable& exports_for_test() { return exports_; }
   MappingCache& mappings_for_test() { return mappings_; }
   // The current gRPC connection (nullptr when there is none).
@@ -313,7 +313,7 @@ class Session final : public ReleaseSink {
   std::shared_ptr<ReleaseQueue> queue_;
 
   MappingCache mappings_;
-  LeaseTable table_;
+  LeaseCache leases_;
   ExportTable exports_;
   // Its leases go with the session; never released from a forked child.
   AllocationPool pool_;

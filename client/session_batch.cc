@@ -197,7 +197,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   std::vector<size_t> asked;
   std::vector<tensord::v1::SessionRequest> requests;
   for (size_t i = 0; i < n; ++i) {
-    if (LeaseView* hit = table_.FindByName(names[i], kind, options.min_generation)) {
+    if (LeaseView* hit = leases_.FindByName(names[i], kind, options.min_generation)) {
       views[i] = hit;
       continue;
     }
