@@ -272,7 +272,7 @@ absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
           connection->stub(), fd_->welcome().session_token(),
           [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
           [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
-          [this](absl::Status failure) { OnQuietFailure(std::move(failure)); }));
+          [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }));
   // The stream counts as a call in flight until its last holder lets go of it.
   ++calls_in_flight_;
   stream_ = std::shared_ptr<SessionStream>(fresh.release(), [this](SessionStream* stream) {
@@ -697,18 +697,12 @@ absl::Status Session::PublishNoWait(const LeaseView& view, std::string_view name
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
   absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
-  if (stream.ok() && (*stream)->quiet_in_flight() < kMaxQuietPublishes) {
+  if (stream.ok() && QuietPublishes::HasRoom(**stream)) {
     request.mutable_publish()->set_quiet(true);
     if ((*stream)->SendQuiet(std::move(request), std::move(what)).ok()) return absl::OkStatus();
     // Not written (the stream broke): the waited publish below opens a new one.
   }
   return Publish(view, name, options).status();
-}
-
-void Session::OnQuietFailure(absl::Status failure) {
-  absl::MutexLock lock(&quiet_failures_mu_);
-  ++quiet_failed_;
-  if (quiet_failures_.size() < 8) quiet_failures_.push_back(std::move(failure));
 }
 
 absl::Status Session::Flush() {
@@ -725,24 +719,7 @@ absl::Status Session::Flush() {
   if (!response.has_release()) {
     return absl::InternalError("flush: the broker answered with something else");
   }
-  std::vector<absl::Status> failures;
-  uint64_t failed = 0;
-  {
-    absl::MutexLock lock(&quiet_failures_mu_);
-    failures.swap(quiet_failures_);
-    failed = std::exchange(quiet_failed_, 0);
-  }
-  if (failed == 0) return absl::OkStatus();
-  std::string message = failed == 1
-      ? "flush: a publish sent without waiting failed: "
-      : "flush: " + std::to_string(failed) + " publishes sent without waiting failed; the first: ";
-  message += std::string(failures[0].message());
-  for (size_t i = 1; i < failures.size(); ++i) {
-    message += i == 1 ? "; then: " : "; ";
-    message += std::string(failures[i].message());
-  }
-  if (failed > failures.size()) message += "; ...";
-  return absl::Status(failures[0].code(), message);
+  return quiet_.Report();
 }
 
 // --- release path (sender thread) ---

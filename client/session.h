@@ -50,6 +50,7 @@
 #include "client/grpc_connection.h"
 #include "client/lease_cache.h"
 #include "client/mapping_cache.h"
+#include "client/quiet_publishes.h"
 #include "client/release_queue.h"
 #include "client/session_stream.h"
 #include "common/tensor_desc.h"
@@ -91,11 +92,11 @@ class Session final : public ReleaseSink {
   absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
                                      const PublishOptions& options);
   // Writes a quiet publish and returns: the broker answers only a failure, which the next
-  // Flush() reports. When kMaxQuietPublishes are unconfirmed (nothing else asked of the
-  // broker since), this one waits for its reply, which confirms them all.
+  // Flush() reports (quiet_publishes.h). When QuietPublishes::kMaxUnconfirmed are
+  // unconfirmed (nothing else asked of the broker since), this one waits for its reply,
+  // which confirms them all.
   absl::Status PublishNoWait(const LeaseView& view, std::string_view name,
                              const PublishOptions& options);
-  static constexpr size_t kMaxQuietPublishes = 4096;
 
   // Batches, one Session-stream message each way (SessionStream::CallMany;
   // session_batch.cc). Buffers not mapped yet are fetched together (one FETCH_FD per 253).
@@ -250,7 +251,6 @@ class Session final : public ReleaseSink {
                           std::vector<LeaseView*>& views);
   void OnPush(const tensord::v1::SessionResponse& push);
   void OnOrphan(const tensord::v1::SessionResponse& reply);
-  void OnQuietFailure(absl::Status failure);
   // Builds (or finds) the view for a lease the broker just granted. On any failure the
   // lease is released. `described_here`: a pooled slot whose description `tensor` carries
   // is ours, not the broker's yet. `ready_fence`: the producer's, as the grant carried it.
@@ -320,10 +320,8 @@ class Session final : public ReleaseSink {
   std::atomic<bool> dead_{false};
   std::atomic<bool> closing_{false};
 
-  // Failed publishes sent without waiting, for the next Flush(): the first few, and how many.
-  absl::Mutex quiet_failures_mu_;
-  std::vector<absl::Status> quiet_failures_ ABSL_GUARDED_BY(quiet_failures_mu_);
-  uint64_t quiet_failed_ ABSL_GUARDED_BY(quiet_failures_mu_) = 0;
+  // Failed publishes sent without waiting, for the next Flush().
+  QuietPublishes quiet_;
 
   // Every gRPC object of the session: created on demand, all dropped for a fork.
   absl::Mutex rpc_mu_;
