@@ -23,11 +23,6 @@ constexpr size_t kMaxUnsentReleases = size_t{1} << 20;
 
 std::string DefaultClientName() { return program_invocation_short_name; }
 
-std::string Unavailable(const std::string& socket_path, std::string_view cause) {
-  return "no tensord broker at " + socket_path + ": " + std::string(cause) +
-         " (is the daemon running?)";
-}
-
 // How a publish is named in its errors.
 std::string DescribePublish(const LeaseView& view, std::string_view name) {
   return "publish tensor " + std::to_string(view.tensor_id()) + " as '" + std::string(name) + "'";
@@ -35,27 +30,29 @@ std::string DescribePublish(const LeaseView& view, std::string_view name) {
 
 }  // namespace
 
-Session::Session(const ClientOptions& options, std::string socket_path)
+Session::Session(const ClientOptions& options, std::string socket_path,
+                 std::unique_ptr<FdConnection> fd, std::shared_ptr<ReleaseQueue> queue)
     : options_(options),
       socket_path_(std::move(socket_path)),
+      instance_nonce_(fd->welcome().instance_nonce()),
+      fd_(std::move(fd)),
+      queue_(std::move(queue)),
       mappings_(common::ProcessImporters(), options.lease_cache_linger),
-      leases_(options.lease_cache, options.lease_cache_linger) {}
-
-std::optional<std::chrono::milliseconds> Session::ReplyBound(Wait wait) {
-  if (wait.forever()) return std::nullopt;
-  if (wait.millis() <= 0) return kDefaultCallTimeout;
-  return std::chrono::milliseconds(wait.millis()) + kWaitSlack;
-}
+      leases_(options.lease_cache, options.lease_cache_linger),
+      channel_(socket_path_, *fd_, options.trusted_daemon_uids,
+               RpcChannel::Handlers{
+                   [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
+                   [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
+                   [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }}) {}
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
                                                        const std::string& socket_path) {
-  std::shared_ptr<Session> s(new Session(options, socket_path));
   const std::string name = options.client_name.empty() ? DefaultClientName() : options.client_name;
   absl::Status directory =
       common::CheckSocketDirectory(socket_path, ::geteuid(), options.trusted_daemon_uids);
   if (!directory.ok()) {
     if (directory.code() != absl::StatusCode::kUnavailable) return directory;
-    return absl::UnavailableError(Unavailable(socket_path, std::string(directory.message())));
+    return absl::UnavailableError(NoBrokerMessage(socket_path, std::string(directory.message())));
   }
   absl::StatusOr<std::unique_ptr<FdConnection>> fd =
       FdConnection::Connect(common::FdChannelPath(socket_path), name, options.trusted_daemon_uids);
@@ -66,25 +63,20 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
       case absl::StatusCode::kFailedPrecondition:   // protocol versions differ
         return fd.status();
       default:
-        return absl::UnavailableError(Unavailable(socket_path, std::string(fd.status().message())));
+        return absl::UnavailableError(NoBrokerMessage(socket_path, std::string(fd.status().message())));
     }
   }
-  s->fd_ = *std::move(fd);
-  s->instance_nonce_ = s->fd_->welcome().instance_nonce();
-  TENSORD_ASSIGN_OR_RETURN(s->queue_, ReleaseQueue::Create());
-  {
-    // Its errors (a refused peer above all) say what they are; the stream's below do not.
-    absl::MutexLock lock(&s->rpc_mu_);
-    absl::StatusOr<std::shared_ptr<GrpcConnection>> connection = s->ConnectionLocked();
-    if (!connection.ok()) return connection.status();
-  }
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->Stream();
-  if (!stream.ok()) return absl::UnavailableError(Unavailable(socket_path, std::string(stream.status().message())));
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<ReleaseQueue> queue, ReleaseQueue::Create());
+  std::shared_ptr<Session> s(new Session(options, socket_path, *std::move(fd), std::move(queue)));
+  // Its errors (a refused peer above all) say what they are; the stream's below do not.
+  TENSORD_RETURN_IF_ERROR(s->channel_.Connect());
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->channel_.Stream();
+  if (!stream.ok()) return absl::UnavailableError(NoBrokerMessage(socket_path, std::string(stream.status().message())));
   ReleaseSender::Options sender_options;
   sender_options.hangup_fd = s->fd_->socket();
   Session* raw = s.get();
   sender_options.on_hangup = [raw] {
-    raw->dead_.store(true, std::memory_order_release);
+    raw->channel_.MarkDead();
     spdlog::warn("tensord: the broker at {} closed the session", raw->socket_path_);
   };
   s->sender_ = std::make_unique<ReleaseSender>(s->queue_, raw, std::move(sender_options));
@@ -92,7 +84,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
 }
 
 Session::~Session() {
-  closing_.store(true);
+  channel_.MarkClosing();
   if (sender_ != nullptr) sender_->Stop();
   // Closing the session releases every lease: not before this process's device work on
   // them has finished.
@@ -101,246 +93,25 @@ Session::~Session() {
     delete view;
   }
   awaiting_done_.clear();
-  std::shared_ptr<SessionStream> stream;
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    stream = std::move(stream_);
-  }
-  if (stream != nullptr) stream->Close();
-  stream.reset();
+  channel_.DropStream();
   // Cached leases go with the session (closing the fd channel releases them).
   for (LeaseView* view : leases_.TakeAllIdle()) delete view;
 }
 
 void Session::ShutdownAtExit() {
-  closing_.store(true);
+  channel_.MarkClosing();
   if (sender_ != nullptr) sender_->Stop();
-  std::shared_ptr<SessionStream> stream;
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    stream = stream_;
-  }
-  if (stream != nullptr) stream->Close();
+  channel_.CloseStream();
 }
 
-void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void Session::AbandonInForkedChild() noexcept {
   // Only the forking thread exists here; a lock another thread held stays held, so nothing
   // below takes one. After a complete SuspendForFork there is no gRPC object left to leak.
-  forked_away_.store(true);
-  dead_.store(true);
-  closing_.store(true);
-  if (fd_ != nullptr) fd_->CloseInForkedChild();
+  channel_.AbandonInForkedChild();
+  fd_->CloseInForkedChild();
   if (sender_ != nullptr) {
     sender_->AbandonInForkedChild();
     (void)sender_.release();
-  }
-  if (stream_ != nullptr) {
-    stream_->AbandonInForkedChild();
-    new std::shared_ptr<SessionStream>(std::move(stream_));
-  }
-  if (connection_ != nullptr) new std::shared_ptr<GrpcConnection>(std::move(connection_));
-}
-
-absl::Status Session::CheckOpen() const {
-  if (closing_.load(std::memory_order_acquire)) {
-    return absl::UnavailableError("the tensord client is shut down");
-  }
-  if (dead_.load(std::memory_order_acquire)) {
-    return absl::UnavailableError("the broker at " + socket_path_ + " closed the session");
-  }
-  return absl::OkStatus();
-}
-
-std::unique_ptr<grpc::ClientContext> Session::NewContext(
-    std::optional<std::chrono::milliseconds> timeout) const {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->AddMetadata("tensord-session", fd_->welcome().session_token());
-  if (timeout.has_value()) context->set_deadline(std::chrono::system_clock::now() + *timeout);
-  return context;
-}
-
-absl::StatusOr<std::shared_ptr<GrpcConnection>> Session::ConnectionLocked() {
-  // A channel made from an fd never reconnects by itself: once the broker closed the
-  // connection (a per-uid connection limit, say), the next call makes a new one. Calls still
-  // on the old one keep it until they end.
-  if (connection_ != nullptr && !connection_->Closed()) return connection_;
-  const auto session_over = [this] {
-    dead_.store(true, std::memory_order_release);
-    return absl::UnavailableError("the broker at " + socket_path_ + " closed the session");
-  };
-  // A new connection of a session whose daemon is gone would reach its successor, whose pid
-  // differs: that is the end of the session, not an impostor.
-  if (fd_->PeerClosed()) return session_over();
-  absl::StatusOr<std::shared_ptr<GrpcConnection>> fresh =
-      GrpcConnection::Connect(socket_path_, fd_->daemon(), options_.trusted_daemon_uids);
-  if (!fresh.ok()) {
-    if (fd_->PeerClosed()) return session_over();
-    if (fresh.status().code() == absl::StatusCode::kPermissionDenied) return fresh.status();
-    return absl::UnavailableError(Unavailable(socket_path_, std::string(fresh.status().message())));
-  }
-  connection_ = *std::move(fresh);
-  return connection_;
-}
-
-std::shared_ptr<GrpcConnection> Session::grpc_connection_for_test() {
-  absl::MutexLock lock(&rpc_mu_);
-  return connection_;
-}
-
-void Session::AwaitNoForkLocked() {
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) { return !fork_suspended_; };
-  rpc_mu_.Await(absl::Condition(&ready));
-}
-
-absl::StatusOr<Session::RpcCall> Session::BeginCall(std::optional<std::chrono::milliseconds> timeout,
-                                                    bool cancel_on_fork) {
-  TENSORD_RETURN_IF_ERROR(CheckOpen());
-  std::unique_ptr<grpc::ClientContext> context = NewContext(timeout);
-  absl::MutexLock lock(&rpc_mu_);
-  AwaitNoForkLocked();
-  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<GrpcConnection> connection, ConnectionLocked());
-  ++calls_in_flight_;
-  if (cancel_on_fork) fork_cancellable_.insert(context.get());
-  return RpcCall(this, std::move(connection), std::move(context), fork_epoch_);
-}
-
-Session::RpcCall::~RpcCall() {
-  if (session_ == nullptr) return;
-  {
-    absl::MutexLock lock(&session_->rpc_mu_);
-    session_->fork_cancellable_.erase(context_.get());
-  }
-  context_.reset();
-  // Before the call stops counting: fork() preparation drops the last gRPC object it waits for.
-  connection_.reset();
-  session_->EndCall();
-}
-
-bool Session::RpcCall::interrupted_by_fork() const {
-  return session_ != nullptr && session_->fork_epoch_seen() != epoch_;
-}
-
-void Session::EndCall() {
-  absl::MutexLock lock(&rpc_mu_);
-  --calls_in_flight_;
-}
-
-bool Session::SuspendForFork(std::chrono::steady_clock::time_point deadline) {
-  std::shared_ptr<SessionStream> stream;
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    fork_suspended_ = true;
-    fork_epoch_.fetch_add(1);
-    stream = std::move(stream_);
-    for (grpc::ClientContext* context : fork_cancellable_) context->TryCancel();
-  }
-  if (stream != nullptr) stream->Drain(deadline);
-  stream.reset();
-  absl::MutexLock lock(&rpc_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) { return calls_in_flight_ == 0; };
-  rpc_mu_.AwaitWithDeadline(absl::Condition(&idle),
-                            absl::FromChrono(std::chrono::system_clock::now() +
-                                             (deadline - std::chrono::steady_clock::now())));
-  if (calls_in_flight_ != 0) {
-    spdlog::warn("tensord: {} call(s) still in flight at fork(); gRPC stays up in the parent",
-                 calls_in_flight_);
-    return false;
-  }
-  // The channel was made from a socket connected already: no connection attempt of gRPC's
-  // can be under way to keep gRPC alive after it goes.
-  connection_.reset();
-  return true;
-}
-
-void Session::ResumeAfterFork() {
-  absl::MutexLock lock(&rpc_mu_);
-  fork_suspended_ = false;
-}
-
-absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
-  std::shared_ptr<SessionStream> old;  // closed outside the lock
-  absl::MutexLock lock(&rpc_mu_);
-  AwaitNoForkLocked();
-  if (stream_ != nullptr && !stream_->broken()) return stream_;
-  if (closing_.load()) return absl::UnavailableError("the tensord client is shut down");
-  old = std::move(stream_);
-  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<GrpcConnection> connection, ConnectionLocked());
-  // The stream's context keeps the channel up for as long as the stream lives.
-  TENSORD_ASSIGN_OR_RETURN(
-      std::unique_ptr<SessionStream> fresh,
-      SessionStream::Open(
-          connection->stub(), fd_->welcome().session_token(),
-          [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
-          [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
-          [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }));
-  // The stream counts as a call in flight until its last holder lets go of it.
-  ++calls_in_flight_;
-  stream_ = std::shared_ptr<SessionStream>(fresh.release(), [this](SessionStream* stream) {
-    delete stream;
-    EndCall();
-  });
-  return stream_;
-}
-
-absl::StatusOr<tensord::v1::SessionResponse> Session::StreamCall(
-    tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait) {
-  std::vector<tensord::v1::SessionRequest> one;
-  one.push_back(std::move(request));
-  return std::move(StreamCallMany(std::move(one), wait)[0]);
-}
-
-std::vector<absl::StatusOr<tensord::v1::SessionResponse>> Session::StreamCallMany(
-    std::vector<tensord::v1::SessionRequest> requests,
-    std::optional<std::chrono::milliseconds> wait) {
-  std::optional<SessionStream::Clock::time_point> deadline;
-  if (wait.has_value()) deadline = SessionStream::Clock::now() + *wait;
-  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> results(
-      requests.size(), absl::UnavailableError("the session stream is closed"));
-  std::vector<size_t> todo(requests.size());
-  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
-  while (!todo.empty()) {
-    absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
-    if (!stream.ok()) {
-      for (size_t i : todo) results[i] = stream.status();
-      break;
-    }
-    std::vector<tensord::v1::SessionRequest> batch;
-    batch.reserve(todo.size());
-    for (size_t i : todo) batch.push_back(requests[i]);
-    std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-        (*stream)->CallMany(std::move(batch), deadline);
-    std::vector<size_t> retry;
-    for (size_t k = 0; k < todo.size(); ++k) {
-      const size_t i = todo[k];
-      if ((*stream)->IsInterruptedByDrain(replies[k])) {
-        // A fork() drained the stream under this call: ask again on the next stream, with
-        // what is left of the wait.
-        ShortenWait(requests[i], deadline);
-        retry.push_back(i);
-      } else if (!replies[k].ok()) {
-        results[i] = replies[k].status();
-      } else if (replies[k]->has_error()) {
-        results[i] = ToAbsl(FromRpcError(replies[k]->error()));
-      } else {
-        results[i] = std::move(replies[k]);
-      }
-    }
-    todo = std::move(retry);
-  }
-  return results;
-}
-
-void Session::ShortenWait(tensord::v1::SessionRequest& request,
-                          std::optional<SessionStream::Clock::time_point> deadline) {
-  if (!deadline.has_value()) return;
-  // The reply bound carries kWaitSlack on top of the broker's own wait.
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      *deadline - kWaitSlack - SessionStream::Clock::now());
-  const uint64_t ms = static_cast<uint64_t>(std::max<int64_t>(1, left.count()));
-  if (request.has_acquire() && request.acquire().timeout_ms() > 0) {
-    request.mutable_acquire()->set_timeout_ms(ms);
-  } else if (request.has_take() && request.take().timeout_ms() > 0) {
-    request.mutable_take()->set_timeout_ms(ms);
   }
 }
 
@@ -490,7 +261,7 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
     if (LeaseView* hit = leases_.FindByName(*name, kind, options.min_generation)) return hit;
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(AcquireRequest(target, options), ReplyBound(options.wait)));
+                           channel_.StreamCall(AcquireRequest(target, options), RpcChannel::ReplyBound(options.wait)));
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
@@ -510,7 +281,7 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait w
     take->set_timeout_ms(static_cast<uint64_t>(wait.millis()));
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), ReplyBound(wait)));
+                           channel_.StreamCall(std::move(request), RpcChannel::ReplyBound(wait)));
   if (!response.has_take()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
@@ -567,7 +338,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
       return pooled;
     }
   }
-  absl::StatusOr<tensord::v1::SessionResponse> response = StreamCall(request, kDefaultCallTimeout);
+  absl::StatusOr<tensord::v1::SessionResponse> response = channel_.StreamCall(request, kDefaultCallTimeout);
   if (response.status().code() == absl::StatusCode::kResourceExhausted) {
     // Slots the pool keeps idle in this namespace may be what is missing (arena room, the
     // lease cap): without the pool they would not exist. Give them back, with every release
@@ -575,7 +346,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
     std::vector<uint64_t> idle = pool_.TakeAll(ns);
     if (!idle.empty()) {
       queue_->PushLeaseIds(idle);
-      if (Flush().ok()) response = StreamCall(std::move(request), kDefaultCallTimeout);
+      if (Flush().ok()) response = channel_.StreamCall(std::move(request), kDefaultCallTimeout);
     }
   }
   if (!response.ok()) return response.status();
@@ -618,7 +389,7 @@ std::optional<AllocationPool::Entry> Session::RefillPool(std::string_view ns, ui
   if (!request.ok()) return std::nullopt;
   std::vector<tensord::v1::SessionRequest> requests(count, *request);
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   // Failed elements hold nothing; when none was granted, the plain call reports the error.
   std::vector<AllocationPool::Entry> granted;
   for (absl::StatusOr<tensord::v1::SessionResponse>& reply : replies) {
@@ -681,7 +452,7 @@ absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_v
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), kDefaultCallTimeout));
+                           channel_.StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_publish()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
@@ -696,7 +467,7 @@ absl::Status Session::PublishNoWait(const LeaseView& view, std::string_view name
   std::string what = DescribePublish(view, name);
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = channel_.Stream();
   if (stream.ok() && QuietPublishes::HasRoom(**stream)) {
     request.mutable_publish()->set_quiet(true);
     if ((*stream)->SendQuiet(std::move(request), std::move(what)).ok()) return absl::OkStatus();
@@ -715,7 +486,7 @@ absl::Status Session::Flush() {
   tensord::v1::SessionRequest request;
   request.mutable_release();
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), kDefaultCallTimeout));
+                           channel_.StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_release()) {
     return absl::InternalError("flush: the broker answered with something else");
   }
@@ -726,7 +497,7 @@ absl::Status Session::Flush() {
 
 void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
   const Clock::time_point now = Clock::now();
-  const bool closing = closing_.load(std::memory_order_acquire);
+  const bool closing = channel_.closing();
   std::vector<LeaseView*> doomed;
   doomed.reserve(views.size());
   for (LeaseView* view : views) {
@@ -761,8 +532,8 @@ void Session::SendReleases(std::vector<uint64_t> lease_ids) {
     lease_ids.insert(lease_ids.begin(), unsent_release_ids_.begin(), unsent_release_ids_.end());
     unsent_release_ids_.clear();
   }
-  if (lease_ids.empty() || dead_.load()) return;  // a dead session released everything
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
+  if (lease_ids.empty() || channel_.dead()) return;  // a dead session released everything
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = channel_.Stream();
   size_t sent = 0;
   while (stream.ok() && sent < lease_ids.size()) {
     size_t n = std::min(kMaxLeasesPerRelease, lease_ids.size() - sent);

@@ -52,6 +52,7 @@
 #include "client/mapping_cache.h"
 #include "client/quiet_publishes.h"
 #include "client/release_queue.h"
+#include "client/rpc_channel.h"
 #include "client/session_stream.h"
 #include "common/tensor_desc.h"
 #include "grpcpp/channel.h"
@@ -127,47 +128,19 @@ class Session final : public ReleaseSink {
   void ForgetName(std::string_view name);
   absl::Status Flush();
 
-  // One Broker call: the stub (of the connection it keeps up) and a context with the session
-  // metadata and an optional deadline. While it lives it counts as a call in flight, which
-  // fork() preparation waits for; `cancel_on_fork` calls (long-lived streams) are cancelled by
-  // it instead, and interrupted_by_fork() then tells them to open a new one.
-  class RpcCall {
-   public:
-    RpcCall(RpcCall&& other) noexcept
-        : session_(std::exchange(other.session_, nullptr)),
-          connection_(std::move(other.connection_)),
-          context_(std::move(other.context_)),
-          epoch_(other.epoch_) {}
-    RpcCall& operator=(RpcCall&&) = delete;
-    ~RpcCall();
-    tensord::v1::Broker::Stub* stub() const { return connection_->stub(); }
-    grpc::ClientContext* context() const { return context_.get(); }
-    bool interrupted_by_fork() const;
-
-   private:
-    friend class Session;
-    RpcCall(Session* session, std::shared_ptr<GrpcConnection> connection,
-            std::unique_ptr<grpc::ClientContext> context, uint64_t epoch)
-        : session_(session),
-          connection_(std::move(connection)),
-          context_(std::move(context)),
-          epoch_(epoch) {}
-    Session* session_;
-    std::shared_ptr<GrpcConnection> connection_;
-    std::unique_ptr<grpc::ClientContext> context_;
-    uint64_t epoch_;
-  };
-  // Waits while a fork() is being prepared. `timeout` nullopt: no deadline. Makes the gRPC
-  // connection when there is none or the broker closed it (errors as Open()'s).
+  // One Broker call (rpc_channel.h); client_core.cc and watcher.cc make theirs here.
+  using RpcCall = RpcChannel::Call;
   absl::StatusOr<RpcCall> BeginCall(
-      std::optional<std::chrono::milliseconds> timeout = std::chrono::seconds(30),
-      bool cancel_on_fork = false);
+      std::optional<std::chrono::milliseconds> timeout = RpcChannel::kDefaultCallTimeout,
+      bool cancel_on_fork = false) {
+    return channel_.BeginCall(timeout, cancel_on_fork);
+  }
   // Whether the parent's fork() left this Session behind in this (child) process.
-  bool forked_away() const { return forked_away_.load(std::memory_order_acquire); }
+  bool forked_away() const { return channel_.forked_away(); }
 
   uint64_t session_id() const { return fd_->welcome().session_id(); }
   const std::string& socket_path() const { return socket_path_; }
-  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  bool dead() const { return channel_.dead(); }
 
   // Process exit: stop the sender and close the stream; later calls fail UNAVAILABLE.
   void ShutdownAtExit();
@@ -180,8 +153,10 @@ class Session final : public ReleaseSink {
   // call was still in flight at `deadline` (gRPC then stays up and the fallback in
   // client_core.cc applies). ResumeAfterFork() lets calls go on; the connection (connected
   // and checked again) and the stream reopen on next use.
-  bool SuspendForFork(std::chrono::steady_clock::time_point deadline);
-  void ResumeAfterFork();
+  bool SuspendForFork(std::chrono::steady_clock::time_point deadline) {
+    return channel_.SuspendForFork(deadline);
+  }
+  void ResumeAfterFork() { channel_.ResumeAfterFork(); }
   // Fork child: close the inherited fd channel at once (so the parent's death releases its
   // leases even while this child lives on) and abandon, without running any destructor,
   // every thread (and any gRPC object left) of the parent's. The Session itself must then
@@ -196,28 +171,17 @@ class Session final : public ReleaseSink {
   ExportTable& exports_for_test() { return exports_; }
   MappingCache& mappings_for_test() { return mappings_; }
   // The current gRPC connection (nullptr when there is none).
-  std::shared_ptr<GrpcConnection> grpc_connection_for_test();
+  std::shared_ptr<GrpcConnection> grpc_connection_for_test() { return channel_.connection_for_test(); }
 
  private:
-  static constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
+  static constexpr std::chrono::milliseconds kDefaultCallTimeout = RpcChannel::kDefaultCallTimeout;
   // While exports are kept, how often the sender checks that a stream is open to hear
   // their release.
   static constexpr std::chrono::seconds kExportStreamCheck{1};
-  // How much longer than the broker's own acquire wait we wait for its answer.
-  static constexpr std::chrono::milliseconds kWaitSlack{10000};
-  // How long to wait for the answer to a call that waits `wait` at the broker.
-  static std::optional<std::chrono::milliseconds> ReplyBound(Wait wait);
 
-  Session(const ClientOptions& options, std::string socket_path);
+  Session(const ClientOptions& options, std::string socket_path, std::unique_ptr<FdConnection> fd,
+          std::shared_ptr<ReleaseQueue> queue);
 
-  absl::StatusOr<std::shared_ptr<SessionStream>> Stream();
-  absl::StatusOr<tensord::v1::SessionResponse> StreamCall(tensord::v1::SessionRequest request,
-                                                          std::optional<std::chrono::milliseconds> wait);
-  // CallMany on the stream, retrying what a fork's drain interrupted on the next stream; an
-  // error reply becomes that element's status.
-  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> StreamCallMany(
-      std::vector<tensord::v1::SessionRequest> requests,
-      std::optional<std::chrono::milliseconds> wait);
   // Request builders shared by the single and the batch calls; `what` names the element.
   absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(std::string_view ns,
                                                               const TensorSpec& spec,
@@ -292,46 +256,27 @@ class Session final : public ReleaseSink {
   // destroys them.
   void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
   void SendReleases(std::vector<uint64_t> lease_ids);
-  absl::Status CheckOpen() const;
-  // The gRPC connection, made on first use after Open() or a fork, and again when the broker
-  // closed it while the session lives.
-  absl::StatusOr<std::shared_ptr<GrpcConnection>> ConnectionLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
-  std::unique_ptr<grpc::ClientContext> NewContext(std::optional<std::chrono::milliseconds> timeout) const;
-  void EndCall();
-  void AwaitNoForkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
-  uint64_t fork_epoch_seen() const { return fork_epoch_.load(std::memory_order_acquire); }
-  // A wait retried after a fork asks the broker only for what is left of it.
-  static void ShortenWait(tensord::v1::SessionRequest& request,
-                          std::optional<SessionStream::Clock::time_point> deadline);
+  absl::Status CheckOpen() const { return channel_.CheckOpen(); }
 
   // Constant after Open().
   const ClientOptions options_;
   const std::string socket_path_;
-  std::string instance_nonce_;
-  std::unique_ptr<FdConnection> fd_;
-  std::shared_ptr<ReleaseQueue> queue_;
+  const std::string instance_nonce_;
+  const std::unique_ptr<FdConnection> fd_;
+  const std::shared_ptr<ReleaseQueue> queue_;
 
   MappingCache mappings_;
   LeaseCache leases_;
   ExportTable exports_;
   // Its leases go with the session; never released from a forked child.
   AllocationPool pool_;
-  std::atomic<bool> dead_{false};
-  std::atomic<bool> closing_{false};
 
   // Failed publishes sent without waiting, for the next Flush().
   QuietPublishes quiet_;
 
-  // Every gRPC object of the session: created on demand, all dropped for a fork.
-  absl::Mutex rpc_mu_;
-  std::shared_ptr<GrpcConnection> connection_ ABSL_GUARDED_BY(rpc_mu_);
-  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(rpc_mu_);
-  bool fork_suspended_ ABSL_GUARDED_BY(rpc_mu_) = false;
-  int calls_in_flight_ ABSL_GUARDED_BY(rpc_mu_) = 0;
-  std::set<grpc::ClientContext*> fork_cancellable_ ABSL_GUARDED_BY(rpc_mu_);
-  std::atomic<uint64_t> fork_epoch_{0};
-  std::atomic<bool> forked_away_{false};
+  // The gRPC connection, the Session stream, calls in flight, fork suspension; the
+  // session's closing and dead flags. Its handlers use what is above.
+  RpcChannel channel_;
 
   // Sender thread only: ids whose release could not be sent yet (stream down).
   std::vector<uint64_t> unsent_release_ids_;

@@ -112,7 +112,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   std::vector<LeaseView*> views(n, nullptr);
   if (n == 0) return views;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   Failures failed;
   std::vector<Grant> grants;
   for (size_t i = 0; i < n; ++i) {
@@ -154,7 +154,7 @@ absl::StatusOr<std::vector<TensorInfo>> Session::PublishMany(
   std::vector<TensorInfo> infos(n);
   if (n == 0) return infos;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   Failures failed;
   size_t published = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -206,7 +206,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   }
   if (requests.empty()) return views;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), ReplyBound(options.wait));
+      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(options.wait));
   Failures failed;
   std::vector<Grant> grants;
   for (size_t k = 0; k < asked.size(); ++k) {
@@ -251,7 +251,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     }
   }
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), ReplyBound(wait));
+      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(wait));
   std::vector<Grant> grants;
   std::optional<absl::Status> first_error;
   for (auto& reply : replies) {
