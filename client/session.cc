@@ -34,7 +34,6 @@ Session::Session(const ClientOptions& options, std::string socket_path,
                  std::unique_ptr<FdConnection> fd, std::shared_ptr<ReleaseQueue> queue)
     : options_(options),
       socket_path_(std::move(socket_path)),
-      instance_nonce_(fd->welcome().instance_nonce()),
       fd_(std::move(fd)),
       queue_(std::move(queue)),
       mappings_(common::ProcessImporters(), options.lease_cache_linger),
@@ -43,7 +42,8 @@ Session::Session(const ClientOptions& options, std::string socket_path,
                RpcChannel::Handlers{
                    [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
                    [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
-                   [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }}) {}
+                   [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }}),
+      adopter_(*fd_, mappings_, leases_, queue_) {}
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
                                                        const std::string& socket_path) {
@@ -147,109 +147,6 @@ void Session::ForgetName(std::string_view name) {
   for (LeaseView* view : leases_.DropName(name)) ReleaseQueue::Push(view);
 }
 
-Retention Session::RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind) {
-  if (!tensor.buffer().arena()) return Retention::kNone;
-  // The producer has sealed the arena F_SEAL_FUTURE_WRITE: it could not map it writable
-  // again, and its later tensors land in the same arena.
-  return kind == ViewKind::kProducer ? Retention::kSession : Retention::kLinger;
-}
-
-MappingKey Session::KeyFor(uint64_t buffer_id, ViewKind kind) const {
-  return MappingKey{instance_nonce_, buffer_id, MapModeOf(kind), ViewTypeOf(kind)};
-}
-
-absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::TensorInfo& tensor,
-                                                            ViewKind kind, int export_fd) {
-  const uint64_t buffer_id = tensor.buffer().buffer_id();
-  const MappingKey key = KeyFor(buffer_id, kind);
-  const Retention retention = RetentionFor(tensor, kind);
-  if (export_fd >= 0) {
-    // The producer maps the memfd it exported itself: no fetch.
-    common::FetchedBuffer exported;
-    exported.buffer_id = buffer_id;
-    exported.size = tensor.buffer().size();
-    exported.device_type = tensor.desc().device().type();
-    const int fd = ::fcntl(export_fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return common::ErrnoToStatus("dup the exported memfd", errno);
-    exported.handle.fds.emplace_back(fd);
-    return mappings_.GetOrMapHandle(key, exported, retention);
-  }
-  MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<common::FetchedBuffer> {
-    const uint64_t ids[1] = {buffer_id};
-    TENSORD_ASSIGN_OR_RETURN(std::vector<common::FetchedBuffer> fetched, fd_->Fetch(ids));
-    return std::move(fetched[0]);
-  };
-  return mappings_.GetOrMap(key, fetch, retention);
-}
-
-absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
-                                               const tensord::v1::TensorInfo& tensor,
-                                               std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
-                                               std::string_view what, const OwnMemory& own,
-                                               bool described_here) {
-  auto give_back = [&](absl::Status status) -> absl::Status {
-    queue_->PushLeaseIds({lease_id});
-    return status;
-  };
-  if (lease_id == 0) return absl::InternalError(std::string(what) + ": the broker sent no lease");
-  absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(tensor, what);
-  if (!valid.ok()) return give_back(valid.status());
-  if (kind != ViewKind::kProducer) {
-    if (LeaseView* held = leases_.FindByTensor(valid->info.tensor_id, kind, cache_name)) {
-      queue_->PushLeaseIds({lease_id});  // one remote lease per tensor is enough
-      return held;
-    }
-  }
-  std::shared_ptr<Mapping> mapping;
-  uint64_t offset = 0;
-  if (valid->layout.nbytes > 0) {
-    absl::StatusOr<std::shared_ptr<Mapping>> mapped =
-        own.mapping != nullptr ? own.mapping : MapBuffer(tensor, kind, own.memfd);
-    if (!mapped.ok()) return give_back(Annotate(mapped.status(), what));
-    mapping = *std::move(mapped);
-    offset = valid->buffer_offset + valid->info.byte_offset;
-    if (valid->buffer_offset > mapping->size() ||
-        valid->layout.extent > mapping->size() - valid->buffer_offset) {
-      return give_back(absl::DataLossError(std::string(what) + ": the tensor reaches past its " +
-                                           std::to_string(mapping->size()) + "-byte buffer"));
-    }
-  }
-  LeaseView::Params params;
-  params.info = std::move(valid->info);
-  // The description carries the daemon's ordinal; DLPack wants this process's. A view of
-  // another kind than the memory's (pinned host memory) names its own device type.
-  if (mapping != nullptr) {
-    params.info.device.device_id = mapping->device_ordinal();
-    if (mapping->view_device_type() != tensord::v1::DEVICE_TYPE_UNSPECIFIED) {
-      tensord::v1::Device view;
-      view.set_type(mapping->view_device_type());
-      view.set_index(mapping->device_ordinal());
-      params.info.device = common::ToDLDevice(view);
-    }
-  }
-  params.lease_id = lease_id;
-  params.session_id = session_id();
-  params.kind = kind;
-  params.mapping = std::move(mapping);
-  params.offset_in_mapping = offset;
-  params.cache_name = std::string(cache_name);
-  params.described_here = described_here;
-  params.ready_fence = std::string(ready_fence);
-  if (kind == ViewKind::kPrivate && tensor.buffer().arena() && params.mapping != nullptr) {
-    params.arena_slot_offset = valid->buffer_offset;
-    params.arena_slot_length = valid->layout.extent;
-  }
-  auto* view = new LeaseView(std::move(params), queue_);
-  LeaseCache::InsertResult inserted = leases_.Insert(view);
-  for (LeaseView* old : inserted.to_release) ReleaseQueue::Push(old);
-  if (!inserted.inserted) {
-    // Another acquire of the same tensor won the race; keep its lease, give back ours.
-    queue_->PushLeaseIds({lease_id});
-    delete view;
-  }
-  return inserted.view;
-}
-
 absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
   const ViewKind kind = ConsumerViewKind(options);
@@ -265,7 +162,7 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
-  return AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), response.acquire().ready_fence(), kind,
+  return adopter_.AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), response.acquire().ready_fence(), kind,
                     name != nullptr ? std::string_view(*name) : std::string_view(), what);
 }
 
@@ -287,7 +184,7 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait w
   }
   // The name is unbound now: a cached lease of it must not serve it any more.
   ForgetName(response.take().tensor().name());
-  return AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
+  return adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
                     ViewKind::kPrivate, "",
                     what);
 }
@@ -354,7 +251,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
     return absl::InternalError(what + ": the broker answered with something else");
   }
   TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
-                           AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
+                           adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
                                       ViewKind::kProducer, "", what));
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
   return view;
@@ -374,7 +271,7 @@ LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
   tensor.mutable_desc()->mutable_strides()->Assign(layout.strides.begin(), layout.strides.end());
   tensor.mutable_buffer()->set_extent(layout.extent);
   tensor.set_nbytes(layout.nbytes);
-  absl::StatusOr<LeaseView*> view = AdoptLease(entry->lease_id, tensor, "", ViewKind::kProducer, "",
+  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(entry->lease_id, tensor, "", ViewKind::kProducer, "",
                                                what, /*own=*/{}, /*described_here=*/true);
   // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
   return view.ok() ? *view : nullptr;

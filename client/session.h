@@ -48,6 +48,7 @@
 #include "client/export_table.h"
 #include "client/fd_connection.h"
 #include "client/grpc_connection.h"
+#include "client/lease_adopter.h"
 #include "client/lease_cache.h"
 #include "client/mapping_cache.h"
 #include "client/quiet_publishes.h"
@@ -60,14 +61,6 @@
 #include "tensord/v1/broker.grpc.pb.h"
 
 namespace tensord::internal {
-
-// What the producer of an export has of its buffer already, so the broker's handle is
-// never fetched: the memfd it exported (mapped again here), or its own memory as it is
-// (a device pointer: a process cannot import its own CUDA IPC handle).
-struct OwnMemory {
-  int memfd = -1;
-  std::shared_ptr<Mapping> mapping;
-};
 
 class Session final : public ReleaseSink {
  public:
@@ -192,36 +185,10 @@ class Session final : public ReleaseSink {
                                                              std::string_view what) const;
   static tensord::v1::SessionRequest AcquireRequest(const Target& target,
                                                     const AcquireOptions& options);
-  // Maps the buffers of `tensors` that are not mapped yet with one fetch (FETCH_FD per 253
-  // buffers). Best effort: on failure nothing is returned and AdoptLease() maps (and
-  // reports) each one itself. The result only keeps the mappings alive until adoption.
-  std::vector<std::shared_ptr<Mapping>> PrefetchBuffers(
-      const std::vector<const tensord::v1::TensorInfo*>& tensors, ViewKind kind);
-  // Gives back what a failed batch holds: a reference on each view, each bare lease id.
-  void AbandonBatch(const std::vector<LeaseView*>& views, const std::vector<uint64_t>& lease_ids);
-  // A lease a batch element was granted.
-  struct Grant {
-    size_t index = 0;  // the element
-    uint64_t lease_id = 0;
-    const tensord::v1::TensorInfo* tensor = nullptr;
-    std::string_view ready_fence;  // the producer's, for device tensors (stream_order.h)
-  };
-  // Adopts every grant into views[grant.index] (buffers fetched together first). On the
-  // first failure, gives back everything of the batch (the views adopted so far and the
-  // grants not adopted yet) and returns the error, which `what` names.
-  absl::Status AdoptBatch(const std::vector<Grant>& grants, ViewKind kind,
-                          const std::vector<std::string>* cache_names,
-                          const std::function<std::string(size_t)>& what,
-                          std::vector<LeaseView*>& views);
+  // A lease a batch element was granted (lease_adopter.h).
+  using Grant = LeaseAdopter::Grant;
   void OnPush(const tensord::v1::SessionResponse& push);
   void OnOrphan(const tensord::v1::SessionResponse& reply);
-  // Builds (or finds) the view for a lease the broker just granted. On any failure the
-  // lease is released. `described_here`: a pooled slot whose description `tensor` carries
-  // is ours, not the broker's yet. `ready_fence`: the producer's, as the grant carried it.
-  absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
-                                        std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
-                                        std::string_view what, const OwnMemory& own = {},
-                                        bool described_here = false);
   // Sends an Export of what `request` names (a staged memfd or a device handle) as `desc`
   // in `ns` with `spec`'s tags, and adopts the producer's lease over `own`.
   // `source` (may be null) is kept in exports_ from the broker's reply on.
@@ -246,12 +213,6 @@ class Session final : public ReleaseSink {
   // the rest go into the pool.
   std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
                                                   size_t count, std::string_view what);
-  absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
-                                                     ViewKind kind, int export_fd);
-  // How long the mapping cache keeps a buffer's mapping: arenas are kept (the producer's
-  // for the session's life, a reader's for the linger), dedicated buffers are not.
-  static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
-  MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
   // Releases the leases of views at refcount zero (cache decisions already made) and
   // destroys them.
   void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
@@ -261,7 +222,6 @@ class Session final : public ReleaseSink {
   // Constant after Open().
   const ClientOptions options_;
   const std::string socket_path_;
-  const std::string instance_nonce_;
   const std::unique_ptr<FdConnection> fd_;
   const std::shared_ptr<ReleaseQueue> queue_;
 
@@ -277,6 +237,8 @@ class Session final : public ReleaseSink {
   // The gRPC connection, the Session stream, calls in flight, fork suspension; the
   // session's closing and dead flags. Its handlers use what is above.
   RpcChannel channel_;
+  // Makes the views of granted leases.
+  LeaseAdopter adopter_;
 
   // Sender thread only: ids whose release could not be sent yet (stream down).
   std::vector<uint64_t> unsent_release_ids_;
