@@ -1,7 +1,6 @@
 #include "client/session.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,9 +16,6 @@
 
 namespace tensord::internal {
 namespace {
-
-constexpr size_t kMaxLeasesPerRelease = 65536;
-constexpr size_t kMaxUnsentReleases = size_t{1} << 20;
 
 std::string DefaultClientName() { return program_invocation_short_name; }
 
@@ -43,7 +39,9 @@ Session::Session(const ClientOptions& options, std::string socket_path,
                    [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
                    [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
                    [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }}),
-      adopter_(*fd_, mappings_, leases_, queue_) {}
+      adopter_(*fd_, mappings_, leases_, queue_),
+      releases_(leases_, mappings_, channel_,
+                [this](Clock::time_point now) { return TickExports(now); }) {}
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
                                                        const std::string& socket_path) {
@@ -79,7 +77,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
     raw->channel_.MarkDead();
     spdlog::warn("tensord: the broker at {} closed the session", raw->socket_path_);
   };
-  s->sender_ = std::make_unique<ReleaseSender>(s->queue_, raw, std::move(sender_options));
+  s->sender_ = std::make_unique<ReleaseSender>(s->queue_, &s->releases_, std::move(sender_options));
   return s;
 }
 
@@ -88,11 +86,7 @@ Session::~Session() {
   if (sender_ != nullptr) sender_->Stop();
   // Closing the session releases every lease: not before this process's device work on
   // them has finished.
-  for (LeaseView* view : awaiting_done_) {
-    view->WaitDoneFences();
-    delete view;
-  }
-  awaiting_done_.clear();
+  releases_.DestroyAwaitingDone();
   channel_.DropStream();
   // Cached leases go with the session (closing the fd channel releases them).
   for (LeaseView* view : leases_.TakeAllIdle()) delete view;
@@ -106,7 +100,7 @@ void Session::ShutdownAtExit() {
 
 void Session::AbandonInForkedChild() noexcept {
   // Only the forking thread exists here; a lock another thread held stays held, so nothing
-  // below takes one. After a complete SuspendForFork there is no gRPC object left to leak.
+  // below takes one.
   channel_.AbandonInForkedChild();
   fd_->CloseInForkedChild();
   if (sender_ != nullptr) {
@@ -388,85 +382,6 @@ absl::Status Session::Flush() {
     return absl::InternalError("flush: the broker answered with something else");
   }
   return quiet_.Report();
-}
-
-// --- release path (sender thread) ---
-
-void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
-  const Clock::time_point now = Clock::now();
-  const bool closing = channel_.closing();
-  std::vector<LeaseView*> doomed;
-  doomed.reserve(views.size());
-  for (LeaseView* view : views) {
-    if (leases_.Dispose(view, now, closing) == LeaseCache::Disposition::kRelease) {
-      doomed.push_back(view);
-    }
-  }
-  ReleaseAndDestroy(std::move(doomed), std::move(lease_ids));
-}
-
-void Session::ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
-  // A consumer's device work on the tensor comes before its release, and so before
-  // whatever the broker does once the lease is gone: views whose done fences are still
-  // pending wait for a later Tick.
-  std::erase_if(views, [this](LeaseView* view) {
-    if (view->DoneFencesComplete()) return false;
-    awaiting_done_.push_back(view);
-    return true;
-  });
-  for (LeaseView* view : views) {
-    // Before the release: once it is sent, the broker may reuse an arena slot.
-    view->DiscardPrivateArenaPages();
-    lease_ids.push_back(view->lease_id());
-  }
-  SendReleases(std::move(lease_ids));
-  // The munmap of a last mapping happens here, on the sender thread, after the release.
-  for (LeaseView* view : views) delete view;
-}
-
-void Session::SendReleases(std::vector<uint64_t> lease_ids) {
-  if (!unsent_release_ids_.empty()) {
-    lease_ids.insert(lease_ids.begin(), unsent_release_ids_.begin(), unsent_release_ids_.end());
-    unsent_release_ids_.clear();
-  }
-  if (lease_ids.empty() || channel_.dead()) return;  // a dead session released everything
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = channel_.Stream();
-  size_t sent = 0;
-  while (stream.ok() && sent < lease_ids.size()) {
-    size_t n = std::min(kMaxLeasesPerRelease, lease_ids.size() - sent);
-    tensord::v1::SessionRequest request;
-    auto* release = request.mutable_release();
-    for (size_t i = 0; i < n; ++i) release->add_lease_ids(lease_ids[sent + i]);
-    if (!(*stream)->Send(std::move(request)).ok()) break;
-    sent += n;
-  }
-  if (sent < lease_ids.size()) {
-    size_t left = lease_ids.size() - sent;
-    if (left > kMaxUnsentReleases) {
-      spdlog::error("tensord: dropping {} unsent releases (the session stream is down)",
-                    left - kMaxUnsentReleases);
-      left = kMaxUnsentReleases;
-    }
-    unsent_release_ids_.assign(lease_ids.end() - static_cast<ptrdiff_t>(left), lease_ids.end());
-  }
-}
-
-ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
-  Clock::time_point next;
-  std::vector<LeaseView*> expired = leases_.TakeExpired(now, &next);
-  if (!awaiting_done_.empty()) {
-    // Queried again here; those still pending go back to awaiting_done_.
-    expired.insert(expired.end(), awaiting_done_.begin(), awaiting_done_.end());
-    awaiting_done_.clear();
-  }
-  if (!expired.empty() || !unsent_release_ids_.empty()) ReleaseAndDestroy(std::move(expired), {});
-  if (!unsent_release_ids_.empty()) next = std::min(next, now + std::chrono::milliseconds(100));
-  // A GPU's work on a batch takes microseconds to milliseconds: poll often, never block.
-  if (!awaiting_done_.empty()) next = std::min(next, now + std::chrono::microseconds(200));
-  // After the views above went: a reader's arena mapping they were the last users of
-  // starts its linger now. Every batch of destroyed views is followed by a Tick.
-  next = std::min(next, mappings_.Sweep(now));
-  return std::min(next, TickExports(now));
 }
 
 }  // namespace tensord::internal

@@ -1,8 +1,14 @@
-// Session: one connected tensord session and everything bound to it: the fd channel (whose
-// life IS the session), the gRPC connection (grpc_connection.h: its peer checked to be the fd
-// channel's daemon before the session token goes out; made again when the broker closed it
-// while the session lives), the Session stream (reopened when it breaks), the mapping cache,
-// the lease cache (its leases, cached or not), and the release queue and its sender thread.
+// Session: one connected tensord session and everything bound to it, composed of parts:
+//  - the fd channel (fd_connection.h), whose life IS the session;
+//  - RpcChannel (rpc_channel.h): the gRPC connection, the Session stream, calls in flight,
+//    fork suspension, and whether the session is closing or dead;
+//  - LeaseAdopter (lease_adopter.h): the leases the broker grants, made into views;
+//  - ReleaseDispatcher (release_dispatcher.h): the release sender's sink, sending releases;
+//  - QuietPublishes (quiet_publishes.h): failures of publishes sent without waiting.
+// It owns what they share: the mapping cache, the lease cache (lease_cache.h), the export
+// table, the allocation pool, and the release queue and its sender thread. It implements
+// the public operations with them (Acquire/Take/Allocate/Publish here, their batches in
+// session_batch.cc, exports in session_export.cc) and handles the broker's pushes.
 //
 // Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. A
 // small Allocate in a namespace is served from the allocation pool once its slot class has
@@ -52,6 +58,7 @@
 #include "client/lease_cache.h"
 #include "client/mapping_cache.h"
 #include "client/quiet_publishes.h"
+#include "client/release_dispatcher.h"
 #include "client/release_queue.h"
 #include "client/rpc_channel.h"
 #include "client/session_stream.h"
@@ -62,13 +69,13 @@
 
 namespace tensord::internal {
 
-class Session final : public ReleaseSink {
+class Session final {
  public:
   // Connects: socket directory check, fd channel (uid check, HELLO/WELCOME), gRPC connection
   // (peer check), Session stream, sender.
   static absl::StatusOr<std::shared_ptr<Session>> Open(const ClientOptions& options,
                                                        const std::string& socket_path);
-  ~Session() override;
+  ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -156,10 +163,6 @@ class Session final : public ReleaseSink {
   // be leaked.
   void AbandonInForkedChild() noexcept;
 
-  // ReleaseSink (sender thread).
-  void ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) override;
-  Clock::time_point Tick(Clock::time_point now) override;
-
   LeaseCache& leases_for_test() { return leases_; }
   ExportTable& exports_for_test() { return exports_; }
   MappingCache& mappings_for_test() { return mappings_; }
@@ -167,6 +170,7 @@ class Session final : public ReleaseSink {
   std::shared_ptr<GrpcConnection> grpc_connection_for_test() { return channel_.connection_for_test(); }
 
  private:
+  using Clock = ReleaseSink::Clock;
   static constexpr std::chrono::milliseconds kDefaultCallTimeout = RpcChannel::kDefaultCallTimeout;
   // While exports are kept, how often the sender checks that a stream is open to hear
   // their release.
@@ -213,13 +217,8 @@ class Session final : public ReleaseSink {
   // the rest go into the pool.
   std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
                                                   size_t count, std::string_view what);
-  // Releases the leases of views at refcount zero (cache decisions already made) and
-  // destroys them.
-  void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
-  void SendReleases(std::vector<uint64_t> lease_ids);
   absl::Status CheckOpen() const { return channel_.CheckOpen(); }
 
-  // Constant after Open().
   const ClientOptions options_;
   const std::string socket_path_;
   const std::unique_ptr<FdConnection> fd_;
@@ -240,11 +239,8 @@ class Session final : public ReleaseSink {
   // Makes the views of granted leases.
   LeaseAdopter adopter_;
 
-  // Sender thread only: ids whose release could not be sent yet (stream down).
-  std::vector<uint64_t> unsent_release_ids_;
-  // Views to release once the device work their done fences cover has finished
-  // (LeaseView's stream order). Sender thread only; the destructor after it stopped.
-  std::vector<LeaseView*> awaiting_done_;
+  // The sender's sink: releases what the lease cache does not keep; drives TickExports.
+  ReleaseDispatcher releases_;
 
   // Last: started once everything above exists, stopped first.
   std::unique_ptr<ReleaseSender> sender_;

@@ -1,13 +1,12 @@
-// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, each one
-// Session-stream message each way, and the batched fetch of the buffers they map.
-#include <algorithm>
-#include <span>
+// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, TakeMany,
+// each one Session-stream message each way; LeaseAdopter::AdoptBatch fetches the buffers
+// they map together.
+#include <functional>
 #include <string>
 #include <utility>
 
 #include "client/session.h"
 #include "client/tensor_convert.h"
-#include "common/fd_channel.h"
 #include "common/status.h"
 
 namespace tensord::internal {
