@@ -8,7 +8,7 @@
 // then decides whether the lease is kept in the lease cache or released, and destroys the
 // view (which drops its mapping reference: munmap when it was the last).
 //
-// Until the sender has decided, the view is still indexed by its session's LeaseTable, and
+// Until the sender has decided, the view is still indexed by its session's LeaseCache, and
 // a lookup there (under the table's mutex) may revive it: a get that repeats a get whose
 // result was just dropped needs no round trip even before the sender ran. The reference
 // count and an "on the release queue" bit share one atomic word, so the sender's decision
@@ -22,7 +22,7 @@
 // stream order: none of this does anything for them, and their Unref() never locks.
 //
 // Fields are constant after construction, except state_ (atomic), next_in_queue, the
-// lease-cache fields, which only LeaseTable touches, under its mutex, and the stream
+// lease-cache fields, which only LeaseCache touches, under its mutex, and the stream
 // fields, under streams_mu_.
 #pragma once
 
@@ -82,19 +82,19 @@ class LeaseView {
 
   // Adds a reference; the caller must already hold one.
   void Ref() noexcept { state_.fetch_add(1, std::memory_order_relaxed); }
-  // Adds a reference to a view its LeaseTable still indexes, also one at zero references
+  // Adds a reference to a view its LeaseCache still indexes, also one at zero references
   // on its way to the release sender. Only under the table's mutex.
   void Revive() noexcept { state_.fetch_add(1, std::memory_order_acq_rel); }
   // Drops a reference; the last one queues the view. Never blocks.
   void Unref() noexcept;
   uint64_t refs() const noexcept { return state_.load(std::memory_order_acquire) & ~kQueued; }
-  // Only for a view the LeaseTable holds idle at zero references (no one else can see it).
+  // Only for a view the LeaseCache holds idle at zero references (no one else can see it).
   void ReviveFromIdle() noexcept { state_.store(1, std::memory_order_release); }
   // Marks the view as on the release queue (ReleaseQueue::Push does this).
   void MarkQueued() noexcept { state_.fetch_or(kQueued, std::memory_order_acq_rel); }
   // For whoever took the view off the release queue: clears the mark and says whether the
   // view is still unreferenced (true: it is the caller's to cache or destroy) or was revived
-  // meanwhile (false: leave it; its next last Unref queues it again). Under the LeaseTable's
+  // meanwhile (false: leave it; its next last Unref queues it again). Under the LeaseCache's
   // mutex while the table may still index the view.
   bool SettleQueued() noexcept;
 
@@ -139,7 +139,7 @@ class LeaseView {
   // Intrusive link for ReleaseQueue's lock-free stack.
   LeaseView* next_in_queue = nullptr;
 
-  // Lease-cache state, guarded by the owning LeaseTable's mutex.
+  // Lease-cache state, guarded by the owning LeaseCache's mutex.
   std::string cache_name;
   bool idle = false;
   std::chrono::steady_clock::time_point idle_deadline{};

@@ -1,7 +1,6 @@
 #include "client/session.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,15 +17,7 @@
 namespace tensord::internal {
 namespace {
 
-constexpr size_t kMaxLeasesPerRelease = 65536;
-constexpr size_t kMaxUnsentReleases = size_t{1} << 20;
-
 std::string DefaultClientName() { return program_invocation_short_name; }
-
-std::string Unavailable(const std::string& socket_path, std::string_view cause) {
-  return "no tensord broker at " + socket_path + ": " + std::string(cause) +
-         " (is the daemon running?)";
-}
 
 // How a publish is named in its errors.
 std::string DescribePublish(const LeaseView& view, std::string_view name) {
@@ -35,27 +26,31 @@ std::string DescribePublish(const LeaseView& view, std::string_view name) {
 
 }  // namespace
 
-Session::Session(const ClientOptions& options, std::string socket_path)
+Session::Session(const ClientOptions& options, std::string socket_path,
+                 std::unique_ptr<FdConnection> fd, std::shared_ptr<ReleaseQueue> queue)
     : options_(options),
       socket_path_(std::move(socket_path)),
+      fd_(std::move(fd)),
+      queue_(std::move(queue)),
       mappings_(common::ProcessImporters(), options.lease_cache_linger),
-      table_(options.lease_cache, options.lease_cache_linger) {}
-
-std::optional<std::chrono::milliseconds> Session::ReplyBound(Wait wait) {
-  if (wait.forever()) return std::nullopt;
-  if (wait.millis() <= 0) return kDefaultCallTimeout;
-  return std::chrono::milliseconds(wait.millis()) + kWaitSlack;
-}
+      leases_(options.lease_cache, options.lease_cache_linger),
+      channel_(socket_path_, *fd_, options.trusted_daemon_uids,
+               RpcChannel::Handlers{
+                   [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
+                   [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
+                   [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }}),
+      adopter_(*fd_, mappings_, leases_, queue_),
+      releases_(leases_, mappings_, channel_,
+                [this](Clock::time_point now) { return TickExports(now); }) {}
 
 absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& options,
                                                        const std::string& socket_path) {
-  std::shared_ptr<Session> s(new Session(options, socket_path));
   const std::string name = options.client_name.empty() ? DefaultClientName() : options.client_name;
   absl::Status directory =
       common::CheckSocketDirectory(socket_path, ::geteuid(), options.trusted_daemon_uids);
   if (!directory.ok()) {
     if (directory.code() != absl::StatusCode::kUnavailable) return directory;
-    return absl::UnavailableError(Unavailable(socket_path, std::string(directory.message())));
+    return absl::UnavailableError(NoBrokerMessage(socket_path, std::string(directory.message())));
   }
   absl::StatusOr<std::unique_ptr<FdConnection>> fd =
       FdConnection::Connect(common::FdChannelPath(socket_path), name, options.trusted_daemon_uids);
@@ -66,288 +61,58 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
       case absl::StatusCode::kFailedPrecondition:   // protocol versions differ
         return fd.status();
       default:
-        return absl::UnavailableError(Unavailable(socket_path, std::string(fd.status().message())));
+        return absl::UnavailableError(NoBrokerMessage(socket_path, std::string(fd.status().message())));
     }
   }
-  s->fd_ = *std::move(fd);
-  s->instance_nonce_ = s->fd_->welcome().instance_nonce();
-  TENSORD_ASSIGN_OR_RETURN(s->queue_, ReleaseQueue::Create());
-  {
-    // Its errors (a refused peer above all) say what they are; the stream's below do not.
-    absl::MutexLock lock(&s->rpc_mu_);
-    absl::StatusOr<std::shared_ptr<GrpcConnection>> connection = s->ConnectionLocked();
-    if (!connection.ok()) return connection.status();
-  }
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->Stream();
-  if (!stream.ok()) return absl::UnavailableError(Unavailable(socket_path, std::string(stream.status().message())));
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<ReleaseQueue> queue, ReleaseQueue::Create());
+  std::shared_ptr<Session> s(new Session(options, socket_path, *std::move(fd), std::move(queue)));
+  // Its errors (a refused peer above all) say what they are; the stream's below do not.
+  TENSORD_RETURN_IF_ERROR(s->channel_.Connect());
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = s->channel_.Stream();
+  if (!stream.ok()) return absl::UnavailableError(NoBrokerMessage(socket_path, std::string(stream.status().message())));
   ReleaseSender::Options sender_options;
   sender_options.hangup_fd = s->fd_->socket();
   Session* raw = s.get();
   sender_options.on_hangup = [raw] {
-    raw->dead_.store(true, std::memory_order_release);
+    raw->channel_.MarkDead();
     spdlog::warn("tensord: the broker at {} closed the session", raw->socket_path_);
   };
-  s->sender_ = std::make_unique<ReleaseSender>(s->queue_, raw, std::move(sender_options));
+  s->sender_ = std::make_unique<ReleaseSender>(s->queue_, &s->releases_, std::move(sender_options));
   return s;
 }
 
 Session::~Session() {
-  closing_.store(true);
+  channel_.MarkClosing();
   if (sender_ != nullptr) sender_->Stop();
   // Closing the session releases every lease: not before this process's device work on
   // them has finished.
-  for (LeaseView* view : awaiting_done_) {
-    view->WaitDoneFences();
-    delete view;
-  }
-  awaiting_done_.clear();
-  std::shared_ptr<SessionStream> stream;
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    stream = std::move(stream_);
-  }
-  if (stream != nullptr) stream->Close();
-  stream.reset();
+  releases_.DestroyAwaitingDone();
+  channel_.DropStream();
   // Cached leases go with the session (closing the fd channel releases them).
-  for (LeaseView* view : table_.TakeAllIdle()) delete view;
+  for (LeaseView* view : leases_.TakeAllIdle()) delete view;
 }
 
 void Session::ShutdownAtExit() {
-  closing_.store(true);
+  channel_.MarkClosing();
   if (sender_ != nullptr) sender_->Stop();
-  std::shared_ptr<SessionStream> stream;
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    stream = stream_;
-  }
-  if (stream != nullptr) stream->Close();
+  channel_.CloseStream();
 }
 
-void Session::AbandonInForkedChild() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void Session::AbandonInForkedChild() noexcept {
   // Only the forking thread exists here; a lock another thread held stays held, so nothing
-  // below takes one. After a complete SuspendForFork there is no gRPC object left to leak.
-  forked_away_.store(true);
-  dead_.store(true);
-  closing_.store(true);
-  if (fd_ != nullptr) fd_->CloseInForkedChild();
+  // below takes one.
+  channel_.AbandonInForkedChild();
+  fd_->CloseInForkedChild();
   if (sender_ != nullptr) {
     sender_->AbandonInForkedChild();
     (void)sender_.release();
-  }
-  if (stream_ != nullptr) {
-    stream_->AbandonInForkedChild();
-    new std::shared_ptr<SessionStream>(std::move(stream_));
-  }
-  if (connection_ != nullptr) new std::shared_ptr<GrpcConnection>(std::move(connection_));
-}
-
-absl::Status Session::CheckOpen() const {
-  if (closing_.load(std::memory_order_acquire)) {
-    return absl::UnavailableError("the tensord client is shut down");
-  }
-  if (dead_.load(std::memory_order_acquire)) {
-    return absl::UnavailableError("the broker at " + socket_path_ + " closed the session");
-  }
-  return absl::OkStatus();
-}
-
-std::unique_ptr<grpc::ClientContext> Session::NewContext(
-    std::optional<std::chrono::milliseconds> timeout) const {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->AddMetadata("tensord-session", fd_->welcome().session_token());
-  if (timeout.has_value()) context->set_deadline(std::chrono::system_clock::now() + *timeout);
-  return context;
-}
-
-absl::StatusOr<std::shared_ptr<GrpcConnection>> Session::ConnectionLocked() {
-  // A channel made from an fd never reconnects by itself: once the broker closed the
-  // connection (a per-uid connection limit, say), the next call makes a new one. Calls still
-  // on the old one keep it until they end.
-  if (connection_ != nullptr && !connection_->Closed()) return connection_;
-  const auto session_over = [this] {
-    dead_.store(true, std::memory_order_release);
-    return absl::UnavailableError("the broker at " + socket_path_ + " closed the session");
-  };
-  // A new connection of a session whose daemon is gone would reach its successor, whose pid
-  // differs: that is the end of the session, not an impostor.
-  if (fd_->PeerClosed()) return session_over();
-  absl::StatusOr<std::shared_ptr<GrpcConnection>> fresh =
-      GrpcConnection::Connect(socket_path_, fd_->daemon(), options_.trusted_daemon_uids);
-  if (!fresh.ok()) {
-    if (fd_->PeerClosed()) return session_over();
-    if (fresh.status().code() == absl::StatusCode::kPermissionDenied) return fresh.status();
-    return absl::UnavailableError(Unavailable(socket_path_, std::string(fresh.status().message())));
-  }
-  connection_ = *std::move(fresh);
-  return connection_;
-}
-
-std::shared_ptr<GrpcConnection> Session::grpc_connection_for_test() {
-  absl::MutexLock lock(&rpc_mu_);
-  return connection_;
-}
-
-void Session::AwaitNoForkLocked() {
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) { return !fork_suspended_; };
-  rpc_mu_.Await(absl::Condition(&ready));
-}
-
-absl::StatusOr<Session::RpcCall> Session::BeginCall(std::optional<std::chrono::milliseconds> timeout,
-                                                    bool cancel_on_fork) {
-  TENSORD_RETURN_IF_ERROR(CheckOpen());
-  std::unique_ptr<grpc::ClientContext> context = NewContext(timeout);
-  absl::MutexLock lock(&rpc_mu_);
-  AwaitNoForkLocked();
-  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<GrpcConnection> connection, ConnectionLocked());
-  ++calls_in_flight_;
-  if (cancel_on_fork) fork_cancellable_.insert(context.get());
-  return RpcCall(this, std::move(connection), std::move(context), fork_epoch_);
-}
-
-Session::RpcCall::~RpcCall() {
-  if (session_ == nullptr) return;
-  {
-    absl::MutexLock lock(&session_->rpc_mu_);
-    session_->fork_cancellable_.erase(context_.get());
-  }
-  context_.reset();
-  // Before the call stops counting: fork() preparation drops the last gRPC object it waits for.
-  connection_.reset();
-  session_->EndCall();
-}
-
-bool Session::RpcCall::interrupted_by_fork() const {
-  return session_ != nullptr && session_->fork_epoch_seen() != epoch_;
-}
-
-void Session::EndCall() {
-  absl::MutexLock lock(&rpc_mu_);
-  --calls_in_flight_;
-}
-
-bool Session::SuspendForFork(std::chrono::steady_clock::time_point deadline) {
-  std::shared_ptr<SessionStream> stream;
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    fork_suspended_ = true;
-    fork_epoch_.fetch_add(1);
-    stream = std::move(stream_);
-    for (grpc::ClientContext* context : fork_cancellable_) context->TryCancel();
-  }
-  if (stream != nullptr) stream->Drain(deadline);
-  stream.reset();
-  absl::MutexLock lock(&rpc_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_) { return calls_in_flight_ == 0; };
-  rpc_mu_.AwaitWithDeadline(absl::Condition(&idle),
-                            absl::FromChrono(std::chrono::system_clock::now() +
-                                             (deadline - std::chrono::steady_clock::now())));
-  if (calls_in_flight_ != 0) {
-    spdlog::warn("tensord: {} call(s) still in flight at fork(); gRPC stays up in the parent",
-                 calls_in_flight_);
-    return false;
-  }
-  // The channel was made from a socket connected already: no connection attempt of gRPC's
-  // can be under way to keep gRPC alive after it goes.
-  connection_.reset();
-  return true;
-}
-
-void Session::ResumeAfterFork() {
-  absl::MutexLock lock(&rpc_mu_);
-  fork_suspended_ = false;
-}
-
-absl::StatusOr<std::shared_ptr<SessionStream>> Session::Stream() {
-  std::shared_ptr<SessionStream> old;  // closed outside the lock
-  absl::MutexLock lock(&rpc_mu_);
-  AwaitNoForkLocked();
-  if (stream_ != nullptr && !stream_->broken()) return stream_;
-  if (closing_.load()) return absl::UnavailableError("the tensord client is shut down");
-  old = std::move(stream_);
-  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<GrpcConnection> connection, ConnectionLocked());
-  // The stream's context keeps the channel up for as long as the stream lives.
-  TENSORD_ASSIGN_OR_RETURN(
-      std::unique_ptr<SessionStream> fresh,
-      SessionStream::Open(
-          connection->stub(), fd_->welcome().session_token(),
-          [this](const tensord::v1::SessionResponse& push) { OnPush(push); },
-          [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
-          [this](absl::Status failure) { OnQuietFailure(std::move(failure)); }));
-  // The stream counts as a call in flight until its last holder lets go of it.
-  ++calls_in_flight_;
-  stream_ = std::shared_ptr<SessionStream>(fresh.release(), [this](SessionStream* stream) {
-    delete stream;
-    EndCall();
-  });
-  return stream_;
-}
-
-absl::StatusOr<tensord::v1::SessionResponse> Session::StreamCall(
-    tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait) {
-  std::vector<tensord::v1::SessionRequest> one;
-  one.push_back(std::move(request));
-  return std::move(StreamCallMany(std::move(one), wait)[0]);
-}
-
-std::vector<absl::StatusOr<tensord::v1::SessionResponse>> Session::StreamCallMany(
-    std::vector<tensord::v1::SessionRequest> requests,
-    std::optional<std::chrono::milliseconds> wait) {
-  std::optional<SessionStream::Clock::time_point> deadline;
-  if (wait.has_value()) deadline = SessionStream::Clock::now() + *wait;
-  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> results(
-      requests.size(), absl::UnavailableError("the session stream is closed"));
-  std::vector<size_t> todo(requests.size());
-  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
-  while (!todo.empty()) {
-    absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
-    if (!stream.ok()) {
-      for (size_t i : todo) results[i] = stream.status();
-      break;
-    }
-    std::vector<tensord::v1::SessionRequest> batch;
-    batch.reserve(todo.size());
-    for (size_t i : todo) batch.push_back(requests[i]);
-    std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-        (*stream)->CallMany(std::move(batch), deadline);
-    std::vector<size_t> retry;
-    for (size_t k = 0; k < todo.size(); ++k) {
-      const size_t i = todo[k];
-      if ((*stream)->IsInterruptedByDrain(replies[k])) {
-        // A fork() drained the stream under this call: ask again on the next stream, with
-        // what is left of the wait.
-        ShortenWait(requests[i], deadline);
-        retry.push_back(i);
-      } else if (!replies[k].ok()) {
-        results[i] = replies[k].status();
-      } else if (replies[k]->has_error()) {
-        results[i] = ToAbsl(FromRpcError(replies[k]->error()));
-      } else {
-        results[i] = std::move(replies[k]);
-      }
-    }
-    todo = std::move(retry);
-  }
-  return results;
-}
-
-void Session::ShortenWait(tensord::v1::SessionRequest& request,
-                          std::optional<SessionStream::Clock::time_point> deadline) {
-  if (!deadline.has_value()) return;
-  // The reply bound carries kWaitSlack on top of the broker's own wait.
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      *deadline - kWaitSlack - SessionStream::Clock::now());
-  const uint64_t ms = static_cast<uint64_t>(std::max<int64_t>(1, left.count()));
-  if (request.has_acquire() && request.acquire().timeout_ms() > 0) {
-    request.mutable_acquire()->set_timeout_ms(ms);
-  } else if (request.has_take() && request.take().timeout_ms() > 0) {
-    request.mutable_take()->set_timeout_ms(ms);
   }
 }
 
 void Session::OnPush(const tensord::v1::SessionResponse& push) {
   std::vector<LeaseView*> dropped;
   if (push.has_retired()) {
-    dropped = table_.OnRetired(push.retired().tensor_id());
+    dropped = leases_.OnRetired(push.retired().tensor_id());
   } else if (push.has_export_released()) {
     // The source is dropped on the sender thread: it may be user code, and this thread may
     // be a caller's, inside another call.
@@ -355,7 +120,7 @@ void Session::OnPush(const tensord::v1::SessionResponse& push) {
       queue_->Wake();
     }
   } else if (push.has_cache_reset()) {
-    dropped = table_.DropAllCached();
+    dropped = leases_.DropAllCached();
     exports_.MarkUnsure();
     queue_->Wake();
   }
@@ -373,110 +138,7 @@ void Session::OnOrphan(const tensord::v1::SessionResponse& reply) {
 }
 
 void Session::ForgetName(std::string_view name) {
-  for (LeaseView* view : table_.DropName(name)) ReleaseQueue::Push(view);
-}
-
-Retention Session::RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind) {
-  if (!tensor.buffer().arena()) return Retention::kNone;
-  // The producer has sealed the arena F_SEAL_FUTURE_WRITE: it could not map it writable
-  // again, and its later tensors land in the same arena.
-  return kind == ViewKind::kProducer ? Retention::kSession : Retention::kLinger;
-}
-
-MappingKey Session::KeyFor(uint64_t buffer_id, ViewKind kind) const {
-  return MappingKey{instance_nonce_, buffer_id, MapModeOf(kind), ViewTypeOf(kind)};
-}
-
-absl::StatusOr<std::shared_ptr<Mapping>> Session::MapBuffer(const tensord::v1::TensorInfo& tensor,
-                                                            ViewKind kind, int export_fd) {
-  const uint64_t buffer_id = tensor.buffer().buffer_id();
-  const MappingKey key = KeyFor(buffer_id, kind);
-  const Retention retention = RetentionFor(tensor, kind);
-  if (export_fd >= 0) {
-    // The producer maps the memfd it exported itself: no fetch.
-    common::FetchedBuffer exported;
-    exported.buffer_id = buffer_id;
-    exported.size = tensor.buffer().size();
-    exported.device_type = tensor.desc().device().type();
-    const int fd = ::fcntl(export_fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return common::ErrnoToStatus("dup the exported memfd", errno);
-    exported.handle.fds.emplace_back(fd);
-    return mappings_.GetOrMapHandle(key, exported, retention);
-  }
-  MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<common::FetchedBuffer> {
-    const uint64_t ids[1] = {buffer_id};
-    TENSORD_ASSIGN_OR_RETURN(std::vector<common::FetchedBuffer> fetched, fd_->Fetch(ids));
-    return std::move(fetched[0]);
-  };
-  return mappings_.GetOrMap(key, fetch, retention);
-}
-
-absl::StatusOr<LeaseView*> Session::AdoptLease(uint64_t lease_id,
-                                               const tensord::v1::TensorInfo& tensor,
-                                               std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
-                                               std::string_view what, const OwnMemory& own,
-                                               bool described_here) {
-  auto give_back = [&](absl::Status status) -> absl::Status {
-    queue_->PushLeaseIds({lease_id});
-    return status;
-  };
-  if (lease_id == 0) return absl::InternalError(std::string(what) + ": the broker sent no lease");
-  absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(tensor, what);
-  if (!valid.ok()) return give_back(valid.status());
-  if (kind != ViewKind::kProducer) {
-    if (LeaseView* held = table_.FindByTensor(valid->info.tensor_id, kind, cache_name)) {
-      queue_->PushLeaseIds({lease_id});  // one remote lease per tensor is enough
-      return held;
-    }
-  }
-  std::shared_ptr<Mapping> mapping;
-  uint64_t offset = 0;
-  if (valid->layout.nbytes > 0) {
-    absl::StatusOr<std::shared_ptr<Mapping>> mapped =
-        own.mapping != nullptr ? own.mapping : MapBuffer(tensor, kind, own.memfd);
-    if (!mapped.ok()) return give_back(Annotate(mapped.status(), what));
-    mapping = *std::move(mapped);
-    offset = valid->buffer_offset + valid->info.byte_offset;
-    if (valid->buffer_offset > mapping->size() ||
-        valid->layout.extent > mapping->size() - valid->buffer_offset) {
-      return give_back(absl::DataLossError(std::string(what) + ": the tensor reaches past its " +
-                                           std::to_string(mapping->size()) + "-byte buffer"));
-    }
-  }
-  LeaseView::Params params;
-  params.info = std::move(valid->info);
-  // The description carries the daemon's ordinal; DLPack wants this process's. A view of
-  // another kind than the memory's (pinned host memory) names its own device type.
-  if (mapping != nullptr) {
-    params.info.device.device_id = mapping->device_ordinal();
-    if (mapping->view_device_type() != tensord::v1::DEVICE_TYPE_UNSPECIFIED) {
-      tensord::v1::Device view;
-      view.set_type(mapping->view_device_type());
-      view.set_index(mapping->device_ordinal());
-      params.info.device = ToDLDevice(view);
-    }
-  }
-  params.lease_id = lease_id;
-  params.session_id = session_id();
-  params.kind = kind;
-  params.mapping = std::move(mapping);
-  params.offset_in_mapping = offset;
-  params.cache_name = std::string(cache_name);
-  params.described_here = described_here;
-  params.ready_fence = std::string(ready_fence);
-  if (kind == ViewKind::kPrivate && tensor.buffer().arena() && params.mapping != nullptr) {
-    params.arena_slot_offset = valid->buffer_offset;
-    params.arena_slot_length = valid->layout.extent;
-  }
-  auto* view = new LeaseView(std::move(params), queue_);
-  LeaseTable::InsertResult inserted = table_.Insert(view);
-  for (LeaseView* old : inserted.to_release) ReleaseQueue::Push(old);
-  if (!inserted.inserted) {
-    // Another acquire of the same tensor won the race; keep its lease, give back ours.
-    queue_->PushLeaseIds({lease_id});
-    delete view;
-  }
-  return inserted.view;
+  for (LeaseView* view : leases_.DropName(name)) ReleaseQueue::Push(view);
 }
 
 absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireOptions& options) {
@@ -487,14 +149,14 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
                                ? "acquire '" + *name + "'"
                                : "acquire tensor " + std::to_string(std::get<uint64_t>(target));
   if (name != nullptr) {
-    if (LeaseView* hit = table_.FindByName(*name, kind, options.min_generation)) return hit;
+    if (LeaseView* hit = leases_.FindByName(*name, kind, options.min_generation)) return hit;
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(AcquireRequest(target, options), ReplyBound(options.wait)));
+                           channel_.StreamCall(AcquireRequest(target, options), RpcChannel::ReplyBound(options.wait)));
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
-  return AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), response.acquire().ready_fence(), kind,
+  return adopter_.AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), response.acquire().ready_fence(), kind,
                     name != nullptr ? std::string_view(*name) : std::string_view(), what);
 }
 
@@ -510,13 +172,13 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait w
     take->set_timeout_ms(static_cast<uint64_t>(wait.millis()));
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), ReplyBound(wait)));
+                           channel_.StreamCall(std::move(request), RpcChannel::ReplyBound(wait)));
   if (!response.has_take()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
   // The name is unbound now: a cached lease of it must not serve it any more.
   ForgetName(response.take().tensor().name());
-  return AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
+  return adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
                     ViewKind::kPrivate, "",
                     what);
 }
@@ -567,7 +229,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
       return pooled;
     }
   }
-  absl::StatusOr<tensord::v1::SessionResponse> response = StreamCall(request, kDefaultCallTimeout);
+  absl::StatusOr<tensord::v1::SessionResponse> response = channel_.StreamCall(request, kDefaultCallTimeout);
   if (response.status().code() == absl::StatusCode::kResourceExhausted) {
     // Slots the pool keeps idle in this namespace may be what is missing (arena room, the
     // lease cap): without the pool they would not exist. Give them back, with every release
@@ -575,7 +237,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
     std::vector<uint64_t> idle = pool_.TakeAll(ns);
     if (!idle.empty()) {
       queue_->PushLeaseIds(idle);
-      if (Flush().ok()) response = StreamCall(std::move(request), kDefaultCallTimeout);
+      if (Flush().ok()) response = channel_.StreamCall(std::move(request), kDefaultCallTimeout);
     }
   }
   if (!response.ok()) return response.status();
@@ -583,7 +245,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
     return absl::InternalError(what + ": the broker answered with something else");
   }
   TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
-                           AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
+                           adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
                                       ViewKind::kProducer, "", what));
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
   return view;
@@ -603,7 +265,7 @@ LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
   tensor.mutable_desc()->mutable_strides()->Assign(layout.strides.begin(), layout.strides.end());
   tensor.mutable_buffer()->set_extent(layout.extent);
   tensor.set_nbytes(layout.nbytes);
-  absl::StatusOr<LeaseView*> view = AdoptLease(entry->lease_id, tensor, "", ViewKind::kProducer, "",
+  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(entry->lease_id, tensor, "", ViewKind::kProducer, "",
                                                what, /*own=*/{}, /*described_here=*/true);
   // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
   return view.ok() ? *view : nullptr;
@@ -618,7 +280,7 @@ std::optional<AllocationPool::Entry> Session::RefillPool(std::string_view ns, ui
   if (!request.ok()) return std::nullopt;
   std::vector<tensord::v1::SessionRequest> requests(count, *request);
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   // Failed elements hold nothing; when none was granted, the plain call reports the error.
   std::vector<AllocationPool::Entry> granted;
   for (absl::StatusOr<tensord::v1::SessionResponse>& reply : replies) {
@@ -681,7 +343,7 @@ absl::StatusOr<TensorInfo> Session::Publish(const LeaseView& view, std::string_v
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), kDefaultCallTimeout));
+                           channel_.StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_publish()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
@@ -696,19 +358,13 @@ absl::Status Session::PublishNoWait(const LeaseView& view, std::string_view name
   std::string what = DescribePublish(view, name);
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
                            PublishRequest(view, name, options, what));
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
-  if (stream.ok() && (*stream)->quiet_in_flight() < kMaxQuietPublishes) {
+  absl::StatusOr<std::shared_ptr<SessionStream>> stream = channel_.Stream();
+  if (stream.ok() && QuietPublishes::HasRoom(**stream)) {
     request.mutable_publish()->set_quiet(true);
     if ((*stream)->SendQuiet(std::move(request), std::move(what)).ok()) return absl::OkStatus();
     // Not written (the stream broke): the waited publish below opens a new one.
   }
   return Publish(view, name, options).status();
-}
-
-void Session::OnQuietFailure(absl::Status failure) {
-  absl::MutexLock lock(&quiet_failures_mu_);
-  ++quiet_failed_;
-  if (quiet_failures_.size() < 8) quiet_failures_.push_back(std::move(failure));
 }
 
 absl::Status Session::Flush() {
@@ -721,107 +377,11 @@ absl::Status Session::Flush() {
   tensord::v1::SessionRequest request;
   request.mutable_release();
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           StreamCall(std::move(request), kDefaultCallTimeout));
+                           channel_.StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_release()) {
     return absl::InternalError("flush: the broker answered with something else");
   }
-  std::vector<absl::Status> failures;
-  uint64_t failed = 0;
-  {
-    absl::MutexLock lock(&quiet_failures_mu_);
-    failures.swap(quiet_failures_);
-    failed = std::exchange(quiet_failed_, 0);
-  }
-  if (failed == 0) return absl::OkStatus();
-  std::string message = failed == 1
-      ? "flush: a publish sent without waiting failed: "
-      : "flush: " + std::to_string(failed) + " publishes sent without waiting failed; the first: ";
-  message += std::string(failures[0].message());
-  for (size_t i = 1; i < failures.size(); ++i) {
-    message += i == 1 ? "; then: " : "; ";
-    message += std::string(failures[i].message());
-  }
-  if (failed > failures.size()) message += "; ...";
-  return absl::Status(failures[0].code(), message);
-}
-
-// --- release path (sender thread) ---
-
-void Session::ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
-  const Clock::time_point now = Clock::now();
-  const bool closing = closing_.load(std::memory_order_acquire);
-  std::vector<LeaseView*> doomed;
-  doomed.reserve(views.size());
-  for (LeaseView* view : views) {
-    if (table_.Dispose(view, now, closing) == LeaseTable::Disposition::kRelease) {
-      doomed.push_back(view);
-    }
-  }
-  ReleaseAndDestroy(std::move(doomed), std::move(lease_ids));
-}
-
-void Session::ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) {
-  // A consumer's device work on the tensor comes before its release, and so before
-  // whatever the broker does once the lease is gone: views whose done fences are still
-  // pending wait for a later Tick.
-  std::erase_if(views, [this](LeaseView* view) {
-    if (view->DoneFencesComplete()) return false;
-    awaiting_done_.push_back(view);
-    return true;
-  });
-  for (LeaseView* view : views) {
-    // Before the release: once it is sent, the broker may reuse an arena slot.
-    view->DiscardPrivateArenaPages();
-    lease_ids.push_back(view->lease_id());
-  }
-  SendReleases(std::move(lease_ids));
-  // The munmap of a last mapping happens here, on the sender thread, after the release.
-  for (LeaseView* view : views) delete view;
-}
-
-void Session::SendReleases(std::vector<uint64_t> lease_ids) {
-  if (!unsent_release_ids_.empty()) {
-    lease_ids.insert(lease_ids.begin(), unsent_release_ids_.begin(), unsent_release_ids_.end());
-    unsent_release_ids_.clear();
-  }
-  if (lease_ids.empty() || dead_.load()) return;  // a dead session released everything
-  absl::StatusOr<std::shared_ptr<SessionStream>> stream = Stream();
-  size_t sent = 0;
-  while (stream.ok() && sent < lease_ids.size()) {
-    size_t n = std::min(kMaxLeasesPerRelease, lease_ids.size() - sent);
-    tensord::v1::SessionRequest request;
-    auto* release = request.mutable_release();
-    for (size_t i = 0; i < n; ++i) release->add_lease_ids(lease_ids[sent + i]);
-    if (!(*stream)->Send(std::move(request)).ok()) break;
-    sent += n;
-  }
-  if (sent < lease_ids.size()) {
-    size_t left = lease_ids.size() - sent;
-    if (left > kMaxUnsentReleases) {
-      spdlog::error("tensord: dropping {} unsent releases (the session stream is down)",
-                    left - kMaxUnsentReleases);
-      left = kMaxUnsentReleases;
-    }
-    unsent_release_ids_.assign(lease_ids.end() - static_cast<ptrdiff_t>(left), lease_ids.end());
-  }
-}
-
-ReleaseSink::Clock::time_point Session::Tick(Clock::time_point now) {
-  Clock::time_point next;
-  std::vector<LeaseView*> expired = table_.TakeExpired(now, &next);
-  if (!awaiting_done_.empty()) {
-    // Queried again here; those still pending go back to awaiting_done_.
-    expired.insert(expired.end(), awaiting_done_.begin(), awaiting_done_.end());
-    awaiting_done_.clear();
-  }
-  if (!expired.empty() || !unsent_release_ids_.empty()) ReleaseAndDestroy(std::move(expired), {});
-  if (!unsent_release_ids_.empty()) next = std::min(next, now + std::chrono::milliseconds(100));
-  // A GPU's work on a batch takes microseconds to milliseconds: poll often, never block.
-  if (!awaiting_done_.empty()) next = std::min(next, now + std::chrono::microseconds(200));
-  // After the views above went: a reader's arena mapping they were the last users of
-  // starts its linger now. Every batch of destroyed views is followed by a Tick.
-  next = std::min(next, mappings_.Sweep(now));
-  return std::min(next, TickExports(now));
+  return quiet_.Report();
 }
 
 }  // namespace tensord::internal

@@ -1,8 +1,14 @@
-// Session: one connected tensord session and everything bound to it: the fd channel (whose
-// life IS the session), the gRPC connection (grpc_connection.h: its peer checked to be the fd
-// channel's daemon before the session token goes out; made again when the broker closed it
-// while the session lives), the Session stream (reopened when it breaks), the mapping cache,
-// the lease table (with the lease cache), and the release queue and its sender thread.
+// Session: one connected tensord session and everything bound to it, composed of parts:
+//  - the fd channel (fd_connection.h), whose life IS the session;
+//  - RpcChannel (rpc_channel.h): the gRPC connection, the Session stream, calls in flight,
+//    fork suspension, and whether the session is closing or dead;
+//  - LeaseAdopter (lease_adopter.h): the leases the broker grants, made into views;
+//  - ReleaseDispatcher (release_dispatcher.h): the release sender's sink, sending releases;
+//  - QuietPublishes (quiet_publishes.h): failures of publishes sent without waiting.
+// It owns what they share: the mapping cache, the lease cache (lease_cache.h), the export
+// table, the allocation pool, and the release queue and its sender thread. It implements
+// the public operations with them (Acquire/Take/Allocate/Publish here, their batches in
+// session_batch.cc, exports in session_export.cc) and handles the broker's pushes.
 //
 // Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. A
 // small Allocate in a namespace is served from the allocation pool once its slot class has
@@ -48,9 +54,13 @@
 #include "client/export_table.h"
 #include "client/fd_connection.h"
 #include "client/grpc_connection.h"
-#include "client/lease_table.h"
+#include "client/lease_adopter.h"
+#include "client/lease_cache.h"
 #include "client/mapping_cache.h"
+#include "client/quiet_publishes.h"
+#include "client/release_dispatcher.h"
 #include "client/release_queue.h"
+#include "client/rpc_channel.h"
 #include "client/session_stream.h"
 #include "common/tensor_desc.h"
 #include "grpcpp/channel.h"
@@ -59,21 +69,13 @@
 
 namespace tensord::internal {
 
-// What the producer of an export has of its buffer already, so the broker's handle is
-// never fetched: the memfd it exported (mapped again here), or its own memory as it is
-// (a device pointer: a process cannot import its own CUDA IPC handle).
-struct OwnMemory {
-  int memfd = -1;
-  std::shared_ptr<Mapping> mapping;
-};
-
-class Session final : public ReleaseSink {
+class Session final {
  public:
   // Connects: socket directory check, fd channel (uid check, HELLO/WELCOME), gRPC connection
   // (peer check), Session stream, sender.
   static absl::StatusOr<std::shared_ptr<Session>> Open(const ClientOptions& options,
                                                        const std::string& socket_path);
-  ~Session() override;
+  ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -91,11 +93,11 @@ class Session final : public ReleaseSink {
   absl::StatusOr<TensorInfo> Publish(const LeaseView& view, std::string_view name,
                                      const PublishOptions& options);
   // Writes a quiet publish and returns: the broker answers only a failure, which the next
-  // Flush() reports. When kMaxQuietPublishes are unconfirmed (nothing else asked of the
-  // broker since), this one waits for its reply, which confirms them all.
+  // Flush() reports (quiet_publishes.h). When QuietPublishes::kMaxUnconfirmed are
+  // unconfirmed (nothing else asked of the broker since), this one waits for its reply,
+  // which confirms them all.
   absl::Status PublishNoWait(const LeaseView& view, std::string_view name,
                              const PublishOptions& options);
-  static constexpr size_t kMaxQuietPublishes = 4096;
 
   // Batches, one Session-stream message each way (SessionStream::CallMany;
   // session_batch.cc). Buffers not mapped yet are fetched together (one FETCH_FD per 253).
@@ -126,47 +128,19 @@ class Session final : public ReleaseSink {
   void ForgetName(std::string_view name);
   absl::Status Flush();
 
-  // One Broker call: the stub (of the connection it keeps up) and a context with the session
-  // metadata and an optional deadline. While it lives it counts as a call in flight, which
-  // fork() preparation waits for; `cancel_on_fork` calls (long-lived streams) are cancelled by
-  // it instead, and interrupted_by_fork() then tells them to open a new one.
-  class RpcCall {
-   public:
-    RpcCall(RpcCall&& other) noexcept
-        : session_(std::exchange(other.session_, nullptr)),
-          connection_(std::move(other.connection_)),
-          context_(std::move(other.context_)),
-          epoch_(other.epoch_) {}
-    RpcCall& operator=(RpcCall&&) = delete;
-    ~RpcCall();
-    tensord::v1::Broker::Stub* stub() const { return connection_->stub(); }
-    grpc::ClientContext* context() const { return context_.get(); }
-    bool interrupted_by_fork() const;
-
-   private:
-    friend class Session;
-    RpcCall(Session* session, std::shared_ptr<GrpcConnection> connection,
-            std::unique_ptr<grpc::ClientContext> context, uint64_t epoch)
-        : session_(session),
-          connection_(std::move(connection)),
-          context_(std::move(context)),
-          epoch_(epoch) {}
-    Session* session_;
-    std::shared_ptr<GrpcConnection> connection_;
-    std::unique_ptr<grpc::ClientContext> context_;
-    uint64_t epoch_;
-  };
-  // Waits while a fork() is being prepared. `timeout` nullopt: no deadline. Makes the gRPC
-  // connection when there is none or the broker closed it (errors as Open()'s).
+  // One Broker call (rpc_channel.h); client_core.cc and watcher.cc make theirs here.
+  using RpcCall = RpcChannel::Call;
   absl::StatusOr<RpcCall> BeginCall(
-      std::optional<std::chrono::milliseconds> timeout = std::chrono::seconds(30),
-      bool cancel_on_fork = false);
+      std::optional<std::chrono::milliseconds> timeout = RpcChannel::kDefaultCallTimeout,
+      bool cancel_on_fork = false) {
+    return channel_.BeginCall(timeout, cancel_on_fork);
+  }
   // Whether the parent's fork() left this Session behind in this (child) process.
-  bool forked_away() const { return forked_away_.load(std::memory_order_acquire); }
+  bool forked_away() const { return channel_.forked_away(); }
 
   uint64_t session_id() const { return fd_->welcome().session_id(); }
   const std::string& socket_path() const { return socket_path_; }
-  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  bool dead() const { return channel_.dead(); }
 
   // Process exit: stop the sender and close the stream; later calls fail UNAVAILABLE.
   void ShutdownAtExit();
@@ -179,44 +153,32 @@ class Session final : public ReleaseSink {
   // call was still in flight at `deadline` (gRPC then stays up and the fallback in
   // client_core.cc applies). ResumeAfterFork() lets calls go on; the connection (connected
   // and checked again) and the stream reopen on next use.
-  bool SuspendForFork(std::chrono::steady_clock::time_point deadline);
-  void ResumeAfterFork();
+  bool SuspendForFork(std::chrono::steady_clock::time_point deadline) {
+    return channel_.SuspendForFork(deadline);
+  }
+  void ResumeAfterFork() { channel_.ResumeAfterFork(); }
   // Fork child: close the inherited fd channel at once (so the parent's death releases its
   // leases even while this child lives on) and abandon, without running any destructor,
   // every thread (and any gRPC object left) of the parent's. The Session itself must then
   // be leaked.
   void AbandonInForkedChild() noexcept;
 
-  // ReleaseSink (sender thread).
-  void ProcessBatch(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids) override;
-  Clock::time_point Tick(Clock::time_point now) override;
-
-  LeaseTable& table_for_test() { return table_; }
+  LeaseCache& leases_for_test() { return leases_; }
   ExportTable& exports_for_test() { return exports_; }
   MappingCache& mappings_for_test() { return mappings_; }
   // The current gRPC connection (nullptr when there is none).
-  std::shared_ptr<GrpcConnection> grpc_connection_for_test();
+  std::shared_ptr<GrpcConnection> grpc_connection_for_test() { return channel_.connection_for_test(); }
 
  private:
-  static constexpr std::chrono::milliseconds kDefaultCallTimeout{30000};
+  using Clock = ReleaseSink::Clock;
+  static constexpr std::chrono::milliseconds kDefaultCallTimeout = RpcChannel::kDefaultCallTimeout;
   // While exports are kept, how often the sender checks that a stream is open to hear
   // their release.
   static constexpr std::chrono::seconds kExportStreamCheck{1};
-  // How much longer than the broker's own acquire wait we wait for its answer.
-  static constexpr std::chrono::milliseconds kWaitSlack{10000};
-  // How long to wait for the answer to a call that waits `wait` at the broker.
-  static std::optional<std::chrono::milliseconds> ReplyBound(Wait wait);
 
-  Session(const ClientOptions& options, std::string socket_path);
+  Session(const ClientOptions& options, std::string socket_path, std::unique_ptr<FdConnection> fd,
+          std::shared_ptr<ReleaseQueue> queue);
 
-  absl::StatusOr<std::shared_ptr<SessionStream>> Stream();
-  absl::StatusOr<tensord::v1::SessionResponse> StreamCall(tensord::v1::SessionRequest request,
-                                                          std::optional<std::chrono::milliseconds> wait);
-  // CallMany on the stream, retrying what a fork's drain interrupted on the next stream; an
-  // error reply becomes that element's status.
-  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> StreamCallMany(
-      std::vector<tensord::v1::SessionRequest> requests,
-      std::optional<std::chrono::milliseconds> wait);
   // Request builders shared by the single and the batch calls; `what` names the element.
   absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(std::string_view ns,
                                                               const TensorSpec& spec,
@@ -227,37 +189,10 @@ class Session final : public ReleaseSink {
                                                              std::string_view what) const;
   static tensord::v1::SessionRequest AcquireRequest(const Target& target,
                                                     const AcquireOptions& options);
-  // Maps the buffers of `tensors` that are not mapped yet with one fetch (FETCH_FD per 253
-  // buffers). Best effort: on failure nothing is returned and AdoptLease() maps (and
-  // reports) each one itself. The result only keeps the mappings alive until adoption.
-  std::vector<std::shared_ptr<Mapping>> PrefetchBuffers(
-      const std::vector<const tensord::v1::TensorInfo*>& tensors, ViewKind kind);
-  // Gives back what a failed batch holds: a reference on each view, each bare lease id.
-  void AbandonBatch(const std::vector<LeaseView*>& views, const std::vector<uint64_t>& lease_ids);
-  // A lease a batch element was granted.
-  struct Grant {
-    size_t index = 0;  // the element
-    uint64_t lease_id = 0;
-    const tensord::v1::TensorInfo* tensor = nullptr;
-    std::string_view ready_fence;  // the producer's, for device tensors (stream_order.h)
-  };
-  // Adopts every grant into views[grant.index] (buffers fetched together first). On the
-  // first failure, gives back everything of the batch (the views adopted so far and the
-  // grants not adopted yet) and returns the error, which `what` names.
-  absl::Status AdoptBatch(const std::vector<Grant>& grants, ViewKind kind,
-                          const std::vector<std::string>* cache_names,
-                          const std::function<std::string(size_t)>& what,
-                          std::vector<LeaseView*>& views);
+  // A lease a batch element was granted (lease_adopter.h).
+  using Grant = LeaseAdopter::Grant;
   void OnPush(const tensord::v1::SessionResponse& push);
   void OnOrphan(const tensord::v1::SessionResponse& reply);
-  void OnQuietFailure(absl::Status failure);
-  // Builds (or finds) the view for a lease the broker just granted. On any failure the
-  // lease is released. `described_here`: a pooled slot whose description `tensor` carries
-  // is ours, not the broker's yet. `ready_fence`: the producer's, as the grant carried it.
-  absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
-                                        std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
-                                        std::string_view what, const OwnMemory& own = {},
-                                        bool described_here = false);
   // Sends an Export of what `request` names (a staged memfd or a device handle) as `desc`
   // in `ns` with `spec`'s tags, and adopts the producer's lease over `own`.
   // `source` (may be null) is kept in exports_ from the broker's reply on.
@@ -282,64 +217,30 @@ class Session final : public ReleaseSink {
   // the rest go into the pool.
   std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
                                                   size_t count, std::string_view what);
-  absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
-                                                     ViewKind kind, int export_fd);
-  // How long the mapping cache keeps a buffer's mapping: arenas are kept (the producer's
-  // for the session's life, a reader's for the linger), dedicated buffers are not.
-  static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
-  MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
-  // Releases the leases of views at refcount zero (cache decisions already made) and
-  // destroys them.
-  void ReleaseAndDestroy(std::vector<LeaseView*> views, std::vector<uint64_t> lease_ids);
-  void SendReleases(std::vector<uint64_t> lease_ids);
-  absl::Status CheckOpen() const;
-  // The gRPC connection, made on first use after Open() or a fork, and again when the broker
-  // closed it while the session lives.
-  absl::StatusOr<std::shared_ptr<GrpcConnection>> ConnectionLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
-  std::unique_ptr<grpc::ClientContext> NewContext(std::optional<std::chrono::milliseconds> timeout) const;
-  void EndCall();
-  void AwaitNoForkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rpc_mu_);
-  uint64_t fork_epoch_seen() const { return fork_epoch_.load(std::memory_order_acquire); }
-  // A wait retried after a fork asks the broker only for what is left of it.
-  static void ShortenWait(tensord::v1::SessionRequest& request,
-                          std::optional<SessionStream::Clock::time_point> deadline);
+  absl::Status CheckOpen() const { return channel_.CheckOpen(); }
 
-  // Constant after Open().
   const ClientOptions options_;
   const std::string socket_path_;
-  std::string instance_nonce_;
-  std::unique_ptr<FdConnection> fd_;
-  std::shared_ptr<ReleaseQueue> queue_;
+  const std::unique_ptr<FdConnection> fd_;
+  const std::shared_ptr<ReleaseQueue> queue_;
 
   MappingCache mappings_;
-  LeaseTable table_;
+  LeaseCache leases_;
   ExportTable exports_;
   // Its leases go with the session; never released from a forked child.
   AllocationPool pool_;
-  std::atomic<bool> dead_{false};
-  std::atomic<bool> closing_{false};
 
-  // Failed publishes sent without waiting, for the next Flush(): the first few, and how many.
-  absl::Mutex quiet_failures_mu_;
-  std::vector<absl::Status> quiet_failures_ ABSL_GUARDED_BY(quiet_failures_mu_);
-  uint64_t quiet_failed_ ABSL_GUARDED_BY(quiet_failures_mu_) = 0;
+  // Failed publishes sent without waiting, for the next Flush().
+  QuietPublishes quiet_;
 
-  // Every gRPC object of the session: created on demand, all dropped for a fork.
-  absl::Mutex rpc_mu_;
-  std::shared_ptr<GrpcConnection> connection_ ABSL_GUARDED_BY(rpc_mu_);
-  std::shared_ptr<SessionStream> stream_ ABSL_GUARDED_BY(rpc_mu_);
-  bool fork_suspended_ ABSL_GUARDED_BY(rpc_mu_) = false;
-  int calls_in_flight_ ABSL_GUARDED_BY(rpc_mu_) = 0;
-  std::set<grpc::ClientContext*> fork_cancellable_ ABSL_GUARDED_BY(rpc_mu_);
-  std::atomic<uint64_t> fork_epoch_{0};
-  std::atomic<bool> forked_away_{false};
+  // The gRPC connection, the Session stream, calls in flight, fork suspension; the
+  // session's closing and dead flags. Its handlers use what is above.
+  RpcChannel channel_;
+  // Makes the views of granted leases.
+  LeaseAdopter adopter_;
 
-  // Sender thread only: ids whose release could not be sent yet (stream down).
-  std::vector<uint64_t> unsent_release_ids_;
-  // Views to release once the device work their done fences cover has finished
-  // (LeaseView's stream order). Sender thread only; the destructor after it stopped.
-  std::vector<LeaseView*> awaiting_done_;
+  // The sender's sink: releases what the lease cache does not keep; drives TickExports.
+  ReleaseDispatcher releases_;
 
   // Last: started once everything above exists, stopped first.
   std::unique_ptr<ReleaseSender> sender_;

@@ -1,13 +1,12 @@
-// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, each one
-// Session-stream message each way, and the batched fetch of the buffers they map.
-#include <algorithm>
-#include <span>
+// Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, TakeMany,
+// each one Session-stream message each way; LeaseAdopter::AdoptBatch fetches the buffers
+// they map together.
+#include <functional>
 #include <string>
 #include <utility>
 
 #include "client/session.h"
 #include "client/tensor_convert.h"
-#include "common/fd_channel.h"
 #include "common/status.h"
 
 namespace tensord::internal {
@@ -41,59 +40,6 @@ std::string ElementOf(std::string_view verb, size_t index, size_t count) {
 
 }  // namespace
 
-void Session::AbandonBatch(const std::vector<LeaseView*>& views,
-                           const std::vector<uint64_t>& lease_ids) {
-  queue_->PushLeaseIds(lease_ids);
-  for (LeaseView* view : views) {
-    if (view != nullptr) view->Unref();
-  }
-}
-
-std::vector<std::shared_ptr<Mapping>> Session::PrefetchBuffers(
-    const std::vector<const tensord::v1::TensorInfo*>& tensors, ViewKind kind) {
-  std::vector<BufferToMap> buffers;
-  buffers.reserve(tensors.size());
-  for (const tensord::v1::TensorInfo* tensor : tensors) {
-    if (tensor->buffer().buffer_id() == 0) continue;  // a zero-byte tensor has no buffer
-    buffers.push_back(BufferToMap{KeyFor(tensor->buffer().buffer_id(), kind),
-                                  RetentionFor(*tensor, kind)});
-  }
-  if (buffers.empty()) return {};
-  MappingCache::FetchManyFn fetch = [this](std::span<const uint64_t> ids) { return fd_->Fetch(ids); };
-  absl::StatusOr<std::vector<std::shared_ptr<Mapping>>> mapped = mappings_.GetOrMapMany(buffers, fetch);
-  // On failure each element maps its own buffer in AdoptLease, which names what failed.
-  if (!mapped.ok()) return {};
-  return *std::move(mapped);
-}
-
-absl::Status Session::AdoptBatch(const std::vector<Grant>& grants, ViewKind kind,
-                                 const std::vector<std::string>* cache_names,
-                                 const std::function<std::string(size_t)>& what,
-                                 std::vector<LeaseView*>& views) {
-  std::vector<const tensord::v1::TensorInfo*> tensors;
-  tensors.reserve(grants.size());
-  for (const Grant& grant : grants) tensors.push_back(grant.tensor);
-  // Held until every view holds its own reference.
-  const std::vector<std::shared_ptr<Mapping>> prefetched = PrefetchBuffers(tensors, kind);
-  for (size_t k = 0; k < grants.size(); ++k) {
-    const Grant& grant = grants[k];
-    const std::string_view cache_name =
-        cache_names != nullptr ? std::string_view((*cache_names)[grant.index]) : std::string_view();
-    absl::StatusOr<LeaseView*> view =
-        AdoptLease(grant.lease_id, *grant.tensor, grant.ready_fence, kind, cache_name, what(grant.index));
-    if (!view.ok()) {
-      // AdoptLease gave back this grant's lease; the rest of the batch goes too.
-      std::vector<uint64_t> left;
-      for (size_t j = k + 1; j < grants.size(); ++j) left.push_back(grants[j].lease_id);
-      AbandonBatch(views, left);
-      std::fill(views.begin(), views.end(), nullptr);
-      return view.status();
-    }
-    views[grant.index] = *view;
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
     const std::vector<AllocateItem>& items) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
@@ -112,7 +58,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   std::vector<LeaseView*> views(n, nullptr);
   if (n == 0) return views;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   Failures failed;
   std::vector<Grant> grants;
   for (size_t i = 0; i < n; ++i) {
@@ -127,10 +73,10 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   if (!failed.empty()) {
     std::vector<uint64_t> leases;
     for (const Grant& grant : grants) leases.push_back(grant.lease_id);
-    AbandonBatch({}, leases);
+    adopter_.AbandonBatch({}, leases);
     return failed.Error(what);
   }
-  TENSORD_RETURN_IF_ERROR(AdoptBatch(grants, ViewKind::kProducer, nullptr, what, views));
+  TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ViewKind::kProducer, nullptr, what, views));
   return views;
 }
 
@@ -154,7 +100,7 @@ absl::StatusOr<std::vector<TensorInfo>> Session::PublishMany(
   std::vector<TensorInfo> infos(n);
   if (n == 0) return infos;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), kDefaultCallTimeout);
+      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   Failures failed;
   size_t published = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -197,7 +143,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   std::vector<size_t> asked;
   std::vector<tensord::v1::SessionRequest> requests;
   for (size_t i = 0; i < n; ++i) {
-    if (LeaseView* hit = table_.FindByName(names[i], kind, options.min_generation)) {
+    if (LeaseView* hit = leases_.FindByName(names[i], kind, options.min_generation)) {
       views[i] = hit;
       continue;
     }
@@ -206,7 +152,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   }
   if (requests.empty()) return views;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), ReplyBound(options.wait));
+      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(options.wait));
   Failures failed;
   std::vector<Grant> grants;
   for (size_t k = 0; k < asked.size(); ++k) {
@@ -223,10 +169,10 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   if (!failed.empty()) {
     std::vector<uint64_t> leases;
     for (const Grant& grant : grants) leases.push_back(grant.lease_id);
-    AbandonBatch(views, leases);
+    adopter_.AbandonBatch(views, leases);
     return failed.Error(what);
   }
-  TENSORD_RETURN_IF_ERROR(AdoptBatch(grants, kind, &names, what, views));
+  TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, kind, &names, what, views));
   return views;
 }
 
@@ -251,7 +197,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     }
   }
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      StreamCallMany(std::move(requests), ReplyBound(wait));
+      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(wait));
   std::vector<Grant> grants;
   std::optional<absl::Status> first_error;
   for (auto& reply : replies) {
@@ -273,7 +219,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     return absl::Status(first_error->code(), "take from '" + target + "': " + std::string(first_error->message()));
   }
   std::vector<LeaseView*> views(grants.size(), nullptr);
-  TENSORD_RETURN_IF_ERROR(AdoptBatch(grants, ViewKind::kPrivate, nullptr, what, views));
+  TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ViewKind::kPrivate, nullptr, what, views));
   return views;
 }
 

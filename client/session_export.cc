@@ -89,11 +89,11 @@ absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest re
   if (source != nullptr) {
     exports_.Add(response.tensor().tensor_id(), response.tensor().buffer().buffer_id(), std::move(source));
   }
-  return AdoptLease(response.lease_id(), response.tensor(), "", ViewKind::kProducer, "", what, own);
+  return adopter_.AdoptLease(response.lease_id(), response.tensor(), "", ViewKind::kProducer, "", what, own);
 }
 
 ReleaseSink::Clock::time_point Session::TickExports(Clock::time_point now) {
-  const bool over = dead_.load(std::memory_order_acquire) || closing_.load(std::memory_order_acquire);
+  const bool over = channel_.dead() || channel_.closing();
   if (!over && exports_.TakeUnsure()) ReconcileExports();
   // Dropped here, on the sender thread and under no lock: a source may be user code.
   exports_.TakeReleased().clear();
@@ -101,11 +101,7 @@ ReleaseSink::Clock::time_point Session::TickExports(Clock::time_point now) {
   if (over || exports_.held() == 0) return Clock::time_point::max();
   // A notice comes only down a stream: keep one open (a fork or a broken stream closes it,
   // and nothing else may reopen it soon). One that missed pushes starts with a cache_reset.
-  {
-    absl::MutexLock lock(&rpc_mu_);
-    if (stream_ != nullptr && !stream_->broken()) return now + kExportStreamCheck;
-  }
-  (void)Stream();
+  channel_.KeepStreamOpen();
   return now + kExportStreamCheck;
 }
 

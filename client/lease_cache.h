@@ -1,5 +1,6 @@
-// LeaseTable: a session's index of its LeaseViews, and the lease cache (DESIGN.md "Lease
-// cache").
+// LeaseCache: this client's record of the leases its session holds: an index of its
+// LeaseViews, and the lease cache proper (DESIGN.md "Lease cache"). Not the broker's lease
+// table (server/lease_table.h), which says who holds what across sessions.
 //
 //  - held: (tensor id, view kind) -> the view holding this session's lease on that tensor,
 //    so a second acquire of a tensor we hold adds a reference instead of keeping a second
@@ -7,7 +8,7 @@
 //  - by name: (name, view kind) -> the view acquired by that name, while no `retired` push,
 //    cache reset, Delete or Take of the name has said the binding moved.
 //  - idle: views whose last local reference went but whose lease is kept (the cache), each
-//    with a linger deadline. The table owns idle views; a hit revives one at refcount 1.
+//    with a linger deadline. The cache owns idle views; a hit revives one at refcount 1.
 //
 // Views that are alive (refcount > 0) are not owned here; a view at refcount zero that is
 // not idle is on its way to the release sender, and a lookup may still revive it until the
@@ -30,15 +31,15 @@
 
 namespace tensord::internal {
 
-class LeaseTable {
+class LeaseCache {
  public:
   using Clock = std::chrono::steady_clock;
 
-  LeaseTable(bool cache_enabled, std::chrono::milliseconds linger)
+  LeaseCache(bool cache_enabled, std::chrono::milliseconds linger)
       : cache_enabled_(cache_enabled), linger_(linger) {}
-  ~LeaseTable() = default;
-  LeaseTable(const LeaseTable&) = delete;
-  LeaseTable& operator=(const LeaseTable&) = delete;
+  ~LeaseCache() = default;
+  LeaseCache(const LeaseCache&) = delete;
+  LeaseCache& operator=(const LeaseCache&) = delete;
 
   // A cache hit for `name`: a referenced view whose binding is at least `min_generation`
   // and not known to have moved, or null.

@@ -1,4 +1,4 @@
-#include "client/lease_table.h"
+#include "client/lease_cache.h"
 
 #include "common/check.h"
 
@@ -8,7 +8,7 @@ constexpr ViewKind kAllKinds[] = {ViewKind::kPrivate, ViewKind::kReadOnly, ViewK
                                    ViewKind::kPinned};
 }  // namespace
 
-bool LeaseTable::Claim(LeaseView* view) {
+bool LeaseCache::Claim(LeaseView* view) {
   if (view->idle) {
     idle_.erase(view);
     view->idle = false;
@@ -19,7 +19,7 @@ bool LeaseTable::Claim(LeaseView* view) {
   return true;
 }
 
-void LeaseTable::Unindex(LeaseView* view) {
+void LeaseCache::Unindex(LeaseView* view) {
   auto held = held_.find(HeldKey(view->tensor_id(), view->kind()));
   if (held != held_.end() && held->second == view) held_.erase(held);
   if (!view->cache_name.empty()) {
@@ -29,7 +29,7 @@ void LeaseTable::Unindex(LeaseView* view) {
   idle_.erase(view);
 }
 
-void LeaseTable::MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out) {
+void LeaseCache::MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out) {
   if (view->idle) {
     Unindex(view);
     view->idle = false;
@@ -44,7 +44,7 @@ void LeaseTable::MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out) 
   }
 }
 
-LeaseView* LeaseTable::FindByName(std::string_view name, ViewKind kind, uint64_t min_generation) {
+LeaseView* LeaseCache::FindByName(std::string_view name, ViewKind kind, uint64_t min_generation) {
   if (!cache_enabled_) return nullptr;
   absl::MutexLock lock(&mu_);
   auto it = by_name_.find(NameKey(std::string(name), kind));
@@ -54,7 +54,7 @@ LeaseView* LeaseTable::FindByName(std::string_view name, ViewKind kind, uint64_t
   return Claim(view) ? view : nullptr;
 }
 
-LeaseView* LeaseTable::FindByTensor(uint64_t tensor_id, ViewKind kind,
+LeaseView* LeaseCache::FindByTensor(uint64_t tensor_id, ViewKind kind,
                                     std::string_view acquired_name) {
   absl::MutexLock lock(&mu_);
   auto it = held_.find(HeldKey(tensor_id, kind));
@@ -73,7 +73,7 @@ LeaseView* LeaseTable::FindByTensor(uint64_t tensor_id, ViewKind kind,
   return view;
 }
 
-LeaseTable::InsertResult LeaseTable::Insert(LeaseView* view) {
+LeaseCache::InsertResult LeaseCache::Insert(LeaseView* view) {
   InsertResult result;
   absl::MutexLock lock(&mu_);
   HeldKey key(view->tensor_id(), view->kind());
@@ -110,7 +110,7 @@ LeaseTable::InsertResult LeaseTable::Insert(LeaseView* view) {
   return result;
 }
 
-LeaseTable::Disposition LeaseTable::Dispose(LeaseView* view, Clock::time_point now,
+LeaseCache::Disposition LeaseCache::Dispose(LeaseView* view, Clock::time_point now,
                                             bool closing) {
   absl::MutexLock lock(&mu_);
   if (!view->SettleQueued()) return Disposition::kRevived;
@@ -131,7 +131,7 @@ LeaseTable::Disposition LeaseTable::Dispose(LeaseView* view, Clock::time_point n
   return Disposition::kCached;
 }
 
-std::vector<LeaseView*> LeaseTable::OnRetired(uint64_t tensor_id) {
+std::vector<LeaseView*> LeaseCache::OnRetired(uint64_t tensor_id) {
   std::vector<LeaseView*> out;
   absl::MutexLock lock(&mu_);
   for (ViewKind kind : kAllKinds) {
@@ -144,7 +144,7 @@ std::vector<LeaseView*> LeaseTable::OnRetired(uint64_t tensor_id) {
   return out;
 }
 
-std::vector<LeaseView*> LeaseTable::DropAllCached() {
+std::vector<LeaseView*> LeaseCache::DropAllCached() {
   std::vector<LeaseView*> out;
   absl::MutexLock lock(&mu_);
   std::vector<LeaseView*> named;
@@ -155,7 +155,7 @@ std::vector<LeaseView*> LeaseTable::DropAllCached() {
   return out;
 }
 
-std::vector<LeaseView*> LeaseTable::DropName(std::string_view name) {
+std::vector<LeaseView*> LeaseCache::DropName(std::string_view name) {
   std::vector<LeaseView*> out;
   absl::MutexLock lock(&mu_);
   for (ViewKind kind : kAllKinds) {
@@ -165,7 +165,7 @@ std::vector<LeaseView*> LeaseTable::DropName(std::string_view name) {
   return out;
 }
 
-std::vector<LeaseView*> LeaseTable::TakeExpired(Clock::time_point now, Clock::time_point* next) {
+std::vector<LeaseView*> LeaseCache::TakeExpired(Clock::time_point now, Clock::time_point* next) {
   std::vector<LeaseView*> out;
   *next = Clock::time_point::max();
   absl::MutexLock lock(&mu_);
@@ -181,7 +181,7 @@ std::vector<LeaseView*> LeaseTable::TakeExpired(Clock::time_point now, Clock::ti
   return out;
 }
 
-std::vector<LeaseView*> LeaseTable::TakeAllIdle() {
+std::vector<LeaseView*> LeaseCache::TakeAllIdle() {
   std::vector<LeaseView*> out;
   absl::MutexLock lock(&mu_);
   std::vector<LeaseView*> idle(idle_.begin(), idle_.end());
@@ -189,12 +189,12 @@ std::vector<LeaseView*> LeaseTable::TakeAllIdle() {
   return out;
 }
 
-size_t LeaseTable::idle_count() {
+size_t LeaseCache::idle_count() {
   absl::MutexLock lock(&mu_);
   return idle_.size();
 }
 
-size_t LeaseTable::held_count() {
+size_t LeaseCache::held_count() {
   absl::MutexLock lock(&mu_);
   return held_.size();
 }

@@ -1,0 +1,97 @@
+// LeaseAdopter: turns the leases the broker grants a session into LeaseViews. For each grant
+// it validates the tensor's description, finds the view the session holds on the tensor
+// already (one remote lease per tensor and view kind: the new lease goes back), else maps
+// the buffer through the mapping cache (its handle fetched on the fd channel, or the memory
+// the producer exported itself) and indexes a new view in the lease cache. A batch's buffers
+// are fetched together first (one FETCH_FD per 253). Mappings of arenas are kept (the
+// producer's for the session's life, a reader's for the linger); those of dedicated buffers
+// are not (RetentionFor). Whatever it does not adopt goes back to the broker: the lease id is
+// queued on the release queue, as a deleter's release would be.
+//
+// It owns nothing but constants: the fd channel, the mapping cache, the lease cache and the
+// release queue it uses are its Session's, each thread-safe, so it is thread-safe too.
+// Lifetime: a member of its Session, made after and destroyed before the parts it uses.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/fd_connection.h"
+#include "client/lease_cache.h"
+#include "client/lease_view.h"
+#include "client/mapping_cache.h"
+#include "client/release_queue.h"
+#include "tensord/v1/broker.pb.h"
+
+namespace tensord::internal {
+
+// What the producer of an export has of its buffer already, so the broker's handle is
+// never fetched: the memfd it exported (mapped again here), or its own memory as it is
+// (a device pointer: a process cannot import its own CUDA IPC handle).
+struct OwnMemory {
+  int memfd = -1;
+  std::shared_ptr<Mapping> mapping;
+};
+
+class LeaseAdopter {
+ public:
+  LeaseAdopter(FdConnection& fd, MappingCache& mappings, LeaseCache& leases,
+               std::shared_ptr<ReleaseQueue> queue);
+  LeaseAdopter(const LeaseAdopter&) = delete;
+  LeaseAdopter& operator=(const LeaseAdopter&) = delete;
+
+  // Builds (or finds) the view for a lease the broker just granted. On any failure the
+  // lease is released. `described_here`: a pooled slot whose description `tensor` carries
+  // is ours, not the broker's yet. `ready_fence`: the producer's, as the grant carried it.
+  // `cache_name`: the name it was acquired by (the lease cache's key), or empty.
+  absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
+                                        std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
+                                        std::string_view what, const OwnMemory& own = {},
+                                        bool described_here = false);
+
+  // A lease a batch element was granted.
+  struct Grant {
+    size_t index = 0;  // the element
+    uint64_t lease_id = 0;
+    const tensord::v1::TensorInfo* tensor = nullptr;
+    std::string_view ready_fence;  // the producer's, for device tensors (stream_order.h)
+  };
+  // Adopts every grant into views[grant.index] (buffers fetched together first). On the
+  // first failure, gives back everything of the batch (the views adopted so far and the
+  // grants not adopted yet) and returns the error, which `what` names. `cache_names`
+  // (may be null): each element's cache_name, by index.
+  absl::Status AdoptBatch(const std::vector<Grant>& grants, ViewKind kind,
+                          const std::vector<std::string>* cache_names,
+                          const std::function<std::string(size_t)>& what,
+                          std::vector<LeaseView*>& views);
+  // Gives back what a failed batch holds: a reference on each view, each bare lease id.
+  void AbandonBatch(const std::vector<LeaseView*>& views, const std::vector<uint64_t>& lease_ids);
+
+ private:
+  // Maps the buffers of `tensors` that are not mapped yet with one fetch (FETCH_FD per 253
+  // buffers). Best effort: on failure nothing is returned and AdoptLease() maps (and
+  // reports) each one itself. The result only keeps the mappings alive until adoption.
+  std::vector<std::shared_ptr<Mapping>> PrefetchBuffers(
+      const std::vector<const tensord::v1::TensorInfo*>& tensors, ViewKind kind);
+  absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
+                                                     ViewKind kind, int export_fd);
+  // How long the mapping cache keeps a buffer's mapping: arenas are kept (the producer's
+  // for the session's life, a reader's for the linger), dedicated buffers are not.
+  static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
+  MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
+
+  FdConnection& fd_;
+  const std::string instance_nonce_;  // the broker's, from the fd channel's welcome
+  const uint64_t session_id_;
+  MappingCache& mappings_;
+  LeaseCache& leases_;
+  const std::shared_ptr<ReleaseQueue> queue_;
+};
+
+}  // namespace tensord::internal
