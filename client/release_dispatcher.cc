@@ -4,12 +4,12 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/protocol_limits.h"
 
 namespace tensord::internal {
 namespace {
 
 // Lease ids per Release message.
-constexpr size_t kMaxLeasesPerRelease = 65536;  // == the broker's kMaxReleaseBatch
 // Ids kept while the stream is down; beyond these, the oldest are dropped.
 constexpr size_t kMaxUnsentReleases = size_t{1} << 20;
 
@@ -70,7 +70,7 @@ void ReleaseDispatcher::SendReleases(std::vector<uint64_t> lease_ids) {
   absl::StatusOr<std::shared_ptr<SessionStream>> stream = channel_.Stream();
   size_t sent = 0;
   while (stream.ok() && sent < lease_ids.size()) {
-    size_t n = std::min(kMaxLeasesPerRelease, lease_ids.size() - sent);
+    size_t n = std::min(common::kMaxReleaseBatch, lease_ids.size() - sent);
     tensord::v1::SessionRequest request;
     auto* release = request.mutable_release();
     for (size_t i = 0; i < n; ++i) release->add_lease_ids(lease_ids[sent + i]);

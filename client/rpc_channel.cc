@@ -5,6 +5,7 @@
 
 #include "client/status_util.h"
 #include "common/logging.h"
+#include "common/protocol_limits.h"
 #include "common/status.h"
 
 namespace tensord::internal {
@@ -17,7 +18,9 @@ std::string NoBrokerMessage(const std::string& socket_path, std::string_view cau
 std::optional<std::chrono::milliseconds> RpcChannel::ReplyBound(Wait wait) {
   if (wait.forever()) return std::nullopt;
   if (wait.millis() <= 0) return kDefaultCallTimeout;
-  return std::chrono::milliseconds(wait.millis()) + kWaitSlack;
+  // The broker cuts a wait to kMaxDurationMs; so does the bound, which must not overflow.
+  const auto millis = std::min<uint64_t>(static_cast<uint64_t>(wait.millis()), common::kMaxDurationMs);
+  return std::chrono::milliseconds(millis) + kWaitSlack;
 }
 
 RpcChannel::RpcChannel(std::string socket_path, const FdConnection& fd,
