@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iterator>
+#include <mutex>
 #include <thread>
 #include <set>
 #include <span>
@@ -23,10 +24,10 @@ namespace tensord::internal {
 namespace {
 
 // Every live ClientCore, for the fork and exit hooks. Leaked on purpose so it outlives
-// static destruction. std::mutex for the same reason as ClientCore::mu_.
+// static destruction. A PlainMutex for the same reason as ClientCore::mu_.
 struct Registry {
-  std::mutex mu;
-  std::set<ClientCore*> cores;
+  PlainMutex mu;
+  std::set<ClientCore*> cores ABSL_GUARDED_BY(mu);
 };
 
 Registry& GetRegistry() {
@@ -111,9 +112,11 @@ bool WaitForGrpcShutdown(std::chrono::steady_clock::time_point deadline) {
   return true;
 }
 
-void PrepareFork() {
+// The fork handlers hold the registry's and every core's mutex from prepare to the
+// after-fork hooks, one lock per core: the analysis tracks neither.
+void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   Registry& r = GetRegistry();
-  r.mu.lock();
+  r.mu.Lock();
   const auto deadline = std::chrono::steady_clock::now() + kForkPrepareBudget;
   bool suspended = true;
   for (ClientCore* core : r.cores) suspended = core->LockForFork(deadline) && suspended;
@@ -126,26 +129,25 @@ void PrepareFork() {
   }
 }
 
-void ParentAfterFork() {
+void ParentAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // see PrepareFork
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
   if (g_grpc_hooks_ran) hooks.postfork_parent();
   Registry& r = GetRegistry();
   for (ClientCore* core : r.cores) core->UnlockAfterForkInParent();
-  r.mu.unlock();
+  r.mu.Unlock();
 }
 
-void ChildAfterFork() {
+void ChildAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // see PrepareFork
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
   if (g_grpc_hooks_ran) hooks.postfork_child();
   Registry& r = GetRegistry();
   for (ClientCore* core : r.cores) core->ResetAfterForkInChild();
-  r.mu.unlock();
+  r.mu.Unlock();
 }
 
 void ShutdownAllAtExit() {
-  std::vector<ClientCore*> cores;
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  PlainMutexLock lock(&r.mu);
   for (ClientCore* core : r.cores) core->ShutdownAtExit();
 }
 
@@ -175,14 +177,14 @@ Result<std::shared_ptr<ClientCore>> ClientCore::Create(const ClientOptions& opti
   absl::StatusOr<std::shared_ptr<Session>> session = Session::Open(options, core->socket_path_);
   if (!session.ok()) return FromAbsl(session.status());
   {
-    std::lock_guard<std::mutex> lock(core->mu_);
+    PlainMutexLock lock(&core->mu_);
     core->session_ = *std::move(session);
   }
   // After gRPC is initialised (Session::Open made a channel), so this atexit hook runs
   // before gRPC's own static destructors.
   InstallProcessHooks();
   Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  PlainMutexLock lock(&r.mu);
   r.cores.insert(core.get());
   return core;
 }
@@ -190,13 +192,13 @@ Result<std::shared_ptr<ClientCore>> ClientCore::Create(const ClientOptions& opti
 ClientCore::~ClientCore() {
   {
     Registry& r = GetRegistry();
-    std::lock_guard<std::mutex> lock(r.mu);
+    PlainMutexLock lock(&r.mu);
     r.cores.erase(this);
   }
   std::shared_ptr<Session> session;
   std::vector<std::shared_ptr<const void>> sources;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    PlainMutexLock lock(&mu_);
     session = std::move(session_);
     sources = std::move(lost_session_sources_);
   }
@@ -217,7 +219,7 @@ ClientCore::~ClientCore() {
 
 absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
   std::shared_ptr<Session> stale;  // destroyed outside the lock (it joins threads)
-  std::lock_guard<std::mutex> lock(mu_);
+  PlainMutexLock lock(&mu_);
   if (exiting_) return absl::UnavailableError("the process is exiting");
   if (session_ != nullptr && !session_->dead()) return session_;
   stale = std::move(session_);
@@ -234,13 +236,13 @@ absl::StatusOr<std::shared_ptr<Session>> ClientCore::CurrentSession() {
 }
 
 bool ClientCore::LockForFork(std::chrono::steady_clock::time_point deadline) {
-  mu_.lock();
+  mu_.Lock();
   return session_ == nullptr || session_->SuspendForFork(deadline);
 }
 
 void ClientCore::UnlockAfterForkInParent() {
   if (session_ != nullptr) session_->ResumeAfterFork();
-  mu_.unlock();
+  mu_.Unlock();
 }
 
 void ClientCore::ResetAfterForkInChild() {
@@ -254,13 +256,13 @@ void ClientCore::ResetAfterForkInChild() {
   if (!lost_session_sources_.empty()) {
     new std::vector<std::shared_ptr<const void>>(std::move(lost_session_sources_));
   }
-  mu_.unlock();
+  mu_.Unlock();
 }
 
 void ClientCore::ShutdownAtExit() {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    PlainMutexLock lock(&mu_);
     exiting_ = true;
     session = session_;
   }

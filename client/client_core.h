@@ -22,14 +22,13 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "client/plain_mutex.h"
 #include "client/session.h"
 #include "tensord/client.h"
 
@@ -77,11 +76,12 @@ class ClientCore {
   static LeaseView* ViewOf(const TensorRef& ref) { return ref.view_; }
 
   // Fork and exit hooks (see the header comment).
-  // Takes the core's mutex and suspends its Session (false: gRPC objects remain).
-  bool LockForFork(std::chrono::steady_clock::time_point deadline);
-  void UnlockAfterForkInParent();
-  void ResetAfterForkInChild();
-  void ShutdownAtExit();
+  // Takes the core's mutex and suspends its Session (false: gRPC objects remain); one of
+  // the two after-fork hooks gives the mutex back.
+  bool LockForFork(std::chrono::steady_clock::time_point deadline) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_);
+  void UnlockAfterForkInParent() ABSL_UNLOCK_FUNCTION(mu_);
+  void ResetAfterForkInChild() ABSL_UNLOCK_FUNCTION(mu_);
+  void ShutdownAtExit() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   ClientCore(const ClientOptions& options, std::string socket_path)
@@ -93,7 +93,7 @@ class ClientCore {
   // A plain futex mutex, not absl::Mutex: the fork handlers lock it in the parent and
   // unlock it in the child, where waiter records of the parent's other threads would be
   // dangling. Held only briefly, and across connecting a new session.
-  std::mutex mu_;
+  PlainMutex mu_;
   std::shared_ptr<Session> session_ ABSL_GUARDED_BY(mu_);
   // Sources of exports whose session ended before the broker released them (the broker
   // hung up, the daemon restarted): consumers may still map that memory and nobody will

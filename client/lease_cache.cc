@@ -9,9 +9,10 @@ constexpr ViewKind kAllKinds[] = {ViewKind::kPrivate, ViewKind::kReadOnly, ViewK
 }  // namespace
 
 bool LeaseCache::Claim(LeaseView* view) {
-  if (view->idle) {
+  LeaseView::CacheState& cache = CacheOf(view);
+  if (cache.idle) {
     idle_.erase(view);
-    view->idle = false;
+    cache.idle = false;
     view->ReviveFromIdle();
     return true;
   }
@@ -22,25 +23,27 @@ bool LeaseCache::Claim(LeaseView* view) {
 void LeaseCache::Unindex(LeaseView* view) {
   auto held = held_.find(HeldKey(view->tensor_id(), view->kind()));
   if (held != held_.end() && held->second == view) held_.erase(held);
-  if (!view->cache_name.empty()) {
-    auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
+  const std::string& name = CacheOf(view).name;
+  if (!name.empty()) {
+    auto named = by_name_.find(NameKey(name, view->kind()));
     if (named != by_name_.end() && named->second == view) by_name_.erase(named);
   }
   idle_.erase(view);
 }
 
 void LeaseCache::MakeUncacheable(LeaseView* view, std::vector<LeaseView*>* out) {
-  if (view->idle) {
+  LeaseView::CacheState& cache = CacheOf(view);
+  if (cache.idle) {
     Unindex(view);
-    view->idle = false;
-    view->cache_name.clear();
+    cache.idle = false;
+    cache.name.clear();
     out->push_back(view);
     return;
   }
-  if (!view->cache_name.empty()) {
-    auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
+  if (!cache.name.empty()) {
+    auto named = by_name_.find(NameKey(cache.name, view->kind()));
     if (named != by_name_.end() && named->second == view) by_name_.erase(named);
-    view->cache_name.clear();
+    cache.name.clear();
   }
 }
 
@@ -62,11 +65,12 @@ LeaseView* LeaseCache::FindByTensor(uint64_t tensor_id, ViewKind kind,
   LeaseView* view = it->second;
   if (!Claim(view)) return nullptr;
   // Held by id so far and now acquired by name: it may serve that name from now on.
-  if (cache_enabled_ && !acquired_name.empty() && view->cache_name.empty() && !view->retired() &&
+  LeaseView::CacheState& cache = CacheOf(view);
+  if (cache_enabled_ && !acquired_name.empty() && cache.name.empty() && !view->retired() &&
       kind != ViewKind::kProducer) {
     NameKey key(std::string(acquired_name), kind);
     if (by_name_.find(key) == by_name_.end()) {
-      view->cache_name = key.first;
+      cache.name = key.first;
       by_name_[key] = view;
     }
   }
@@ -83,19 +87,21 @@ LeaseCache::InsertResult LeaseCache::Insert(LeaseView* view) {
     return result;
   }
   held_[key] = view;  // replaces a view at refcount zero, on its way out
-  if (!view->cache_name.empty()) {
+  LeaseView::CacheState& cache = CacheOf(view);
+  if (!cache.name.empty()) {
     if (!cache_enabled_) {
-      view->cache_name.clear();
+      cache.name.clear();
     } else {
-      NameKey name_key(view->cache_name, view->kind());
+      NameKey name_key(cache.name, view->kind());
       auto named = by_name_.find(name_key);
       if (named != by_name_.end() && named->second != view) {
         LeaseView* old = named->second;
+        LeaseView::CacheState& old_cache = CacheOf(old);
         by_name_.erase(named);
         // The name's binding moved on: the old view no longer serves it.
-        old->cache_name.clear();
-        if (old->idle) {
-          old->idle = false;
+        old_cache.name.clear();
+        if (old_cache.idle) {
+          old_cache.idle = false;
           idle_.erase(old);
           auto old_held = held_.find(HeldKey(old->tensor_id(), old->kind()));
           if (old_held != held_.end() && old_held->second == old) held_.erase(old_held);
@@ -114,19 +120,20 @@ LeaseCache::Disposition LeaseCache::Dispose(LeaseView* view, Clock::time_point n
                                             bool closing) {
   absl::MutexLock lock(&mu_);
   if (!view->SettleQueued()) return Disposition::kRevived;
-  TENSORD_CHECK(!view->idle);
-  bool cacheable = !closing && cache_enabled_ && !view->retired() && !view->cache_name.empty() &&
+  LeaseView::CacheState& cache = CacheOf(view);
+  TENSORD_CHECK(!cache.idle);
+  bool cacheable = !closing && cache_enabled_ && !view->retired() && !cache.name.empty() &&
                    view->kind() != ViewKind::kProducer;
   if (cacheable) {
-    auto named = by_name_.find(NameKey(view->cache_name, view->kind()));
+    auto named = by_name_.find(NameKey(cache.name, view->kind()));
     cacheable = named != by_name_.end() && named->second == view;
   }
   if (!cacheable) {
     Unindex(view);
     return Disposition::kRelease;
   }
-  view->idle = true;
-  view->idle_deadline = now + linger_;
+  cache.idle = true;
+  cache.idle_deadline = now + linger_;
   idle_.insert(view);
   return Disposition::kCached;
 }
@@ -171,10 +178,11 @@ std::vector<LeaseView*> LeaseCache::TakeExpired(Clock::time_point now, Clock::ti
   absl::MutexLock lock(&mu_);
   std::vector<LeaseView*> expired;
   for (LeaseView* view : idle_) {
-    if (view->idle_deadline <= now) {
+    const Clock::time_point deadline = CacheOf(view).idle_deadline;
+    if (deadline <= now) {
       expired.push_back(view);
-    } else if (view->idle_deadline < *next) {
-      *next = view->idle_deadline;
+    } else if (deadline < *next) {
+      *next = deadline;
     }
   }
   for (LeaseView* view : expired) MakeUncacheable(view, &out);

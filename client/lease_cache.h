@@ -79,6 +79,10 @@ class LeaseCache {
  private:
   using HeldKey = std::pair<uint64_t, ViewKind>;
   using NameKey = std::pair<std::string, ViewKind>;
+  // The lease-cache state of a view: this table's, under mu_. The only way to it.
+  LeaseView::CacheState& CacheOf(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return view->cache_;
+  }
   // Removes `view` from every index that points at it.
   void Unindex(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Revives an idle view or adds a reference to an indexed one (see LeaseView::Revive).

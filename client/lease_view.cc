@@ -36,7 +36,7 @@ ViewKind ConsumerViewKind(const AcquireOptions& options) {
 }
 
 LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
-    : cache_name(std::move(params.cache_name)),
+    : cache_{std::move(params.cache_name)},
       info_(std::move(params.info)),
       lease_id_(params.lease_id),
       session_id_(params.session_id),

@@ -22,8 +22,9 @@
 // stream order: none of this does anything for them, and their Unref() never locks.
 //
 // Fields are constant after construction, except state_ (atomic), next_in_queue, the
-// lease-cache fields, which only LeaseCache touches, under its mutex, and the stream
-// fields, under streams_mu_.
+// lease-cache state (cache_), which only LeaseCache touches, under its mutex (through
+// LeaseCache::CacheOf, which clang's analysis checks), and the stream fields, under
+// streams_mu_.
 #pragma once
 
 #include <atomic>
@@ -139,12 +140,18 @@ class LeaseView {
   // Intrusive link for ReleaseQueue's lock-free stack.
   LeaseView* next_in_queue = nullptr;
 
-  // Lease-cache state, guarded by the owning LeaseCache's mutex.
-  std::string cache_name;
-  bool idle = false;
-  std::chrono::steady_clock::time_point idle_deadline{};
-
  private:
+  // Lease-cache state, guarded by the mutex of the LeaseCache indexing the view, which
+  // reaches it only through LeaseCache::CacheOf (annotated with that mutex; the mutex of
+  // another object cannot be named here).
+  struct CacheState {
+    std::string name;  // the name the view serves from the cache (Params::cache_name), or empty
+    bool idle = false;  // cached at zero references, owned by the table
+    std::chrono::steady_clock::time_point idle_deadline{};
+  };
+  friend class LeaseCache;
+  CacheState cache_;
+
   static constexpr uint64_t kQueued = uint64_t{1} << 63;
   // References in the low bits, kQueued while the view is on the release queue.
   std::atomic<uint64_t> state_{1};

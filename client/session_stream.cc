@@ -44,18 +44,17 @@ absl::StatusOr<std::unique_ptr<SessionStream>> SessionStream::Open(tensord::v1::
   s->context_ = std::make_unique<grpc::ClientContext>();
   s->context_->AddMetadata("tensord-session", session_token);
   SessionStream* raw = s.get();
-  bool started = false;
   {
     absl::MutexLock lock(&s->mu_);
     s->stream_ = stub->AsyncSession(s->context_.get(), s->cq_.get(), TagOf(Op::kStart));
     if (s->stream_ == nullptr) return absl::UnavailableError("could not open the session stream");
     ++s->ops_in_flight_;
-    // Until the call is under way (its headers sent): a cancel before that may never reach
-    // the broker, which would keep the stream until its shutdown grace runs out.
-    started = s->WaitUntil(
-        [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu_) { return raw->started_; },
-        Clock::now() + std::chrono::seconds(10));
   }
+  // Until the call is under way (its headers sent): a cancel before that may never reach
+  // the broker, which would keep the stream until its shutdown grace runs out.
+  const bool started = s->WaitUntil(
+      [raw]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(raw->mu_) { return raw->started_; },
+      Clock::now() + std::chrono::seconds(10));
   // Close() (the destructor) cancels what did not start and collects its operations.
   if (!started) return absl::UnavailableError("the session stream did not start within 10 s");
   s->background_ = std::thread([raw] { raw->BackgroundLoop(); });
@@ -74,7 +73,6 @@ void SessionStream::Close() {
   if (background_.joinable()) background_.join();
   if (stream_ != nullptr) {
     // Every operation started must come back before the queue can go.
-    absl::MutexLock lock(&mu_);
     WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ && ops_in_flight_ == 0; },
               std::nullopt);
   }
@@ -91,8 +89,8 @@ void SessionStream::Drain(Clock::time_point deadline) {
   {
     absl::MutexLock lock(&mu_);
     StartNextWriteLocked();  // the half-close, once the queued writes are out
-    WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }, deadline);
   }
+  WaitUntil([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; }, deadline);
   Close();
 }
 
@@ -157,7 +155,7 @@ void SessionStream::StartFinishLocked() {
   ++ops_in_flight_;
 }
 
-void SessionStream::OnFinished() {
+std::vector<absl::Status> SessionStream::OnFinishedLocked() {
   finished_ = true;
   broken_.store(true, std::memory_order_release);
   const grpc::Status& status = finish_status_;
@@ -171,35 +169,40 @@ void SessionStream::OnFinished() {
   // A drain that ended cleanly means the broker read and handled everything written.
   if (!(draining_.load() && status.ok())) unconfirmed = std::move(quiet_);
   quiet_.clear();
-  if (!on_quiet_failure_ || unconfirmed.empty()) return;
-  mu_.Unlock();
+  std::vector<absl::Status> lost;
+  if (!on_quiet_failure_) return lost;
   for (const QuietRequest& request : unconfirmed) {
-    on_quiet_failure_(absl::UnavailableError(
+    lost.push_back(absl::UnavailableError(
         request.label + ": sent without waiting, and " + message +
         " before the broker confirmed it; it may not have happened"));
   }
-  mu_.Lock();
+  return lost;
 }
 
-SessionStream::Polled SessionStream::PollOnce(gpr_timespec deadline) {
-  void* tag = nullptr;
-  bool ok = false;
-  mu_.Unlock();
-  const grpc::CompletionQueue::NextStatus next = cq_->AsyncNext(&tag, &ok, deadline);
-  if (next != grpc::CompletionQueue::GOT_EVENT) {
-    mu_.Lock();
-    return Polled::kNothing;
+void SessionStream::ReportQuietFailures(std::vector<absl::Status> failures) {
+  for (absl::Status& failure : failures) on_quiet_failure_(std::move(failure));
+}
+
+SessionStream::Completion SessionStream::NextCompletion(gpr_timespec deadline) {
+  Completion completion;
+  if (cq_->AsyncNext(&completion.tag, &completion.ok, deadline) != grpc::CompletionQueue::GOT_EVENT) {
+    return completion;
   }
-  const Op op = OpOf(tag);
-  bool replied = false;
-  if (op == Op::kRead && ok) {
+  completion.got = true;
+  if (OpOf(completion.tag) == Op::kRead && completion.ok) {
     // Only the poller touches the message, so it is handled without the lock.
-    replied = HandleMessage(read_message_);
+    completion.replied = HandleMessage(read_message_);
     read_message_.Clear();
   }
-  mu_.Lock();
+  return completion;
+}
+
+SessionStream::Polled SessionStream::OnCompletionLocked(const Completion& completion,
+                                                        std::vector<absl::Status>* lost) {
+  if (!completion.got) return Polled::kNothing;
+  const bool ok = completion.ok;
   --ops_in_flight_;
-  switch (op) {
+  switch (OpOf(completion.tag)) {
     case Op::kStart:
       started_ = true;
       write_in_flight_ = false;
@@ -228,19 +231,34 @@ SessionStream::Polled SessionStream::PollOnce(gpr_timespec deadline) {
       StartNextWriteLocked();
       return Polled::kWriteDone;
     case Op::kFinish:
-      OnFinished();
+      *lost = OnFinishedLocked();
       break;
   }
-  return replied ? Polled::kReply : Polled::kOther;
+  return completion.replied ? Polled::kReply : Polled::kOther;
 }
 
 bool SessionStream::WaitUntil(const std::function<bool()>& done,
                               std::optional<Clock::time_point> deadline) {
+  mu_.Lock();
+  bool met = true;
   while (!done()) {
-    if (deadline.has_value() && Clock::now() >= *deadline) return false;
+    if (deadline.has_value() && Clock::now() >= *deadline) {
+      met = false;
+      break;
+    }
     if (!polling_) {
+      // The role is free: wait for a completion without the lock, then handle it under it.
       polling_ = true;
-      PollOnce(ToGpr(deadline));
+      mu_.Unlock();
+      const Completion completion = NextCompletion(ToGpr(deadline));
+      mu_.Lock();
+      std::vector<absl::Status> lost;
+      OnCompletionLocked(completion, &lost);
+      if (!lost.empty()) {  // the stream ended
+        mu_.Unlock();
+        ReportQuietFailures(std::move(lost));
+        mu_.Lock();
+      }
       polling_ = false;
       last_caller_poll_ = Clock::now();
       continue;
@@ -255,23 +273,40 @@ bool SessionStream::WaitUntil(const std::function<bool()>& done,
       mu_.Await(absl::Condition(&wake));
     }
   }
-  return true;
+  mu_.Unlock();
+  return met;
 }
 
-void SessionStream::PollReadyLocked() {
+bool SessionStream::ClaimPollerForQueuedWritesLocked() {
   // Only a write queued behind one in flight needs the poll; a message that went straight
   // out leaves its completion for the next poll, and a poll that finds nothing costs a
   // syscall.
-  if (polling_ || outbox_.empty()) return;  // the poller will see the completions
+  if (polling_ || outbox_.empty()) return false;  // the poller will see the completions
   polling_ = true;
-  while (!outbox_.empty() && PollOnce(gpr_time_0(GPR_CLOCK_MONOTONIC)) != Polled::kNothing) {
+  return true;
+}
+
+void SessionStream::PollReady() {
+  for (;;) {
+    const Completion completion = NextCompletion(gpr_time_0(GPR_CLOCK_MONOTONIC));
+    mu_.Lock();
+    std::vector<absl::Status> lost;
+    const Polled polled = OnCompletionLocked(completion, &lost);
+    if (!lost.empty()) {  // the stream ended
+      mu_.Unlock();
+      ReportQuietFailures(std::move(lost));
+      mu_.Lock();
+    }
+    if (polled == Polled::kNothing || outbox_.empty()) break;
+    mu_.Unlock();
   }
   polling_ = false;
   last_caller_poll_ = Clock::now();
+  mu_.Unlock();
 }
 
 void SessionStream::BackgroundLoop() {
-  absl::MutexLock lock(&mu_);
+  mu_.Lock();
   while (!stop_ && !finished_) {
     if (polling_ || Clock::now() - last_caller_poll_ < kBackgroundPause) {
       // Callers poll, or did a moment ago: they read pushes as they go. Taking the role
@@ -282,7 +317,16 @@ void SessionStream::BackgroundLoop() {
     polling_ = true;
     Polled polled = Polled::kNothing;
     while (!stop_ && !finished_) {
-      polled = PollOnce(ToGpr(Clock::now() + kBackgroundPollSlice));
+      mu_.Unlock();
+      const Completion completion = NextCompletion(ToGpr(Clock::now() + kBackgroundPollSlice));
+      mu_.Lock();
+      std::vector<absl::Status> lost;
+      polled = OnCompletionLocked(completion, &lost);
+      if (!lost.empty()) {  // the stream ended
+        mu_.Unlock();
+        ReportQuietFailures(std::move(lost));
+        mu_.Lock();
+      }
       // Callers are active (a reply for one of them, or a write): leave the role to them.
       if (polled == Polled::kReply || polled == Polled::kWriteDone) break;
     }
@@ -291,6 +335,7 @@ void SessionStream::BackgroundLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(kBackgroundPause));
     }
   }
+  mu_.Unlock();
 }
 
 bool SessionStream::Deliver(std::span<tensord::v1::SessionResponse* const> replies) {
@@ -364,22 +409,30 @@ absl::Status SessionStream::ClosedStatus() const {
 
 absl::Status SessionStream::Send(tensord::v1::SessionRequest request) {
   request.set_seq(0);
-  absl::MutexLock lock(&mu_);
-  TENSORD_RETURN_IF_ERROR(RefuseWrites());
-  EnqueueLocked(std::move(request));
-  // Nobody may be polling to start the writes queued behind one in flight.
-  PollReadyLocked();
+  bool poll = false;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_RETURN_IF_ERROR(RefuseWrites());
+    EnqueueLocked(std::move(request));
+    // Nobody may be polling to start the writes queued behind one in flight.
+    poll = ClaimPollerForQueuedWritesLocked();
+  }
+  if (poll) PollReady();
   return absl::OkStatus();
 }
 
 absl::Status SessionStream::SendQuiet(tensord::v1::SessionRequest request, std::string label) {
-  absl::MutexLock lock(&mu_);
-  TENSORD_RETURN_IF_ERROR(RefuseWrites());
-  const uint64_t seq = next_seq_++;
-  quiet_.push_back(QuietRequest{seq, std::move(label)});
-  request.set_seq(seq);
-  EnqueueLocked(std::move(request));
-  PollReadyLocked();
+  bool poll = false;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_RETURN_IF_ERROR(RefuseWrites());
+    const uint64_t seq = next_seq_++;
+    quiet_.push_back(QuietRequest{seq, std::move(label)});
+    request.set_seq(seq);
+    EnqueueLocked(std::move(request));
+    poll = ClaimPollerForQueuedWritesLocked();
+  }
+  if (poll) PollReady();
   return absl::OkStatus();
 }
 
@@ -403,49 +456,53 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   if (n == 0) return results;
   std::vector<Waiter> waiters(n);  // never resized: pending_ points into it
   std::vector<uint64_t> seqs(n, 0);
-  size_t outstanding = n;
-  absl::MutexLock lock(&mu_);
-  if (absl::Status refused = RefuseWrites(); !refused.ok()) {
-    results.assign(n, refused);
-    return results;
-  }
-  // Seqs in write order (the queue keeps it). One message for the lot (in chunks the
-  // broker accepts), so a batch costs the broker and the transport one read instead of one
-  // per request.
-  for (size_t i = 0; i < n; ++i) {
-    seqs[i] = next_seq_++;
-    requests[i].set_seq(seqs[i]);
-    waiters[i].outstanding = &outstanding;
-    pending_[seqs[i]] = &waiters[i];
-  }
-  if (n == 1) {
-    EnqueueLocked(std::move(requests[0]));
-  } else {
-    tensord::v1::SessionRequest envelope;
-    size_t bytes = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const size_t size = requests[i].ByteSizeLong();
-      if (envelope.batch().requests_size() > 0 &&
-          (envelope.batch().requests_size() >= common::kMaxBatchRequests ||
-           bytes + size > common::kMaxBatchBytes)) {
-        EnqueueLocked(std::exchange(envelope, {}));
-        bytes = 0;
-      }
-      bytes += size;
-      *envelope.mutable_batch()->add_requests() = std::move(requests[i]);
+  size_t outstanding = n;  // under mu_
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status refused = RefuseWrites(); !refused.ok()) {
+      results.assign(n, refused);
+      return results;
     }
-    EnqueueLocked(std::move(envelope));
+    // Seqs in write order (the queue keeps it). One message for the lot (in chunks the
+    // broker accepts), so a batch costs the broker and the transport one read instead of one
+    // per request.
+    for (size_t i = 0; i < n; ++i) {
+      seqs[i] = next_seq_++;
+      requests[i].set_seq(seqs[i]);
+      waiters[i].outstanding = &outstanding;
+      pending_[seqs[i]] = &waiters[i];
+    }
+    if (n == 1) {
+      EnqueueLocked(std::move(requests[0]));
+    } else {
+      tensord::v1::SessionRequest envelope;
+      size_t bytes = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const size_t size = requests[i].ByteSizeLong();
+        if (envelope.batch().requests_size() > 0 &&
+            (envelope.batch().requests_size() >= common::kMaxBatchRequests ||
+             bytes + size > common::kMaxBatchBytes)) {
+          EnqueueLocked(std::exchange(envelope, {}));
+          bytes = 0;
+        }
+        bytes += size;
+        *envelope.mutable_batch()->add_requests() = std::move(requests[i]);
+      }
+      EnqueueLocked(std::move(envelope));
+    }
   }
-  WaitUntil([&outstanding]() { return outstanding == 0; }, deadline);
-  for (size_t i = 0; i < n; ++i) {
-    if (!waiters[i].done) {
+  if (!WaitUntil([&outstanding]() { return outstanding == 0; }, deadline)) {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < n; ++i) {
+      if (waiters[i].done) continue;
       // Too late now; a reply that still comes goes to the orphan handler.
       pending_.erase(seqs[i]);
       Complete(&waiters[i], absl::DeadlineExceededError(
                                 "the broker did not answer on the session stream in time"));
     }
-    results.push_back(std::move(waiters[i].result));
   }
+  // Every waiter is done and out of pending_: nothing else touches them any more.
+  for (size_t i = 0; i < n; ++i) results.push_back(std::move(waiters[i].result));
   return results;
 }
 

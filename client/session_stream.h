@@ -110,6 +110,13 @@ class SessionStream {
   };
   // What one turn of polling found.
   enum class Polled { kNothing, kReply, kWriteDone, kOther };
+  // A completion the poller took off the queue.
+  struct Completion {
+    bool got = false;  // false: the deadline came first
+    void* tag = nullptr;
+    bool ok = false;
+    bool replied = false;  // a message read gave a waiter its reply
+  };
 
   SessionStream(Handler on_push, Handler on_orphan, QuietFailureHandler on_quiet_failure)
       : on_push_(std::move(on_push)),
@@ -123,23 +130,36 @@ class SessionStream {
   void EnqueueLocked(tensord::v1::SessionRequest message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartNextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // As the poller (polling_ set by the caller): waits for one event up to `deadline` and
-  // handles it. Releases mu_ while it waits and while handlers run.
-  Polled PollOnce(gpr_timespec deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Until `done()` or `deadline`: polls while the role is free, else waits for the poller.
-  // False on the deadline.
-  bool WaitUntil(const std::function<bool()>& done, std::optional<Clock::time_point> deadline)
+  // Polling is split at the lock: the poller (polling_ set) waits for a completion without
+  // mu_ (NextCompletion), then moves the stream on under it (OnCompletionLocked), which
+  // returns the handler calls that must wait until mu_ is released (ReportQuietFailures).
+  // The poller waits up to `deadline` for one completion; a message read goes to its
+  // waiters and handlers here.
+  Completion NextCompletion(gpr_timespec deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // The next read or write, or the finish, after `completion`. Quiet requests the stream's
+  // end lost are added to `lost`, for the poller to report once it released mu_.
+  Polled OnCompletionLocked(const Completion& completion, std::vector<absl::Status>* lost)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // While a write is queued and nobody polls: handles what has completed already (write
-  // completions, so the queued writes go out); never waits.
-  void PollReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Without mu_, by the poller (handlers run on the polling thread).
+  void ReportQuietFailures(std::vector<absl::Status> failures) ABSL_LOCKS_EXCLUDED(mu_);
+  // Until `done()` (called under mu_) or `deadline`: polls while the role is free, else
+  // waits for the poller. False on the deadline.
+  bool WaitUntil(const std::function<bool()>& done, std::optional<Clock::time_point> deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // While a write is queued and nobody polls: takes the poller role for PollReady (true).
+  [[nodiscard]] bool ClaimPollerForQueuedWritesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With the role so claimed: handles what has completed already (write completions, so the
+  // queued writes go out), never waits, and gives the role back.
+  void PollReady() ABSL_LOCKS_EXCLUDED(mu_);
   // Replies to waiters and the orphan and quiet-failure handlers, pushes to the push
   // handler, in the order of the message. True when a waiter got its reply.
   bool HandleMessage(tensord::v1::SessionResponse& message);
   // Hands each reply to its waiter, or to on_orphan_ when nobody waits for it.
   bool Deliver(std::span<tensord::v1::SessionResponse* const> replies);
-  void OnFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BackgroundLoop();
+  // The finish came back: every pending caller fails. Returns the quiet requests it lost,
+  // as failures to report once mu_ is released.
+  [[nodiscard]] std::vector<absl::Status> OnFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BackgroundLoop() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ClosedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Handler on_push_;

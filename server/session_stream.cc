@@ -85,8 +85,20 @@ class StreamOutbox final : public PushSink {
   }
 
  private:
-  // Starts the next write or the finish; both run after the lock is dropped.
-  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Pump() decided, for its caller to do once mu_ is released (as the Broker's
+  // Effects): start the next write (and resume reads), or finish the call.
+  struct Effects {
+    SessionStream* stream = nullptr;  // null: nothing to do
+    const grpc::ByteBuffer* write = nullptr;  // in_flight_bytes_, while writing_ is set
+    bool resume_reads = false;
+    bool finish = false;
+    grpc::Status status;  // with `finish`
+  };
+  // Decides the next write or the finish; the caller delivers them after unlocking.
+  [[nodiscard]] Effects Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs what Pump() decided, without mu_. The stream cannot finish while a write is in
+  // flight (writing_ set) or before the finish it is told, so it outlives these calls.
+  static void Deliver(const Effects& effects);
   // Moves the next message to send into in_flight_: the front one, or, when more are
   // queued, as many as fit one batch, in order; counts the pushes it carries.
   void TakeNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -269,23 +281,31 @@ class SessionStream final : public ServerCall {
 };
 
 bool StreamOutbox::Push(const v1::SessionResponse& message) {
-  absl::MutexLock lock(&mu_);
-  if (finished_ || broken_ || closing_) return false;
-  if (pushes_queued_ >= kMaxQueuedPushes) {
-    reset_owed_ = true;  // the client stopped reading: one reset instead of a backlog
-    return false;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || broken_ || closing_) return false;
+    if (pushes_queued_ >= kMaxQueuedPushes) {
+      reset_owed_ = true;  // the client stopped reading: one reset instead of a backlog
+      return false;
+    }
+    ++pushes_queued_;
+    queue_.push_back(message);
+    effects = Pump();
   }
-  ++pushes_queued_;
-  queue_.push_back(message);
-  Pump();
+  Deliver(effects);
   return true;
 }
 
 void StreamOutbox::Respond(v1::SessionResponse message) {
-  absl::MutexLock lock(&mu_);
-  if (finished_ || broken_) return;
-  queue_.push_back(std::move(message));
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || broken_) return;
+    queue_.push_back(std::move(message));
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 void StreamOutbox::Cork() {
@@ -294,9 +314,13 @@ void StreamOutbox::Cork() {
 }
 
 void StreamOutbox::Uncork() {
-  absl::MutexLock lock(&mu_);
-  if (corked_ > 0) --corked_;
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (corked_ > 0) --corked_;
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 void StreamOutbox::ExpectReply() {
@@ -305,52 +329,72 @@ void StreamOutbox::ExpectReply() {
 }
 
 void StreamOutbox::RespondOwed(v1::SessionResponse message) {
-  absl::MutexLock lock(&mu_);
-  if (owed_replies_ > 0) --owed_replies_;
-  if (finished_ || broken_) return;
-  queue_.push_back(std::move(message));
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (owed_replies_ > 0) --owed_replies_;
+    if (finished_ || broken_) return;
+    queue_.push_back(std::move(message));
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 void StreamOutbox::Close() {
-  absl::MutexLock lock(&mu_);
-  closing_ = true;
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 void StreamOutbox::Abort(const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
-  broken_ = true;
-  queue_.clear();
-  pushes_queued_ = 0;
-  final_status_ = ToGrpcStatus(status);
-  Pump();
-}
-
-void StreamOutbox::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  writing_ = false;
-  pushes_queued_ -= std::min(pushes_queued_, pushes_in_flight_);
-  pushes_in_flight_ = 0;
-  if (!ok) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
     broken_ = true;
     queue_.clear();
     pushes_queued_ = 0;
+    final_status_ = ToGrpcStatus(status);
+    effects = Pump();
   }
-  if (reset_owed_ && pushes_queued_ < kMaxQueuedPushes / 2 && !broken_) {
-    reset_owed_ = false;
-    v1::SessionResponse reset;
-    reset.set_cache_reset(true);
-    ++pushes_queued_;
-    queue_.push_back(std::move(reset));
+  Deliver(effects);
+}
+
+void StreamOutbox::OnWriteDone(bool ok) {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    pushes_queued_ -= std::min(pushes_queued_, pushes_in_flight_);
+    pushes_in_flight_ = 0;
+    if (!ok) {
+      broken_ = true;
+      queue_.clear();
+      pushes_queued_ = 0;
+    }
+    if (reset_owed_ && pushes_queued_ < kMaxQueuedPushes / 2 && !broken_) {
+      reset_owed_ = false;
+      v1::SessionResponse reset;
+      reset.set_cache_reset(true);
+      ++pushes_queued_;
+      queue_.push_back(std::move(reset));
+    }
+    effects = Pump();
   }
-  Pump();
+  Deliver(effects);
 }
 
 void StreamOutbox::OnReadsDone() {
-  absl::MutexLock lock(&mu_);
-  reads_done_ = true;
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    reads_done_ = true;
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 bool StreamOutbox::ShouldPauseReads() {
@@ -378,10 +422,9 @@ void StreamOutbox::TakeNext() {
   in_flight_ = std::move(batch);
 }
 
-void StreamOutbox::Pump() {
-  SessionStream* stream = stream_;
-  if (stream == nullptr || finished_ || writing_ || corked_ > 0) return;
-  bool resume = false;
+StreamOutbox::Effects StreamOutbox::Pump() {
+  Effects effects;
+  if (stream_ == nullptr || finished_ || writing_ || corked_ > 0) return effects;
   while (!queue_.empty() && !broken_) {
     TakeNext();
     if (absl::Status serialized = SerializeResponse(in_flight_, &in_flight_bytes_); !serialized.ok()) {
@@ -393,23 +436,28 @@ void StreamOutbox::Pump() {
     writing_ = true;
     if (reads_paused_ && queue_.size() < kMaxQueuedResponses / 2) {
       reads_paused_ = false;
-      resume = true;
+      effects.resume_reads = true;
     }
-    const grpc::ByteBuffer* bytes = &in_flight_bytes_;
-    // The stream cannot finish while writing_ is set, so it outlives these calls.
-    mu_.Unlock();
-    stream->StartWrite(bytes);
-    if (resume) stream->ResumeReads();
-    mu_.Lock();
-    return;
+    effects.stream = stream_;
+    effects.write = &in_flight_bytes_;
+    return effects;
   }
   if (((reads_done_ && owed_replies_ == 0) || closing_ || broken_) && queue_.empty()) {
     finished_ = true;
-    grpc::Status status = final_status_;
-    mu_.Unlock();
-    stream->Finish(status);
-    mu_.Lock();
+    effects.stream = stream_;
+    effects.finish = true;
+    effects.status = final_status_;
   }
+  return effects;
+}
+
+void StreamOutbox::Deliver(const Effects& effects) {
+  if (effects.stream == nullptr) return;
+  if (effects.write != nullptr) {
+    effects.stream->StartWrite(effects.write);
+    if (effects.resume_reads) effects.stream->ResumeReads();
+  }
+  if (effects.finish) effects.stream->Finish(effects.status);
 }
 
 }  // namespace

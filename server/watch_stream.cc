@@ -32,7 +32,19 @@ class WatchOutbox final : public WatchSink {
   }
 
  private:
-  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Pump() decided, for its caller to do once mu_ is released (as the Broker's
+  // Effects): start the next write, or finish the call.
+  struct Effects {
+    WatchStream* stream = nullptr;  // null: nothing to do
+    const grpc::ByteBuffer* write = nullptr;  // in_flight_bytes_, while writing_ is set
+    bool finish = false;
+    grpc::Status status;  // with `finish`
+  };
+  // Decides the next write or the finish; the caller delivers them after unlocking.
+  [[nodiscard]] Effects Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs what Pump() decided, without mu_. The stream cannot finish while a write is in
+  // flight (writing_ set) or before the finish it is told, so it outlives these calls.
+  static void Deliver(const Effects& effects);
 
   absl::Mutex mu_;
   WatchStream* stream_ ABSL_GUARDED_BY(mu_);
@@ -85,50 +97,66 @@ class WatchStream final : public SingleRequestCall {
 };
 
 bool WatchOutbox::Push(const v1::WatchEvent& event) {
-  absl::MutexLock lock(&mu_);
-  if (finished_ || closing_) return false;
-  if (queue_.size() >= kMaxQueuedWatchEvents) {
-    reset_owed_ = true;
-    return false;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || closing_) return false;
+    if (queue_.size() >= kMaxQueuedWatchEvents) {
+      reset_owed_ = true;
+      return false;
+    }
+    queue_.push_back(event);
+    effects = Pump();
   }
-  queue_.push_back(event);
-  Pump();
+  Deliver(effects);
   return true;
 }
 
 void WatchOutbox::Close() {
-  absl::MutexLock lock(&mu_);
-  closing_ = true;
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 void WatchOutbox::Cancel() {
-  absl::MutexLock lock(&mu_);
-  closing_ = true;
-  queue_.clear();
-  final_status_ = grpc::Status::CANCELLED;
-  Pump();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    queue_.clear();
+    final_status_ = grpc::Status::CANCELLED;
+    effects = Pump();
+  }
+  Deliver(effects);
 }
 
 void WatchOutbox::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  writing_ = false;
-  if (!ok) {
-    closing_ = true;
-    queue_.clear();
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      closing_ = true;
+      queue_.clear();
+    }
+    if (reset_owed_ && queue_.size() < kMaxQueuedWatchEvents / 2 && !closing_) {
+      reset_owed_ = false;
+      v1::WatchEvent reset;
+      reset.set_kind(v1::WatchEvent::KIND_RESET);
+      queue_.push_back(std::move(reset));
+    }
+    effects = Pump();
   }
-  if (reset_owed_ && queue_.size() < kMaxQueuedWatchEvents / 2 && !closing_) {
-    reset_owed_ = false;
-    v1::WatchEvent reset;
-    reset.set_kind(v1::WatchEvent::KIND_RESET);
-    queue_.push_back(std::move(reset));
-  }
-  Pump();
+  Deliver(effects);
 }
 
-void WatchOutbox::Pump() {
-  WatchStream* stream = stream_;
-  if (stream == nullptr || finished_ || writing_) return;
+WatchOutbox::Effects WatchOutbox::Pump() {
+  Effects effects;
+  if (stream_ == nullptr || finished_ || writing_) return effects;
   while (!queue_.empty()) {
     in_flight_ = std::move(queue_.front());
     queue_.pop_front();
@@ -137,19 +165,23 @@ void WatchOutbox::Pump() {
       continue;
     }
     writing_ = true;
-    const grpc::ByteBuffer* bytes = &in_flight_bytes_;
-    mu_.Unlock();
-    stream->StartWrite(bytes);
-    mu_.Lock();
-    return;
+    effects.stream = stream_;
+    effects.write = &in_flight_bytes_;
+    return effects;
   }
   if (closing_) {
     finished_ = true;
-    grpc::Status status = final_status_;
-    mu_.Unlock();
-    stream->Finish(status);
-    mu_.Lock();
+    effects.stream = stream_;
+    effects.finish = true;
+    effects.status = final_status_;
   }
+  return effects;
+}
+
+void WatchOutbox::Deliver(const Effects& effects) {
+  if (effects.stream == nullptr) return;
+  if (effects.write != nullptr) effects.stream->StartWrite(effects.write);
+  if (effects.finish) effects.stream->Finish(effects.status);
 }
 
 }  // namespace

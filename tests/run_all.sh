@@ -7,6 +7,9 @@
 #   tsan   build-tsan/  clang, TENSORD_SANITIZER=thread: unit and integration tests
 #   fuzz   build-fuzz/  clang, TENSORD_BUILD_FUZZERS: a bounded run of every fuzzer and a
 #                       replay of the saved regressions (ctest label `fuzz`)
+# The clang stages (tsan, fuzz) also check the lock annotations (ABSL_GUARDED_BY and
+# friends) at compile time: the top-level CMakeLists.txt adds -Wthread-safety
+# -Werror=thread-safety to every clang build, so a violation fails the stage's build.
 # Sanitizer options (halt on the first report, suppressions for third-party code only) come
 # with the tests from cmake/TensordSanitizers.cmake, so `ctest` in a build directory runs
 # them the same way.
@@ -64,7 +67,8 @@ stage_commands() {
       ;;
     tsan)
       # clang: its ignorelist keeps gRPC's inline header code uninstrumented (see
-      # cmake/TensordSanitizers.cmake).
+      # cmake/TensordSanitizers.cmake), and its thread-safety analysis checks the lock
+      # annotations (an error fails the build; see the top-level CMakeLists.txt).
       CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DTENSORD_SANITIZER=thread \
         -DTENSORD_BUILD_PYTHON=OFF -DTENSORD_BUILD_BENCH=OFF
       cmake --build build-tsan -j "$jobs"
