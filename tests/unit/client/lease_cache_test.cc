@@ -149,7 +149,7 @@ TEST_F(LeaseCacheTest, ASecondLeaseOnAHeldTensorReusesTheView) {
   EXPECT_EQ(cache_.FindByTensor(1, ViewKind::kPrivate, "ns/a"), first);
   EXPECT_EQ(first->refs(), 2u);
   // Acquired by name now, so it serves that name.
-  EXPECT_EQ(table_.FindByName("ns/a", ViewKind::kPrivate, 0), first);
+  EXPECT_EQ(cache_.FindByName("ns/a", ViewKind::kPrivate, 0), first);
   first->Unref();  // that hit's reference
   // A racing insert of another view for the same tensor gets the existing one back.
   LeaseView* racer = NamedView(queue_, 1, "ns/a");
