@@ -31,6 +31,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/unique_fd.h"
+#include "tests/fd_passing.h"
+
 extern char** environ;
 
 namespace {
@@ -139,24 +142,7 @@ constexpr const char* kLiveKinds[] = {"allocation",   "host_allocation", "ipc_op
 
 // ---- Helpers both sides use -------------------------------------------------------------
 
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_ = -1;
-};
+using tensord::common::UniqueFd;
 
 std::string Str(ze_result_t result) {
   char text[16];
@@ -203,24 +189,6 @@ std::string FdTarget(int fd) {
   return n < 0 ? std::string() : std::string(target, static_cast<size_t>(n));
 }
 
-// One message (SOCK_SEQPACKET keeps the boundaries), with `fd` passed as SCM_RIGHTS.
-bool SendMsg(int sock, const std::string& payload, int fd = -1) {
-  iovec iov{const_cast<char*>(payload.data()), payload.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-  }
-  return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(payload.size());
-}
 
 // Receives one message and the fd it carries, if any; false after 30 s of silence.
 bool RecvMsg(int sock, std::string* payload, UniqueFd* fd = nullptr) {
@@ -293,7 +261,7 @@ ze_command_queue_desc_t QueueDesc(
 #define CHILD_REQUIRE(cond)                                                                        \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \
-      SendMsg(sock, std::string("fatal=") + #cond + " (line " + std::to_string(__LINE__) + ")\n"); \
+      tensord::common::testing::SendWithFd(sock, std::string("fatal=") + #cond + " (line " + std::to_string(__LINE__) + ")\n"); \
       return 2;                                                                                    \
     }                                                                                              \
   } while (0)
@@ -388,7 +356,7 @@ int ChildOpenMemory(int sock) {
   CHILD_REQUIRE(ze->zeCommandListAppendMemoryCopy(list, data.data(), ptr, size, done, 0, nullptr) ==
                 ZE_RESULT_SUCCESS);
   CHILD_REQUIRE(ze->zeEventHostSynchronize(done, kWaitNs) == ZE_RESULT_SUCCESS);
-  CHILD_REQUIRE(SendMsg(sock, data));
+  CHILD_REQUIRE(tensord::common::testing::SendWithFd(sock, data));
 
   std::string mark(size / 2, '\xC5');
   CHILD_REQUIRE(ze->zeEventHostReset(done) == ZE_RESULT_SUCCESS);
@@ -405,7 +373,7 @@ int ChildOpenMemory(int sock) {
   CHILD_REQUIRE(ze->zeEventDestroy(done) == ZE_RESULT_SUCCESS);
   CHILD_REQUIRE(ze->zeEventPoolDestroy(pool) == ZE_RESULT_SUCCESS);
   report.Add("context_destroy", ze->zeContextDestroy(s.context));
-  CHILD_REQUIRE(SendMsg(sock, report.text()));
+  CHILD_REQUIRE(tensord::common::testing::SendWithFd(sock, report.text()));
   return 0;
 }
 
@@ -444,7 +412,7 @@ int ChildEvents(int sock) {
                 ZE_RESULT_SUCCESS);
   CHILD_REQUIRE(ze->zeCommandListAppendWaitOnEvents(list, 1, &events[0]) == ZE_RESULT_SUCCESS);
   CHILD_REQUIRE(ze->zeCommandListAppendSignalEvent(list, events[1]) == ZE_RESULT_SUCCESS);
-  CHILD_REQUIRE(SendMsg(sock, "armed\n"));
+  CHILD_REQUIRE(tensord::common::testing::SendWithFd(sock, "armed\n"));
 
   report.Add("ev1_signalled", ze->zeEventHostSynchronize(events[1], kWaitNs));
   report.Add("ev0_seen", ze->zeEventQueryStatus(events[0]));
@@ -457,7 +425,7 @@ int ChildEvents(int sock) {
   report.Add("close", ze->zeEventPoolCloseIpcHandle(pool));
   report.Add("event_pool_open_after", Live("event_pool_open"));
   report.Add("context_destroy", ze->zeContextDestroy(s.context));
-  CHILD_REQUIRE(SendMsg(sock, report.text()));
+  CHILD_REQUIRE(tensord::common::testing::SendWithFd(sock, report.text()));
   return 0;
 }
 
@@ -473,7 +441,7 @@ int ChildProbe(int sock) {
   report.Add("driver_get", ze->zeDriverGet(&drivers, nullptr));
   report.Add("drivers", static_cast<int64_t>(drivers));
   if (init != ZE_RESULT_SUCCESS) {
-    CHILD_REQUIRE(SendMsg(sock, report.text()));
+    CHILD_REQUIRE(tensord::common::testing::SendWithFd(sock, report.text()));
     return 0;
   }
   ChildSession s;
@@ -527,7 +495,7 @@ int ChildProbe(int sock) {
     CHILD_REQUIRE(ze->zeMemFree(s.context, more) == ZE_RESULT_SUCCESS);
   }
   report.Add("context_destroy", ze->zeContextDestroy(s.context));
-  CHILD_REQUIRE(SendMsg(sock, report.text()));
+  CHILD_REQUIRE(tensord::common::testing::SendWithFd(sock, report.text()));
   return 0;
 }
 
@@ -923,7 +891,7 @@ TEST_F(FakeZeTest, MemoryIpcHandleOpensInAnotherProcess) {
   Helper helper = Spawn("open_memory", {});
   ASSERT_GT(helper.pid, 0);
   // As a real exporter would: the handle bytes, and the fd beside them over SCM_RIGHTS.
-  ASSERT_TRUE(SendMsg(helper.sock.get(), std::string(handle.data, sizeof(handle.data)) + uuid, fd));
+  ASSERT_TRUE(tensord::common::testing::SendWithFd(helper.sock.get(), std::string(handle.data, sizeof(handle.data)) + uuid, fd));
   std::string data;
   ASSERT_TRUE(RecvMsg(helper.sock.get(), &data));
   std::string text;
@@ -1228,7 +1196,7 @@ TEST_F(FakeZeTest, IpcEventsOrderWorkAcrossProcesses) {
 
   Helper helper = Spawn("events", {});
   ASSERT_GT(helper.pid, 0);
-  ASSERT_TRUE(SendMsg(helper.sock.get(), std::string(handle.data, sizeof(handle.data)),
+  ASSERT_TRUE(tensord::common::testing::SendWithFd(helper.sock.get(), std::string(handle.data, sizeof(handle.data)),
                       static_cast<int>(LoadU64(handle.data))));
   std::string armed;
   ASSERT_TRUE(RecvMsg(helper.sock.get(), &armed));

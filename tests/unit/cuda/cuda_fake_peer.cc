@@ -22,7 +22,7 @@
 #include "common/memory/cuda/cuda_driver.h"
 #include "common/memory/cuda/cuda_handle.h"
 #include "common/memory/cuda/cuda_importer.h"
-#include "tests/unit/cuda/fd_passing.h"
+#include "tests/fd_passing.h"
 
 namespace tc = tensord::common;
 

@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/cuda/fake_cuda_env.h"
-#include "tests/unit/cuda/fd_passing.h"
+#include "tests/fd_passing.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-// One datagram with at most one fd over a socketpair: how the cuda-fake tests and their
+// One datagram with at most one fd over a socketpair: how the GPU-fake tests and their
 // peer process hand each other a handle's bytes and its fd (the fd channel's protobuf
 // framing, common/fd_channel.h, is more than these tests need).
 #pragma once
