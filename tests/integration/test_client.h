@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -25,6 +26,14 @@ inline std::unique_ptr<Client> Connect(const DaemonProcess& daemon) {
   auto client = Client::Connect(Options(daemon));
   EXPECT_TRUE(client.ok()) << client.status().ToString();
   return client.ok() ? std::move(client).value() : nullptr;
+}
+
+// The backend `name` ("cuda", "level_zero") in a status; null when it is not listed.
+inline const BackendInfo* FindBackend(const BrokerStatus& status, std::string_view name) {
+  for (const BackendInfo& backend : status.backends) {
+    if (backend.name == name) return &backend;
+  }
+  return nullptr;
 }
 
 // Polls until tensor `tensor_id` has `holders` holders (true) or `timeout` passes (false).

@@ -133,12 +133,7 @@ class CudaFakeDaemonTest : public ::testing::Test {
     return out;
   }
 
-  static const BackendInfo* Cuda(const BrokerStatus& status) {
-    for (const BackendInfo& backend : status.backends) {
-      if (backend.name == "cuda") return &backend;
-    }
-    return nullptr;
-  }
+  static const BackendInfo* Cuda(const BrokerStatus& status) { return FindBackend(status, "cuda"); }
 };
 
 TEST_F(CudaFakeDaemonTest, ATensorOnOneGpuOutlivesItsProducerAndIsReadByUuidUnderAnotherOrdinal) {

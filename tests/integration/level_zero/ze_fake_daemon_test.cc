@@ -45,12 +45,7 @@ class ZeFakeDaemonTest : public ::testing::Test {
     return RunToEnd(args);
   }
 
-  static const BackendInfo* LevelZero(const BrokerStatus& status) {
-    for (const BackendInfo& backend : status.backends) {
-      if (backend.name == "level_zero") return &backend;
-    }
-    return nullptr;
-  }
+  static const BackendInfo* LevelZero(const BrokerStatus& status) { return FindBackend(status, "level_zero"); }
 
 };
 
