@@ -79,7 +79,7 @@ class LeaseCache {
  private:
   using HeldKey = std::pair<uint64_t, ViewKind>;
   using NameKey = std::pair<std::string, ViewKind>;
-  // The lease-cache state of a view: this table's, under mu_. The only way to it.
+  // The lease-cache state of a view this cache indexes, under mu_. The only way to it.
   LeaseView::CacheState& CacheOf(LeaseView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return view->cache_;
   }

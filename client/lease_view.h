@@ -9,7 +9,7 @@
 // view (which drops its mapping reference: munmap when it was the last).
 //
 // Until the sender has decided, the view is still indexed by its session's LeaseCache, and
-// a lookup there (under the table's mutex) may revive it: a get that repeats a get whose
+// a lookup there (under the cache's mutex) may revive it: a get that repeats a get whose
 // result was just dropped needs no round trip even before the sender ran. The reference
 // count and an "on the release queue" bit share one atomic word, so the sender's decision
 // (SettleQueued, under the same mutex) and a reviving lookup cannot both win, and a view
@@ -84,7 +84,7 @@ class LeaseView {
   // Adds a reference; the caller must already hold one.
   void Ref() noexcept { state_.fetch_add(1, std::memory_order_relaxed); }
   // Adds a reference to a view its LeaseCache still indexes, also one at zero references
-  // on its way to the release sender. Only under the table's mutex.
+  // on its way to the release sender. Only under the cache's mutex.
   void Revive() noexcept { state_.fetch_add(1, std::memory_order_acq_rel); }
   // Drops a reference; the last one queues the view. Never blocks.
   void Unref() noexcept;
@@ -96,7 +96,7 @@ class LeaseView {
   // For whoever took the view off the release queue: clears the mark and says whether the
   // view is still unreferenced (true: it is the caller's to cache or destroy) or was revived
   // meanwhile (false: leave it; its next last Unref queues it again). Under the LeaseCache's
-  // mutex while the table may still index the view.
+  // mutex while the cache may still index the view.
   bool SettleQueued() noexcept;
 
   const TensorInfo& info() const { return info_; }
@@ -146,7 +146,7 @@ class LeaseView {
   // another object cannot be named here).
   struct CacheState {
     std::string name;  // the name the view serves from the cache (Params::cache_name), or empty
-    bool idle = false;  // cached at zero references, owned by the table
+    bool idle = false;  // cached at zero references, owned by the cache
     std::chrono::steady_clock::time_point idle_deadline{};
   };
   friend class LeaseCache;
