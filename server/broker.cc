@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
@@ -88,7 +90,8 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends)
       access_(options_.acls, options_.daemon_uid),
       backends_(std::move(backends)),
       arenas_(options_.arena_bytes),
-      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}) {
+      uid_quota_(options_.uid_limits, {0, options_.daemon_uid}),
+      pool_(options_.recycle) {
   memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
   for (const ResolvedDevice& device : backends_->devices()) {
     if (device.key == MemoryQuota::kHost) continue;
@@ -185,6 +188,8 @@ void Broker::CloseSession(uint64_t session_id) {
     for (const Watcher& watcher : watchers_.RemoveSession(session_id)) ReleaseWatcherLocked(watcher);
     // Tensors this session was still creating die with it: their only hold was its lease.
     ReleaseArenasLocked(*session, effects);
+    // Nobody maps its pooled buffers writable any more.
+    FreeRecycledLocked(pool_.RemoveSession(session_id), effects);
   }
   spdlog::debug("session {} closed: {} leases released", session_id, released);
   Deliver(effects);
@@ -360,8 +365,16 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   const uint64_t producer_session = tensor.producer_session;
   const ResolvedDevice* device = tensor.device;
   const bool had_ready_fence = !tensor.ready_fence.empty();
+  const std::string ns = tensor.ns;
+  const Buffer* buffer = buffer_id == 0 ? nullptr : registry_.FindBuffer(buffer_id);
+  const bool recyclable = buffer != nullptr && buffer->recyclable;
+  const bool reader_sealed = buffer != nullptr && buffer->reader_sealed;
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
-  if (memory != nullptr) {
+  if (memory != nullptr && recyclable) {
+    const uint64_t size = memory->size();
+    RecycleLocked(BufferPool::Entry{buffer_id, producer_session, ns, device, size, reader_sealed, std::move(memory)},
+                  effects);
+  } else if (memory != nullptr) {
     // Buffer sizes are rounded by their backend, the same as what was reserved.
     memory_quota_.Release(device->key, memory->size());
     if (memory->OwnedByProducer()) ExportReleasedLocked(producer_session, id, buffer_id, effects);
@@ -371,6 +384,43 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
     if (Session* producer = sessions_.Find(producer_session)) producer->ready_fenced_tensors.erase(id);
   }
   spdlog::trace("tensor {} dropped", id);
+}
+
+void Broker::RecycleLocked(BufferPool::Entry entry, Effects& effects) {
+  // The pool is for the producer's next tensors: a closed producer has none.
+  if (sessions_.Find(entry.session_id) == nullptr) {
+    std::vector<BufferPool::Entry> freed;
+    freed.push_back(std::move(entry));
+    return FreeRecycledLocked(std::move(freed), effects);
+  }
+  FreeRecycledLocked(pool_.Put(std::move(entry)), effects);
+}
+
+void Broker::FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects& effects) {
+  for (BufferPool::Entry& entry : entries) {
+    memory_quota_.Release(entry.device->key, entry.size);
+    effects.garbage.push_back(std::move(entry.memory));
+    if (Session* producer = sessions_.Find(entry.session_id)) {
+      v1::SessionResponse push;
+      push.mutable_recycled_buffer_freed()->set_buffer_id(entry.buffer_id);
+      PushLocked(*producer, std::move(push), effects);
+    }
+  }
+}
+
+absl::Status Broker::ReserveLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
+                                   Effects& effects) {
+  absl::Status reserved = memory_quota_.Reserve(device.key, bytes, what);
+  if (reserved.ok() || pool_.size() == 0) return reserved;
+  // Idle pooled memory is never why an allocation fails.
+  const uint64_t in_use = memory_quota_.InUse(device.key);
+  const uint64_t limit = memory_quota_.Limit(device.key);
+  const uint64_t short_by = in_use + bytes > limit ? in_use + bytes - limit : 0;
+  std::vector<BufferPool::Entry> evicted = pool_.EvictOldest(&device, short_by);
+  if (evicted.empty()) return reserved;
+  spdlog::debug("took {} pooled buffers back for {}", evicted.size(), what);
+  FreeRecycledLocked(std::move(evicted), effects);
+  return memory_quota_.Reserve(device.key, bytes, what);
 }
 
 void Broker::ExportReleasedLocked(uint64_t producer_session, uint64_t tensor_id, uint64_t buffer_id,
@@ -508,6 +558,7 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
   tensor.tags.insert(request.tags().begin(), request.tags().end());
   tensor.created_unix_ms = NowUnixMs();
   tensor.producer_session = session_id;
+  tensor.recyclable_requested = request.recyclable();
   uint64_t size = layout->extent == 0 ? 0 : (*device)->backend->RoundUp((*device)->device, layout->extent);
   // Small tensors in a namespace share arenas, carved from host memory (--arena-bytes): a
   // consumer maps an arena once.
@@ -516,6 +567,8 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
                         options_.arena_bytes > 0 && layout->extent <= options_.arena_max_tensor_bytes &&
                         layout->extent <= options_.arena_bytes;
   std::optional<absl::StatusOr<v1::AllocateResponse>> placed;
+  Effects effects;  // pooled buffers taken back for this allocation
+  absl::Cleanup deliver = [&] { Deliver(effects); };  // after the mutex, on every return
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
@@ -542,14 +595,24 @@ void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
       return;
     } else if (in_arena) {
       size = arenas_.NextArenaBytes(registry_, **session, tensor.ns, ArenaSlots::SlotBytes(layout->extent));
-      absl::Status reserved = ReserveArenaLocked(tensor.ns, size);
+      absl::Status reserved = ReserveArenaLocked(tensor.ns, size, effects);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
       }
       arenas_.StartMaking(session_id, tensor.ns);
+    } else if (std::optional<BufferPool::Entry> pooled =
+                   request.recyclable() && size > 0
+                       ? pool_.Take(session_id, tensor.ns, *device, size,
+                                    std::span<const uint64_t>(request.reuse_buffer_ids().data(),
+                                                              request.reuse_buffer_ids_size()))
+                       : std::nullopt;
+               pooled.has_value()) {
+      // Memory this producer filled before and still maps: no new buffer, no round trip
+      // to the executor.
+      placed = RegisterRecycledLocked(**session, std::move(tensor), *std::move(pooled));
     } else if (size > 0) {
-      absl::Status reserved = memory_quota_.Reserve((*device)->key, size, what);
+      absl::Status reserved = ReserveLocked(**device, size, what, effects);
       if (!reserved.ok()) {
         UnchargeTensorLocked(tensor);
         return fail(reserved);
@@ -575,9 +638,9 @@ void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tens
   });
 }
 
-absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes) {
-  return memory_quota_.Reserve(MemoryQuota::kHost, bytes,
-                               absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)));
+absl::Status Broker::ReserveArenaLocked(std::string_view ns, uint64_t bytes, Effects& effects) {
+  return ReserveLocked(backends_->host(), bytes,
+                       absl::StrCat("allocating a new arena for namespace ", common::QuoteForError(ns)), effects);
 }
 
 void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
@@ -643,7 +706,7 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
       if (!overflow.empty()) {
         next_arena_bytes =
             arenas_.NextArenaBytes(registry_, *session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
-        absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes);
+        absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes, effects);
         if (!reserved.ok()) {
           for (QueuedAllocate& entry : overflow) {
             UnchargeTensorLocked(entry.tensor);
@@ -668,10 +731,15 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
 v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
                                             std::unique_ptr<common::BackendBuffer> memory,
                                             uint64_t size) {
+  bool recyclable = false;
   if (memory != nullptr) {
     Buffer buffer;
     buffer.id = registry_.NextBufferId();
     buffer.size = size;
+    // Recycled only within one namespace (a reader who kept its fd sees later tensors),
+    // for a producer that keeps its writable mapping.
+    recyclable = tensor.recyclable_requested && pool_.enabled() && !tensor.ns.empty() && memory->Recyclable();
+    buffer.recyclable = recyclable;
     buffer.memory = std::move(memory);
     buffer.device = tensor.device;
     tensor.buffer_id = buffer.id;
@@ -682,6 +750,22 @@ v1::AllocateResponse Broker::RegisterLocked(Session& session, Tensor tensor,
   v1::AllocateResponse response;
   response.set_lease_id(granted.lease_id());
   *response.mutable_tensor() = std::move(*granted.mutable_tensor());
+  response.set_recyclable(recyclable);
+  return response;
+}
+
+v1::AllocateResponse Broker::RegisterRecycledLocked(Session& session, Tensor tensor, BufferPool::Entry entry) {
+  Buffer buffer;
+  buffer.id = entry.buffer_id;
+  buffer.size = entry.size;
+  buffer.memory = std::move(entry.memory);
+  buffer.device = entry.device;
+  buffer.reader_sealed = entry.reader_sealed;  // seals stay on the memfd
+  buffer.recyclable = true;
+  tensor.buffer_id = buffer.id;
+  registry_.AddBuffer(std::move(buffer));
+  v1::AllocateResponse response = RegisterLocked(session, std::move(tensor), nullptr, 0);
+  response.set_recyclable(true);
   return response;
 }
 
@@ -715,6 +799,8 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
   ref.set_offset(request.offset());
   TENSORD_RETURN_IF_ERROR(common::ValidateFitsBuffer(layout, ref, "exported tensor"));
   if (size == 0) return absl::InvalidArgumentError(absl::StrCat("export: the ", what, " is empty"));
+  Effects effects;  // pooled buffers taken back for this export
+  absl::Cleanup deliver = [&] { Deliver(effects); };  // after the mutex, on every return
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
@@ -736,7 +822,7 @@ absl::StatusOr<v1::AllocateResponse> Broker::Export(uint64_t session_id, const v
     tensor.producer_uid = session->creds.uid;
     const uint64_t uid_host_bytes = device == &backends_->host() ? access_.UidHostBytes(tensor.ns, size) : 0;
     TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, uid_host_bytes, what));
-    if (absl::Status reserved = memory_quota_.Reserve(device->key, size, what); !reserved.ok()) {
+    if (absl::Status reserved = ReserveLocked(*device, size, what, effects); !reserved.ok()) {
       UnchargeTensorLocked(tensor);
       return reserved;
     }

@@ -2,7 +2,7 @@
 // and the fd channel). It composes its parts under one mutex: the tensors (TensorRegistry),
 // leases (LeaseTable), sessions (SessionManager), waits (WaitQueue), watchers (WatcherSet),
 // arenas (ArenaAllocator), per-uid charges (UidQuota) and device memory (MemoryQuota); the
-// ACLs (AccessPolicy) are constant. Work that can block (allocating memory, freeing a large
+// ACLs (AccessPolicy) are constant; recycled buffers wait in the BufferPool. Work that can block (allocating memory, freeing a large
 // buffer) runs on the Executor, and completions, pushes and watch events are delivered
 // after the mutex is released.
 //
@@ -16,7 +16,10 @@
 // let the memory go (a push lost on the way makes the session's next stream start with a
 // cache_reset, as for any push); every
 // description is validated before anything is registered; quota failures answer
-// RESOURCE_EXHAUSTED with use and limit; identity is the session's SO_PEERCRED
+// RESOURCE_EXHAUSTED with use and limit, and only once pooled buffers on that device were
+// taken back; a recyclable buffer whose tensor went stays in its producer's pool while the
+// producer's session lives (its namespace and device fixed), and its producer is pushed
+// RecycledBufferFreed when the broker frees it; identity is the session's SO_PEERCRED
 // credentials, never a field in a request.
 //
 // Errors: INVALID_ARGUMENT (bad description, name), NOT_FOUND (no such name/tensor/lease),
@@ -47,6 +50,7 @@
 #include "common/memory/memory_backend.h"
 #include "common/protocol_limits.h"
 #include "server/backend_registry.h"
+#include "server/buffer_pool.h"
 #include "server/access_policy.h"
 #include "server/arena_allocator.h"
 #include "server/completion.h"
@@ -75,6 +79,9 @@ struct BrokerOptions {
   UidLimits uid_limits;
   uint64_t arena_bytes = 0;  // the largest arena; 0: every tensor gets its own buffer
   uint64_t arena_max_tensor_bytes = 0;
+  // Recycled buffers kept per producer session (--recycle-buffers-per-session,
+  // --recycle-bytes-per-session); either 0: recycling off.
+  BufferPool::Limits recycle;
   uid_t daemon_uid = 0;
   std::map<std::string, NamespaceAcl> acls;
   std::string socket;
@@ -202,6 +209,10 @@ class Broker {
   tensord::v1::AllocateResponse RegisterLocked(Session& session, Tensor tensor,
                                                std::unique_ptr<common::BackendBuffer> memory,
                                                uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a new CREATING tensor in a pooled buffer of its session, the buffer registered
+  // again under its own id.
+  tensord::v1::AllocateResponse RegisterRecycledLocked(Session& session, Tensor tensor, BufferPool::Entry entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a lease its session (of uid `holder_uid`) no longer holds.
   void DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -238,7 +249,19 @@ class Broker {
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
   // Reserves quota for one more arena of `bytes` in namespace `ns`.
-  absl::Status ReserveArenaLocked(std::string_view ns, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveArenaLocked(std::string_view ns, uint64_t bytes, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves `bytes` of `device`'s quota; when that fails, takes pooled buffers on the device
+  // back (oldest first) and tries once more.
+  absl::Status ReserveLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
+                             Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A recyclable buffer's last tensor went: into its producer's pool when it may wait
+  // there, else freed.
+  void RecycleLocked(BufferPool::Entry entry, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees recyclable buffers (their quota released, their memory freed off the RPC threads)
+  // and tells each one's producer session, while open, RecycledBufferFreed.
+  void FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session closed: its arenas go once empty (those empty now go at once, their memory
   // given back and freed off the RPC threads).
   void ReleaseArenasLocked(Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -275,6 +298,7 @@ class Broker {
   WatcherSet watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
   MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
+  BufferPool pool_ ABSL_GUARDED_BY(mu_);
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -351,6 +351,8 @@ v1::StatusResponse Broker::GetStatus() {
   response.set_leases(leases_.size());
   response.set_sessions(sessions_.size());
   response.set_releases_not_found(releases_not_found_);
+  response.set_host_bytes_pooled(pool_.bytes());
+  response.set_pooled_buffers(pool_.size());
   for (v1::BackendStatus& backend : backends_->Describe()) {
     for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
       const std::string key = common::DeviceKey(usage.device());

@@ -298,6 +298,12 @@ const std::vector<Setting>& Settings() {
        "size of each arena that small tensors allocated in a namespace share (default 16MiB; 0: off)"},
       {"arena_max_tensor", Kind::kSizeOrZero, nullptr, &Config::arena_max_tensor_bytes, "SIZE",
        "largest tensor that goes into an arena (default 1MiB)"},
+      {"recycle_buffers_per_session", Kind::kCount, nullptr, &Config::recycle_buffers_per_session, "N",
+       absl::StrCat("dedicated buffers whose tensors are gone that one producer session keeps for its next "
+                    "tensors in the same namespace (default ", kDefaultRecycleBuffersPerSession, ")")},
+      {"recycle_bytes_per_session", Kind::kSizeOrZero, nullptr, &Config::recycle_bytes_per_session, "SIZE",
+       "bytes of such recycled buffers one producer session keeps; they count in --max-host-bytes and are "
+       "taken back before an allocation would fail (default 1GiB; 0: recycling off)"},
       {"max_device_bytes", Kind::kText, &Config::max_device_bytes, nullptr, "LIMITS",
        "GPU memory quota: one SIZE for every device, or DEVICE=SIZE entries separated by commas, a device named "
        "by its UUID (GPU-...) or as cuda:N, e.g. 8GiB,GPU-3f1c...=20GiB (default: each device's own memory)"},

@@ -44,6 +44,8 @@ inline constexpr uint64_t kDefaultMaxMetadataBytesPerUid = uint64_t{256} << 20;
 // Small tensors allocated in a namespace are carved out of arenas of this size.
 inline constexpr uint64_t kDefaultArenaBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kDefaultArenaMaxTensorBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kDefaultRecycleBuffersPerSession = 16;
+inline constexpr uint64_t kDefaultRecycleBytesPerSession = uint64_t{1} << 30;
 
 // Who may read and write one namespace. Empty lists grant nothing; the daemon's own uid and
 // root always have access.
@@ -95,6 +97,10 @@ struct Config {
   // arena_bytes memfds (0 turns arenas off). Both are page multiples.
   uint64_t arena_bytes = kDefaultArenaBytes;
   uint64_t arena_max_tensor_bytes = kDefaultArenaMaxTensorBytes;
+  // Recycled buffers: dedicated host buffers a producer session's next tensors in the same
+  // namespace reuse (server/buffer_pool.h). recycle_bytes_per_session 0 turns it off.
+  uint64_t recycle_buffers_per_session = kDefaultRecycleBuffersPerSession;
+  uint64_t recycle_bytes_per_session = kDefaultRecycleBytesPerSession;
   std::string max_device_bytes;  // as written; LoadConfig parses it into device_limits
   DeviceLimits device_limits;
   std::string log_level = "info";

@@ -136,6 +136,7 @@ tensord::v1::TensorInfo TensorRegistry::Describe(const Tensor& tensor) const {
     if (buffer != buffers_.end()) {
       ref->set_size(buffer->second.size);
       ref->set_arena(buffer->second.arena != nullptr);
+      ref->set_recyclable(buffer->second.recyclable);
     }
   }
   info.set_state(tensor.state);

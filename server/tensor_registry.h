@@ -38,6 +38,10 @@ struct Buffer {
   // It passed its backend's CheckShareable at a publish (host: the reader seals). A seal
   // cannot be removed, so an arena's later publishes need not ask again.
   bool reader_sealed = false;
+  // Allocated recyclable (AllocateRequest.recyclable granted): its producer keeps its
+  // writable mapping until told RecycledBufferFreed, and when its tensor goes the buffer may
+  // wait in the producer session's BufferPool for the next one.
+  bool recyclable = false;
   // Memory its producer owns (BackendBuffer::OwnedByProducer) whose producer exited: why
   // nothing may acquire or fetch it any more. Empty otherwise.
   std::string producer_exited;
@@ -71,6 +75,8 @@ struct Tensor {
   uint64_t ttl_timer = 0;  // pending TTL unbind, 0 when none
   // The producer's ready fence from Publish (opaque); cleared when its session closes.
   std::string ready_fence;
+  // Allocate only: the producer asked for a recyclable buffer (AllocateRequest.recyclable).
+  bool recyclable_requested = false;
 };
 
 class TensorRegistry {
@@ -80,6 +86,7 @@ class TensorRegistry {
   uint64_t NextGeneration() { return ++last_generation_; }
 
   Tensor& AddTensor(Tensor tensor);
+  // `buffer.id` is NextBufferId()'s, or a recycled buffer's own id again.
   void AddBuffer(Buffer buffer);
   Tensor* Find(uint64_t tensor_id);
   Buffer* FindBuffer(uint64_t buffer_id);

@@ -48,6 +48,11 @@ class BackendBuffer {
   // and the broker must then retire every tensor in it. False for memory the buffer owns
   // (a memfd, a VMM allocation), which outlives its producer.
   virtual bool OwnedByProducer() const { return false; }
+  // True when the memory may carry a later tensor of the same producer once its tensors are
+  // gone (the broker's BufferPool): a broker-made memfd, which its producer keeps mapped
+  // writable. False for memory adopted from a producer, and for device memory, whose reuse
+  // would also have to wait for every reader's device work.
+  virtual bool Recyclable() const { return false; }
 };
 
 class MemoryBackend {

@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<BackendBuffer>> HostBackend::Allocate(const Backe
                                                                      uint64_t size,
                                                                      const std::string& debug_name) {
   TENSORD_ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd(debug_name, size));
-  return std::make_unique<HostBuffer>(std::move(fd), size);
+  return std::make_unique<HostBuffer>(std::move(fd), size, /*made_here=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<BackendBuffer>> HostBackend::Adopt(const BackendDevice& /*device*/,
@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<BackendBuffer>> HostBackend::Adopt(const BackendD
     return absl::InvalidArgumentError(what + ": host memory is exported as one memfd and no handle bytes");
   }
   TENSORD_ASSIGN_OR_RETURN(uint64_t actual, PrepareExportedMemfd(handle.fds[0].get(), what));
-  return std::make_unique<HostBuffer>(std::move(handle.fds[0]), actual);
+  return std::make_unique<HostBuffer>(std::move(handle.fds[0]), actual, /*made_here=*/false);
 }
 
 }  // namespace tensord::common

@@ -1,7 +1,8 @@
 // HostBackend: host memory (kDLCPU) as sealed memfds (see memfd.h). A HostBuffer owns its
 // memfd; its handle is the memfd itself (no handle bytes), and it may be shared once the
 // memfd carries the reader seals the producer adds after mapping it (kRequiredReaderSeals).
-// Thread-safe.
+// A memfd the backend made may be recycled for its producer's next tensor; an adopted one
+// (a producer's export) is the producer's to reuse. Thread-safe.
 #pragma once
 
 #include <memory>
@@ -15,14 +16,17 @@ namespace tensord::common {
 
 class HostBuffer final : public BackendBuffer {
  public:
-  HostBuffer(UniqueFd fd, uint64_t size) : fd_(std::move(fd)), size_(size) {}
+  HostBuffer(UniqueFd fd, uint64_t size, bool made_here)
+      : fd_(std::move(fd)), size_(size), made_here_(made_here) {}
   uint64_t size() const override { return size_; }
   absl::StatusOr<MemoryHandle> Export() const override;
   absl::Status CheckShareable(const std::string& what) const override;
+  bool Recyclable() const override { return made_here_; }
 
  private:
   UniqueFd fd_;
   uint64_t size_;
+  bool made_here_;  // made by HostBackend::Allocate, not adopted
 };
 
 class HostBackend final : public MemoryBackend {
