@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/memory/backends.h"
 #include "common/memory/device_names.h"
+#include "common/memory/host/memfd.h"
 #include "common/names.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
@@ -147,6 +148,7 @@ absl::Status RunDaemon(const Config& config) {
   options.uid_limits[UidResource::kHostBytes] = config.max_host_bytes_per_uid;
   options.arena_bytes = config.arena_bytes;
   options.arena_max_tensor_bytes = config.arena_max_tensor_bytes;
+  options.recycle = {config.recycle_buffers_per_session, config.recycle_bytes_per_session};
   options.daemon_uid = getuid();
   options.acls = config.acls;
   options.socket = socket;
@@ -230,6 +232,14 @@ absl::Status RunDaemon(const Config& config) {
           : absl::StrCat("arenas of ", common::HumanBytes(config.arena_bytes), " for tensors up to ",
                          common::HumanBytes(config.arena_max_tensor_bytes)),
       config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
+  const std::string huge = common::ShmemHugePages();
+  spdlog::info("host memory: recycled buffers {}; transparent huge pages for tensor memory: {} "
+               "(shmem_enabled {}; docs/performance.md says what to set)",
+               config.recycle_bytes_per_session == 0
+                   ? std::string("off")
+                   : absl::StrCat("up to ", config.recycle_buffers_per_session, " and ",
+                                  common::HumanBytes(config.recycle_bytes_per_session), " per producer session"),
+               huge == "always" || huge == "within_size" || huge == "force" ? "yes" : "no", huge);
 
   sigset_t set;
   sigemptyset(&set);

@@ -173,6 +173,20 @@ absl::Status CheckReaderSeals(int fd, const std::string& what) {
       "); the producer must seal the buffer before it is published"));
 }
 
+std::string ShmemHugePages() {
+  char text[256] = {};
+  const int fd = ::open("/sys/kernel/mm/transparent_hugepage/shmem_enabled", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "unknown";
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  // "always within_size advise [never] deny force": the selected word is bracketed.
+  const std::string_view all(text, n > 0 ? static_cast<size_t>(n) : 0);
+  const size_t open = all.find('[');
+  const size_t close = all.find(']', open);
+  if (open == std::string_view::npos || close == std::string_view::npos) return "unknown";
+  return std::string(all.substr(open + 1, close - open - 1));
+}
+
 absl::StatusOr<uint64_t> FdSize(int fd, const std::string& what) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoToStatus(absl::StrCat("fstat ", what), errno);

@@ -45,4 +45,11 @@ absl::Status CheckReaderSeals(int fd, const std::string& what);
 // fstat size.
 absl::StatusOr<uint64_t> FdSize(int fd, const std::string& what);
 
+// Whether the node backs memfds with transparent huge pages, as the operator set it in
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled: "always" and "within_size" do for the
+// memfds the broker reserves with fallocate ("within_size": up to the memfd's size); "advise",
+// "never" and "deny" do not (advise applies to pages faulted in through a mapping that asked,
+// not to fallocate). Returns the selected word, or "unknown" when the file cannot be read.
+std::string ShmemHugePages();
+
 }  // namespace tensord::common
