@@ -24,6 +24,9 @@ LeaseAdopter::LeaseAdopter(FdConnection& fd, MappingCache& mappings, LeaseCache&
       queue_(std::move(queue)) {}
 
 Retention LeaseAdopter::RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind) {
+  // A recycled buffer carries its producer's next tensors: a reader keeps its mapping for
+  // them (the producer's is kept by its Session's RecycledBuffers).
+  if (tensor.buffer().recyclable() && kind != ViewKind::kProducer) return Retention::kLinger;
   if (!tensor.buffer().arena()) return Retention::kNone;
   // The producer has sealed the arena F_SEAL_FUTURE_WRITE: it could not map it writable
   // again, and its later tensors land in the same arena.
@@ -111,7 +114,10 @@ absl::StatusOr<LeaseView*> LeaseAdopter::AdoptLease(uint64_t lease_id,
   params.cache_name = std::string(cache_name);
   params.described_here = described_here;
   params.ready_fence = std::string(ready_fence);
-  if (kind == ViewKind::kPrivate && tensor.buffer().arena() && params.mapping != nullptr) {
+  // A mapping that outlives the lease (an arena's, a recycled buffer's) must not show the
+  // next tensor there our private copies of its pages.
+  if (kind == ViewKind::kPrivate && (tensor.buffer().arena() || tensor.buffer().recyclable()) &&
+      params.mapping != nullptr) {
     params.arena_slot_offset = valid->buffer_offset;
     params.arena_slot_length = valid->layout.extent;
   }

@@ -4,8 +4,8 @@
 // the buffer through the mapping cache (its handle fetched on the fd channel, or the memory
 // the producer exported itself) and indexes a new view in the lease cache. A batch's buffers
 // are fetched together first (one FETCH_FD per 253). Mappings of arenas are kept (the
-// producer's for the session's life, a reader's for the linger); those of dedicated buffers
-// are not (RetentionFor). Whatever it does not adopt goes back to the broker: the lease id is
+// producer's for the session's life, a reader's for the linger), and so are a reader's of
+// recycled buffers (for the linger); those of other dedicated buffers are not (RetentionFor). Whatever it does not adopt goes back to the broker: the lease id is
 // queued on the release queue, as a deleter's release would be.
 //
 // It owns nothing but constants: the fd channel, the mapping cache, the lease cache and the
@@ -82,7 +82,8 @@ class LeaseAdopter {
   absl::StatusOr<std::shared_ptr<Mapping>> MapBuffer(const tensord::v1::TensorInfo& tensor,
                                                      ViewKind kind, int export_fd);
   // How long the mapping cache keeps a buffer's mapping: arenas are kept (the producer's
-  // for the session's life, a reader's for the linger), dedicated buffers are not.
+  // for the session's life, a reader's for the linger), a reader's of a recycled buffer for
+  // the linger, other dedicated buffers not at all.
   static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
   MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
 

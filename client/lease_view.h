@@ -110,6 +110,7 @@ class LeaseView {
   // Element 0; a static non-null byte for a zero-byte tensor.
   uint8_t* data() const { return data_; }
   bool has_mapping() const { return mapping_ != nullptr; }
+  const std::shared_ptr<Mapping>& mapping() const { return mapping_; }
   // Before the lease goes: a copy-on-write view of an arena tensor throws away this
   // process's private copies of its slot's pages. The arena mapping outlives the view, and
   // once the lease is gone the broker may put another tensor in the slot; without this, an

@@ -119,7 +119,12 @@ void Session::OnPush(const tensord::v1::SessionResponse& push) {
     if (exports_.Release(push.export_released().tensor_id(), push.export_released().buffer_id())) {
       queue_->Wake();
     }
+  } else if (push.has_recycled_buffer_freed()) {
+    recycled_.Forget(push.recycled_buffer_freed().buffer_id());
   } else if (push.has_cache_reset()) {
+    // A RecycledBufferFreed may have been lost: keep nothing the broker may have freed
+    // (what it still pools is never offered again, so it never hands it out).
+    recycled_.ForgetAll();
     dropped = leases_.DropAllCached();
     exports_.MarkUnsure();
     queue_->Wake();
@@ -201,24 +206,42 @@ tensord::v1::SessionRequest Session::AcquireRequest(const Target& target,
   return request;
 }
 
-absl::StatusOr<tensord::v1::SessionRequest> Session::AllocateRequest(std::string_view ns,
-                                                                     const TensorSpec& spec,
-                                                                     std::string_view what) const {
+absl::StatusOr<tensord::v1::SessionRequest> Session::AllocateRequest(
+    std::string_view ns, const TensorSpec& spec, std::string_view what,
+    std::vector<std::shared_ptr<Mapping>>* hold) const {
   absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
   if (!desc.ok()) return Annotate(desc.status(), what);
   tensord::v1::SessionRequest request;
   tensord::v1::AllocateRequest* allocate = request.mutable_allocate();
   allocate->set_ns(std::string(ns));
+  // The broker recycles buffers only within a namespace.
+  if (hold != nullptr && !ns.empty()) {
+    absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(*desc);
+    if (!layout.ok()) return Annotate(layout.status(), what);
+    allocate->set_recyclable(true);
+    RecycledBuffers::Candidates candidates = recycled_.For(ns, layout->extent);
+    allocate->mutable_reuse_buffer_ids()->Add(candidates.buffer_ids.begin(), candidates.buffer_ids.end());
+    hold->insert(hold->end(), std::make_move_iterator(candidates.held.begin()),
+                 std::make_move_iterator(candidates.held.end()));
+  }
   *allocate->mutable_desc() = *std::move(desc);
   allocate->set_isolated(spec.isolated);
   allocate->mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
   return request;
 }
 
+void Session::KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response,
+                           const LeaseView& view) {
+  if (response.recyclable() && view.mapping() != nullptr) {
+    recycled_.Keep(response.tensor().buffer().buffer_id(), ns, view.mapping());
+  }
+}
+
 absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSpec& spec) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
   const std::string what = "allocate in '" + std::string(ns) + "'";
-  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what));
+  std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answer is adopted
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what, &reusable));
   // AllocateRequest validated the description; this is its layout.
   TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout,
                            common::ValidateDesc(request.allocate().desc()));
@@ -247,6 +270,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
                            adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
                                       ViewKind::kProducer, "", what));
+  KeepRecycled(ns, response->allocate(), *view);
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
   return view;
 }

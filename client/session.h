@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "client/allocation_pool.h"
+#include "client/recycled_buffers.h"
 #include "client/export_table.h"
 #include "client/fd_connection.h"
 #include "client/grpc_connection.h"
@@ -180,9 +181,14 @@ class Session final {
           std::shared_ptr<ReleaseQueue> queue);
 
   // Request builders shared by the single and the batch calls; `what` names the element.
-  absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(std::string_view ns,
-                                                              const TensorSpec& spec,
-                                                              std::string_view what) const;
+  // With `hold`, the allocation asks for a recyclable buffer and names the kept ones it may
+  // reuse; their mappings are appended to `hold`, which the caller keeps until the answer is
+  // adopted (KeepRecycled).
+  absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(
+      std::string_view ns, const TensorSpec& spec, std::string_view what,
+      std::vector<std::shared_ptr<Mapping>>* hold = nullptr) const;
+  // After adopting `response` as `view`: keeps the writable mapping of a recyclable buffer.
+  void KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response, const LeaseView& view);
   absl::StatusOr<tensord::v1::SessionRequest> PublishRequest(const LeaseView& view,
                                                              std::string_view name,
                                                              const PublishOptions& options,
@@ -229,6 +235,8 @@ class Session final {
   ExportTable exports_;
   // Its leases go with the session; never released from a forked child.
   AllocationPool pool_;
+  // Writable mappings of recyclable buffers, for later Allocates to reuse.
+  RecycledBuffers recycled_;
 
   // Failed publishes sent without waiting, for the next Flush().
   QuietPublishes quiet_;

@@ -49,10 +49,11 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   };
   std::vector<tensord::v1::SessionRequest> requests;
   requests.reserve(n);
+  std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answers are adopted
   for (size_t i = 0; i < n; ++i) {
     // A spec refused here sends nothing at all.
     TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
-                             AllocateRequest(items[i].ns, items[i].spec, what(i)));
+                             AllocateRequest(items[i].ns, items[i].spec, what(i), &reusable));
     requests.push_back(std::move(request));
   }
   std::vector<LeaseView*> views(n, nullptr);
@@ -77,6 +78,9 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
     return failed.Error(what);
   }
   TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ViewKind::kProducer, nullptr, what, views));
+  for (const Grant& grant : grants) {
+    KeepRecycled(items[grant.index].ns, replies[grant.index]->allocate(), *views[grant.index]);
+  }
   return views;
 }
 

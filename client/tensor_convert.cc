@@ -45,6 +45,7 @@ TensorInfo ToPublicInfo(const tensord::v1::TensorInfo& proto, const common::Tens
   info.buffer_size = proto.buffer().size();
   info.buffer_offset = proto.buffer().offset();
   info.arena = proto.buffer().arena();
+  info.recyclable = proto.buffer().recyclable();
   return info;
 }
 
@@ -123,6 +124,8 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   out.sessions = status.sessions();
   out.socket = status.socket();
   out.releases_not_found = status.releases_not_found();
+  out.host_bytes_pooled = status.host_bytes_pooled();
+  out.pooled_buffers = status.pooled_buffers();
   for (const tensord::v1::BackendStatus& backend : status.backends()) {
     BackendInfo info;
     info.name = backend.name();

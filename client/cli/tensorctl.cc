@@ -331,10 +331,12 @@ int CmdStatus(Client& client, const Globals& g) {
         "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime_ms\":%" PRId64 ",\"host_bytes_in_use\":%" PRIu64
         ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
         ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
-        ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"backends\":%s}\n",
+        ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"host_bytes_pooled\":%" PRIu64
+        ",\"pooled_buffers\":%" PRIu64 ",\"backends\":%s}\n",
         JsonString(s.version).c_str(), s.pid, s.uid, s.uptime_ms, s.host_bytes_in_use,
         s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
-        JsonString(s.socket).c_str(), s.releases_not_found, BackendsJson(s.backends).c_str());
+        JsonString(s.socket).c_str(), s.releases_not_found, s.host_bytes_pooled, s.pooled_buffers,
+        BackendsJson(s.backends).c_str());
     return 0;
   }
   double pct = s.host_bytes_limit ? 100.0 * static_cast<double>(s.host_bytes_in_use) /
@@ -343,8 +345,9 @@ int CmdStatus(Client& client, const Globals& g) {
   std::printf("broker       tensord %s, pid %u, uid %u, up %.1f s\n", s.version.c_str(), s.pid,
               s.uid, static_cast<double>(s.uptime_ms) / 1000.0);
   std::printf("socket       %s\n", s.socket.empty() ? client.socket_path().c_str() : s.socket.c_str());
-  std::printf("host memory  %s in use of %s (%.1f%%)\n", BytesText(s.host_bytes_in_use).c_str(),
-              BytesText(s.host_bytes_limit).c_str(), pct);
+  std::printf("host memory  %s in use of %s (%.1f%%), %s of it in %" PRIu64 " recycled buffers\n",
+              BytesText(s.host_bytes_in_use).c_str(), BytesText(s.host_bytes_limit).c_str(), pct,
+              BytesText(s.host_bytes_pooled).c_str(), s.pooled_buffers);
   std::printf("tensors      %" PRIu64 " (%" PRIu64 " named), %" PRIu64 " buffers\n", s.tensors,
               s.named_tensors, s.buffers);
   std::printf("leases       %" PRIu64 " in %" PRIu64 " sessions (%" PRIu64

@@ -98,6 +98,7 @@ struct InfoKeys {
   PyObject* buffer_size = Intern("buffer_size");
   PyObject* buffer_offset = Intern("buffer_offset");
   PyObject* arena = Intern("arena");
+  PyObject* recyclable = Intern("recyclable");
 
   static PyObject* Intern(const char* key) {
     PyObject* s = PyUnicode_InternFromString(key);
@@ -137,6 +138,7 @@ py::dict InfoToDict(const TensorInfo& info) {
   Set(d, k.buffer_size, py::int_(info.buffer_size));
   Set(d, k.buffer_offset, py::int_(info.buffer_offset));
   Set(d, k.arena, py::bool_(info.arena));
+  Set(d, k.recyclable, py::bool_(info.recyclable));
   return d;
 }
 
@@ -172,6 +174,8 @@ py::dict StatusToDict(const BrokerStatus& s) {
   d["sessions"] = s.sessions;
   d["socket"] = s.socket;
   d["releases_not_found"] = s.releases_not_found;
+  d["host_bytes_pooled"] = s.host_bytes_pooled;
+  d["pooled_buffers"] = s.pooled_buffers;
   py::list backends;
   for (const BackendInfo& backend : s.backends) {
     py::dict b;

@@ -5,6 +5,9 @@
 //   produce SOCKET NAME COUNT VALUE      publish float32[COUNT] filled with VALUE, exit
 //   hold SOCKET NAME                      acquire NAME, print "held <sum>", sleep
 //   allocate SOCKET NS COUNT              allocate without publishing, print "allocated <id>", sleep
+//   recycle SOCKET NS COUNT               allocate float32[COUNT], release it unpublished (its
+//                                         buffer waits in this session's pool), print
+//                                         "pooled <buffer id> <recyclable 1/0>", sleep
 //   fork-hold SOCKET NAME                 acquire NAME; fork a child that acquires it again
 //                                         with its own session; both sleep
 //   fork-storm SOCKET NAME PREFIX ROUNDS  with a Watcher on PREFIX open and a thread taking
@@ -94,6 +97,17 @@ int main(int argc, char** argv) {
     auto tensor = client->Allocate(argv[3], spec);
     if (!tensor.ok()) return Fail("allocate", tensor.status());
     Say("allocated " + std::to_string(tensor->info().tensor_id));
+    SleepForever();
+  }
+  if (command == "recycle" && argc == 5) {
+    tensord::TensorSpec spec;
+    spec.shape = {std::atoll(argv[4])};
+    auto tensor = client->Allocate(argv[3], spec);
+    if (!tensor.ok()) return Fail("allocate", tensor.status());
+    const tensord::TensorInfo info = tensor->info();
+    tensor->Release();
+    if (tensord::Status flushed = client->Flush(); !flushed.ok()) return Fail("flush", flushed);
+    Say("pooled " + std::to_string(info.buffer_id) + " " + (info.recyclable ? "1" : "0"));
     SleepForever();
   }
   if (command == "fork-hold" && argc == 4) {

@@ -131,6 +131,9 @@ struct TensorInfo {
   uint64_t buffer_size = 0;
   uint64_t buffer_offset = 0;  // where the tensor's extent starts in its buffer
   bool arena = false;          // the buffer is an arena shared with other small tensors
+  // A recycled buffer: once this tensor is gone it may carry its producer's next tensor in
+  // the same namespace (a large tensor allocated in a namespace).
+  bool recyclable = false;
 };
 
 struct LeaseHolder {
@@ -180,6 +183,10 @@ struct BrokerStatus {
   uint64_t sessions = 0;
   std::string socket;
   uint64_t releases_not_found = 0;
+  // Recycled buffers waiting in producers' pools: counted in host_bytes_in_use, and taken
+  // back before an allocation would fail.
+  uint64_t host_bytes_pooled = 0;
+  uint64_t pooled_buffers = 0;
   std::vector<BackendInfo> backends;  // host first
 };
 

@@ -51,7 +51,7 @@ std::optional<bool> HasPrivateCopies(const uint8_t* begin, const uint8_t* end, u
   constexpr uint64_t kPresent = uint64_t{1} << 63;
   constexpr uint64_t kSwapped = uint64_t{1} << 62;
   constexpr uint64_t kFileOrShared = uint64_t{1} << 61;
-  uint64_t entries[16];  // an arena slot is at most 16 pages in the pool; larger ones loop
+  uint64_t entries[512];  // 4 KiB of pagemap per read: a 64 MiB buffer takes 32 reads
   uint64_t first = reinterpret_cast<uintptr_t>(begin) / page;
   const uint64_t last = reinterpret_cast<uintptr_t>(end) / page;
   while (first < last) {
