@@ -53,9 +53,12 @@ absl::StatusOr<std::shared_ptr<Mapping>> LeaseAdopter::MapBuffer(const tensord::
     exported.handle.fds.emplace_back(fd);
     return mappings_.GetOrMapHandle(key, exported, retention);
   }
-  MappingCache::FetchFn fetch = [this, buffer_id]() -> absl::StatusOr<common::FetchedBuffer> {
+  // A producer's fresh dedicated buffer is about to be written whole.
+  const bool populate = kind == ViewKind::kProducer && !tensor.buffer().arena();
+  MappingCache::FetchFn fetch = [this, buffer_id, populate]() -> absl::StatusOr<common::FetchedBuffer> {
     const uint64_t ids[1] = {buffer_id};
     TENSORD_ASSIGN_OR_RETURN(std::vector<common::FetchedBuffer> fetched, fd_.Fetch(ids));
+    fetched[0].populate = populate;
     return std::move(fetched[0]);
   };
   return mappings_.GetOrMap(key, fetch, retention);

@@ -92,6 +92,9 @@ struct FetchedBuffer {
   uint64_t size = 0;  // the bytes the broker says the buffer holds
   tensord::v1::DeviceType device_type = tensord::v1::DEVICE_TYPE_CPU;
   MemoryHandle handle;
+  // The producer is about to write the whole buffer (a dedicated one): an importer that can
+  // map every page in one call (host: MADV_POPULATE_WRITE) does so, sparing a fault per page.
+  bool populate = false;
 };
 
 class Importer {

@@ -20,6 +20,7 @@ namespace tensord::common {
 namespace {
 
 constexpr int kSealShrink = 0x0002;  // F_SEAL_SHRINK
+constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14), the kernel's ABI
 
 // This process's /proc/self/pagemap, opened once per process: a forked child must not read
 // its parent's, so the fd is kept with the pid that opened it. -1: not readable here.
@@ -110,6 +111,12 @@ absl::StatusOr<std::unique_ptr<ImportedRegion>> HostImporter::Import(const Fetch
     return absl::FailedPreconditionError(what + ": the buffer is not sealed against shrinking");
   }
   TENSORD_ASSIGN_OR_RETURN(MappedRegion region, MappedRegion::Map(fd, buffer.size, mode, what));
+  // Best effort: one call maps every page the producer is about to write. Only for its own
+  // shared mapping: on a copy-on-write one it would copy every page. Kernels before 5.14
+  // answer EINVAL, and the pages then fault in one by one as before.
+  if (buffer.populate && mode == MapMode::kSharedWritable) {
+    (void)::madvise(region.data(), buffer.size, kMadvPopulateWrite);
+  }
   // Readers are protected by this seal; the producer's mapping made just before stays writable.
   if (mode == MapMode::kSharedWritable) TENSORD_RETURN_IF_ERROR(SealFutureWrite(fd, what));
   return std::make_unique<HostRegion>(std::move(region));

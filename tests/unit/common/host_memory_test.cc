@@ -57,6 +57,41 @@ TEST(HostBackendTest, OneDeviceOfWholePages) {
   EXPECT_EQ(backend.RoundUp(devices[0], page + 1), 2 * page);
 }
 
+// Pages of [data, data + bytes) this process has mapped now (present in its page table).
+size_t PresentPages(const uint8_t* data, uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  size_t present = 0;
+  for (uint64_t off = 0; off < bytes; off += page) {
+    uint64_t entry = 0;
+    const off_t at = static_cast<off_t>((reinterpret_cast<uintptr_t>(data) + off) / page * sizeof(entry));
+    EXPECT_EQ(::pread(fd, &entry, sizeof(entry), at), static_cast<ssize_t>(sizeof(entry)));
+    if ((entry >> 63) & 1) ++present;
+  }
+  ::close(fd);
+  return present;
+}
+
+TEST(HostImporterTest, APopulatedProducerMappingHasEveryPageMappedAndAReaderNone) {
+  HostBackend backend;
+  constexpr uint64_t kPages = 64;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto buffer = backend.Allocate(Host(), kPages * page, "populate");
+  ASSERT_THAT(buffer, IsOk());
+  FetchedBuffer producer = Fetched(**buffer);
+  producer.populate = true;
+  auto writable = HostImporter().Import(producer, MapMode::kSharedWritable, "buffer 1");
+  ASSERT_THAT(writable, IsOk());
+  EXPECT_EQ(PresentPages((*writable)->data(), kPages * page), kPages);
+  // A reader's copy-on-write mapping is never populated: that would copy every page.
+  FetchedBuffer reader = Fetched(**buffer);
+  reader.populate = true;
+  auto cow = HostImporter().Import(reader, MapMode::kPrivate, "buffer 1");
+  ASSERT_THAT(cow, IsOk());
+  EXPECT_EQ(PresentPages((*cow)->data(), kPages * page), 0u);
+}
+
 TEST(HostBackendTest, AllocatesSealedBuffersAndExportsADupOfTheMemfd) {
   HostBackend backend;
   auto buffer = backend.Allocate(Host(), 4096, "tensor 7");
