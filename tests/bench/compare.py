@@ -6,8 +6,9 @@ Runs, against daemons it starts on private sockets:
     bidi-stream round trip, memfd fd-passing handoff), tensord acquire/publish/release
     latencies by size, kill -9 -> leases released, daemon memory per live lease;
   - in Python processes: fresh-tensor handoffs N producers -> M consumers through tensord
-    (single and batched, with and without an arena namespace), torch.multiprocessing
-    queues (file_system and file_descriptor sharing) and a gRPC bytes copy; and a repeated
+    (single and batched, with and without a namespace), torch.multiprocessing queues
+    (file_system and file_descriptor sharing), a gRPC bytes copy and, at the large size,
+    the floor (the same fill and read of memory mapped before the clock); and a repeated
     get of an unchanged tensor against a torch.mp file_system handoff of the same tensor.
     Every handoff peer runs --rounds times (default 3), the peers interleaved; a row shows
     the median round and the range, and the targets compare medians. The three p50s of the
@@ -21,6 +22,7 @@ docs/performance.md says what each row measures and how to read the targets.
 
 import argparse
 import json
+import mmap
 import multiprocessing
 import os
 import platform
@@ -238,6 +240,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
     kind = peer["kind"]
     ctx = runner.ctx
     workers = []
+    memory = None
     if kind == "tensord-single":
         slots = [ctx.Semaphore(window) for _ in range(consumers)]
         make_p, make_c, shared = peers.tensord_single_producer, peers.tensord_single_consumer, slots
@@ -260,10 +263,24 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
             workers.append(("consumer", c, peers.grpc_consumer(cfg, c, ready, listening)))
         for p in range(producers):
             workers.append(("producer", p, peers.grpc_producer(cfg, p, ready)))
-    if kind.startswith("tensord"):
+    elif kind == "floor":
+        # `window` slots per consumer in one shared anonymous mapping, made before the fork;
+        # each consumer's free slots wait in a queue, which is its window.
+        memory = mmap.mmap(-1, consumers * window * size)
+        free = [ctx.SimpleQueue() for _ in range(consumers)]
+        for queue in free:
+            for slot in range(window):
+                queue.put(slot)
+        ready = [ctx.SimpleQueue() for _ in range(consumers)]
+        make_p, make_c, shared = peers.floor_producer, peers.floor_consumer, (memory, window, free, ready)
+    if kind.startswith("tensord") or kind == "floor":
         workers += [("consumer", c, make_c(cfg, c, shared)) for c in range(consumers)]
         workers += [("producer", p, make_p(cfg, p, shared)) for p in range(producers)]
-    results = runner.run(workers)
+    try:
+        results = runner.run(workers)
+    finally:
+        if memory is not None:
+            memory.close()
     start = min(r[3] for r in results)
     end = max(r[4] for r in results if r[1] == "consumer")
     count = sum(r[5] for r in results if r[1] == "consumer")
@@ -320,19 +337,25 @@ def repeated(runner, size, count, warmup):
     return out
 
 
+FLOOR = "floor: fill + read of mapped memory"
+
+# "(ns)": allocated in a namespace. Up to the daemon's arena limit (--arena-max-tensor, 1 MiB)
+# a tensor is carved from the namespace's arena; a larger one gets a dedicated buffer, which
+# goes back to its producer's pool when released and carries that producer's next tensor of
+# the size.
 HANDOFF_PEERS = [
-    {"label": "tensord single (arena ns)", "kind": "tensord-single", "ns": "h"},
-    {"label": "tensord single nowait (arena ns)", "kind": "tensord-single", "ns": "n",
-     "wait": False},
+    {"label": "tensord single (ns)", "kind": "tensord-single", "ns": "h"},
+    {"label": "tensord single nowait (ns)", "kind": "tensord-single", "ns": "n", "wait": False},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
-    {"label": "tensord batched take (arena ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
+    {"label": "tensord batched take (ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
     {"label": "tensord batched take (own memfd)", "kind": "tensord-batched", "ns": None, "via": "take_many",
      "small_only": True},
-    {"label": "tensord batched get (arena ns)", "kind": "tensord-batched", "ns": "g", "via": "get_many",
+    {"label": "tensord batched get (ns)", "kind": "tensord-batched", "ns": "g", "via": "get_many",
      "small_only": True},
     {"label": "torch.mp file_system", "kind": "torch", "strategy": "file_system"},
     {"label": "torch.mp file_descriptor", "kind": "torch", "strategy": "file_descriptor"},
     {"label": "gRPC bytes copy", "kind": "grpc"},
+    {"label": FLOOR, "kind": "floor", "large_only": True},
 ]
 
 
@@ -349,12 +372,19 @@ def via(peer):
         return f"fill numpy arrays + put_many (copies them) -> {consumer}"
     if kind == "torch":
         return "tensor allocated in shared memory + fill + Queue.put -> Queue.get"
+    if kind == "floor":
+        return "fill a slot of memory mapped before the clock + its index on a pipe -> read, index back"
     return "bytes filled + unary call (copied over the socket) -> handler"
+
+
+def handoff_sizes(args):
+    """The small and the large size of the fresh-tensor handoffs."""
+    return (4 * KIB, 1 * MIB) if args.smoke else (4 * KIB, 64 * MIB)
 
 
 def run_python(runner, log):
     args = runner.args
-    small, large = (4 * KIB, 1 * MIB) if args.smoke else (4 * KIB, 64 * MIB)
+    small, large = handoff_sizes(args)
     plans = {small: {"per_producer": 8 if args.smoke else 4096, "batch": 4 if args.smoke else 64,
                      "window": 8 if args.smoke else 128},
              large: {"per_producer": 4 if args.smoke else 48, "batch": 2 if args.smoke else 4,
@@ -368,7 +398,7 @@ def run_python(runner, log):
             plan = plans[size]
             group = []
             for peer in HANDOFF_PEERS:
-                if peer.get("small_only") and size != small:
+                if peer.get("small_only") and size != small or peer.get("large_only") and size != large:
                     continue
                 if peer.get("via") == "take_many" and not has_take_many:
                     log(f"skipped {peer['label']}: this build's client has no take_many")
@@ -485,26 +515,34 @@ def build_targets(cpp, first_acquire, handoffs, repeats, args):
         spread = f" [{h['rate_min']:,.0f}-{h['rate_max']:,.0f}]" if len(h["round_rates"]) > 1 else ""
         return f"{h['rate']:,.0f}/s{spread}"
 
-    def versus(what, peer, torch_row, required):
-        h = row(peer, producers, consumers, small)
-        if torch_row and h:
-            ratio = h["rate"] / torch_row["rate"]
-            add(what, f"{ratio:.2f}x", "-" if required is None else f">= {required:g}x",
+    def versus(what, peer, base, required, required_text=None):
+        h = row(peer, producers, consumers, base["size"]) if base else None
+        if h:
+            ratio = h["rate"] / base["rate"]
+            add(what, f"{ratio:.2f}x", "-" if required is None else f">= {required_text or f'{required:g}x'}",
                 None if required is None else ratio >= required,
-                f"{rate_text(h)} vs {rate_text(torch_row)}")
+                f"{rate_text(h)} vs {rate_text(base)}")
 
+    handoff_large = handoff_sizes(args)[1]
     for producers, consumers in args.pairs:
         torch_row = row("torch.mp file_system", producers, consumers, small)
         n_m = f"{producers}->{consumers}"
         # torch.mp's Queue.put returns before the consumer has anything (a feeder thread
         # writes it), as publish(wait=False) does; the waited publish is shown as info.
         versus(f"fresh 4 KiB handoffs/s {n_m}: single, publish(wait=False) vs torch.mp file_system",
-               "tensord single nowait (arena ns)", torch_row, 1)
+               "tensord single nowait (ns)", torch_row, 1)
         versus(f"(info) fresh 4 KiB handoffs/s {n_m}: single, publish waits for its reply",
-               "tensord single (arena ns)", torch_row, None)
+               "tensord single (ns)", torch_row, None)
         for how in ("take", "get"):
             versus(f"fresh 4 KiB handoffs/s {n_m}: batched ({how}_many) vs torch.mp file_system",
-                   f"tensord batched {how} (arena ns)", torch_row, 3)
+                   f"tensord batched {how} (ns)", torch_row, 3)
+        # Large tensors: the fill and the read are most of a handoff, so tensord is held to
+        # the floor (the same fill and read of memory mapped before the clock).
+        versus(f"fresh {size_label(handoff_large)} handoffs/s {n_m}: tensord single vs torch.mp file_system",
+               "tensord single (ns)", row("torch.mp file_system", producers, consumers, handoff_large), 2)
+        versus(f"fresh {size_label(handoff_large)} handoffs/s {n_m}: tensord single vs the floor",
+               "tensord single (ns)", row(FLOOR, producers, consumers, handoff_large),
+               1 / 1.5, f"{1 / 1.5:.2f}x (within 1.5x of the floor)")
 
     for kind in ("acquire_unmapped", "acquire_first", "acquire_repeated"):
         suffix = "/cache:0" if kind == "acquire_repeated" else ""
@@ -583,18 +621,20 @@ def print_table(data):
                 out.append(f"  {what:<45}{size_label(int(size)):>11}{fmt(s['mean_us']):>10}{fmt(s['p50_us']):>10}"
                            f"{fmt(s['p99_us']):>10}")
     if data["handoffs"]:
+        width = max(len(h["peer"]) for h in data["handoffs"]) + 2
         out.append("\nHandoffs of fresh tensors, producer processes -> consumer processes (Python; the consumer reads"
                    "\none byte per 4 KiB page of each tensor; at most `window` tensors in flight"
                    "\nper consumer; the median of the rounds, and the range)"
-                   "\n  peer                             N->M      size   batch  window    tensors/s      GB/s"
-                   "   range (tensors/s)")
+                   f"\n  {'peer':<{width}}N->M      size   batch  window    tensors/s      GB/s   range (tensors/s)")
         for h in data["handoffs"]:
-            out.append(f"  {h['peer']:<33}{h['producers']}->{h['consumers']:<5}{size_label(h['size']):>8}"
+            out.append(f"  {h['peer']:<{width}}{h['producers']}->{h['consumers']:<5}{size_label(h['size']):>8}"
                        f"{h['batch']:>8}{h['window']:>8}{h['rate']:>13,.0f}{h['gbps']:>10.2f}"
                        f"   {h['rate_min']:,.0f}-{h['rate_max']:,.0f}")
-        out.append("  how each peer hands a tensor over:")
+        out.append("  how each peer hands a tensor over ((ns): allocated in a namespace: from its arena up to the"
+                   "\n  daemon's --arena-max-tensor, 1 MiB by default; above, a dedicated buffer recycled for its"
+                   "\n  producer):")
         for label, how in dict((h["peer"], h["via"]) for h in data["handoffs"]).items():
-            out.append(f"    {label:<33}{how}")
+            out.append(f"    {label:<{width}}{how}")
     rounds = max((len(h["round_rates"]) for h in data["handoffs"]), default=1)
     out.append("\nTargets (ratios within this run" + (
         f"; a handoff rate is the median of {rounds} rounds, [the range]" if rounds > 1 else "") + ")")

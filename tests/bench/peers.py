@@ -13,7 +13,8 @@ in but nothing is copied in bulk; a repeated-read consumer sums the first 64 byt
 
 Flow control, the same for every handoff peer: at most `window` items in flight per
 consumer (torch's Queue(maxsize) is a BoundedSemaphore; the tensord peers use a semaphore
-of the same size; gRPC calls are synchronous, one in flight per producer).
+of the same size; the floor has `window` slots per consumer; gRPC calls are synchronous,
+one in flight per producer).
 """
 
 import os
@@ -387,6 +388,57 @@ def grpc_consumer(cfg, index, ready, listening):
             end = time.monotonic()
             server.stop(5).wait()  # lets the last responses go out
             return count, state["checksum"], [int((end - start) * 1e9)]
+        return timed
+    return setup
+
+
+# ---- the floor: what is left of a handoff when nothing is allocated, mapped or faulted in
+# while the clock runs. `shared` is (one shared anonymous mmap made before the fork, window,
+# each consumer's queue of free slots, each consumer's queue of filled ones); consumer c's
+# slots are `window` consecutive blocks of the size. The producer fills a slot as the
+# tensord single producer fills its tensor, the consumer reads it with the same touch ----
+
+def _slot_views(memory, consumer, window, size):
+    return [numpy.frombuffer(memory, numpy.uint8, count=size, offset=(consumer * window + slot) * size)
+            for slot in range(window)]
+
+
+def floor_producer(cfg, index, shared):
+    memory, window, free, ready = shared
+
+    def setup():
+        slots = [_slot_views(memory, c, window, cfg["size"]) for c in range(cfg["consumers"])]
+        for views in slots:
+            for a in views:
+                a[::PAGE] = 0  # every page mapped writable in this process before the clock
+
+        def timed(start):
+            for i in range(cfg["per_producer"]):
+                c = consumer_of(index, i, cfg["consumers"])
+                slot = free[c].get()
+                slots[c][slot].fill(i & 0xFF)
+                ready[c].put(slot)
+            return cfg["per_producer"], 0, None
+        return timed
+    return setup
+
+
+def floor_consumer(cfg, index, shared):
+    memory, window, free, ready = shared
+
+    def setup():
+        views = _slot_views(memory, index, window, cfg["size"])
+        for a in views:
+            touch_pages(a)  # every page mapped in this process before the clock
+        count = len(items_for(index, cfg["producers"], cfg["consumers"], cfg["per_producer"]))
+
+        def timed(start):
+            checksum = 0
+            for _ in range(count):
+                slot = ready[index].get()
+                checksum += touch_pages(views[slot])
+                free[index].put(slot)
+            return count, checksum, None
         return timed
     return setup
 
