@@ -433,6 +433,14 @@ TEST_F(CudaFakeDaemonTest, AConsumerPinsEachHostBufferOnceAndUnpinsItWhenItLetsG
             "plain device 1|plain ok");
 }
 
+// A trainer feeding a GPU from recycled host buffers: the pinned view of a recycled buffer
+// stays registered between its tensors, so each later batch is already pinned.
+TEST_F(CudaFakeDaemonTest, APinnedViewOfARecycledBufferStaysRegisteredForItsNextTensor) {
+  DaemonProcess daemon;
+  EXPECT_EQ(RunPeer({"pinned-recycled", daemon.socket(), "300000", "cpu"}),
+            "recycled 1|registered 1|same view 1|values ok");
+}
+
 TEST_F(CudaFakeDaemonTest, APinnedAcquireOfGpuMemoryIsRefusedNamingTheTensor) {
   DaemonProcess daemon;
   EXPECT_EQ(RunPeer({"produce", daemon.socket(), "gpu/w", "0", "1000"}), "published 0");

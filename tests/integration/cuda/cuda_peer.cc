@@ -22,6 +22,14 @@
 //                                      "error pinned: <status>" instead. Then acquires the
 //                                      first NAME unpinned: "plain device <type>" and, for
 //                                      host memory, "plain ok". Exits 0.
+//   pinned-recycled SOCKET COUNT NS    produce host float32[COUNT] (i * 0.5) in namespace NS
+//                                      as NS/r0, acquire it pinned, delete it and let go
+//                                      (its buffer goes back to this producer's pool), then
+//                                      produce NS/r1 (i * 0.5 + 1) and acquire it pinned;
+//                                      print "recycled <0|1>|registered <n>|same view <0|1>|
+//                                      values ok": whether NS/r1 got NS/r0's buffer, the live
+//                                      registrations after letting go, whether the second
+//                                      pinned view is the first one's mapping again
 //   hold SOCKET NAME COUNT             as consume, printing "held ok"; then on SIGUSR1
 //                                      release it, flush, print "released", and sleep
 //                                      until killed
@@ -130,6 +138,60 @@ int Pinned(tensord::Client& client, int64_t count, const std::vector<std::string
   return 0;
 }
 
+// Publishes host float32[count] holding i * 0.5 + shift as `name` (in its namespace);
+// returns its buffer id, 0 on failure.
+uint64_t ProduceHost(tensord::Client& client, const std::string& name, int64_t count, float shift) {
+  tensord::TensorSpec spec;
+  spec.shape = {count};
+  auto tensor = client.Allocate(name.substr(0, name.find('/')), spec);
+  if (!tensor.ok()) {
+    Fail("allocate", tensor.status());
+    return 0;
+  }
+  auto* values = static_cast<float*>(tensor->mutable_data());
+  for (int64_t i = 0; i < count; ++i) values[i] = static_cast<float>(i) * 0.5f + shift;
+  if (auto published = client.Publish(*tensor, name); !published.ok()) {
+    Fail("publish", published.status());
+    return 0;
+  }
+  return tensor->info().buffer_id;
+}
+
+int PinnedRecycled(tensord::Client& client, int64_t count, const std::string& ns) {
+  tensord::AcquireOptions pinned;
+  pinned.pinned = true;
+  const uint64_t first_buffer = ProduceHost(client, ns + "/r0", count, 0.0f);
+  if (first_buffer == 0) return 1;
+  const void* first_view = nullptr;
+  {
+    auto view = client.Acquire(ns + "/r0", pinned);
+    if (!view.ok()) return Fail("pinned", view.status());
+    first_view = view->data();
+    if (tensord::Status deleted = client.Delete(ns + "/r0"); !deleted.ok()) return Fail("delete", deleted);
+  }
+  if (tensord::Status flushed = client.Flush(); !flushed.ok()) return Fail("flush", flushed);
+  // The broker pools the buffer once the releases are in: poll until the next allocation
+  // gets it back (a fresh one is given back at once and tried again).
+  uint64_t second_buffer = 0;
+  for (int i = 0; i < 200 && second_buffer != first_buffer; ++i) {
+    second_buffer = ProduceHost(client, ns + "/r1", count, 1.0f);
+    if (second_buffer == 0) return 1;
+    if (second_buffer != first_buffer) {
+      (void)client.Delete(ns + "/r1");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  const int registered = LiveHostRegistrations();
+  auto view = client.Acquire(ns + "/r1", pinned);
+  if (!view.ok()) return Fail("pinned", view.status());
+  const auto* values = static_cast<const float*>(view->data());
+  bool ok = true;
+  for (int64_t i = 0; i < count; ++i) ok = ok && values[i] == static_cast<float>(i) * 0.5f + 1.0f;
+  std::printf("recycled %d|registered %d|same view %d|values %s\n", second_buffer == first_buffer ? 1 : 0,
+              registered, view->data() == first_view ? 1 : 0, ok ? "ok" : "mismatch");
+  return 0;
+}
+
 // "ok" when the tensor holds COUNT elements i * 0.5, else what is wrong.
 std::string Check(const tensord::TensorRef& tensor, int64_t count) {
   std::vector<float> values(static_cast<size_t>(count));
@@ -162,6 +224,11 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   tensord::ClientOptions options;
   options.socket_path = argv[2];
+  if (command == "pinned-recycled") {
+    // A reader keeps its mapping of a recycled buffer (and so its registration) this long.
+    options.lease_cache = false;
+    options.lease_cache_linger = std::chrono::seconds(30);
+  }
   if (command == "pinned" || command == "ordered") {
     // Leases and mappings go soon after their last reference, so the registration count
     // and a release held for a done event can be watched.
@@ -229,6 +296,9 @@ int main(int argc, char** argv) {
   }
   if (command == "pinned") {
     return Pinned(**client, std::atoll(argv[3]), std::vector<std::string>(argv + 4, argv + argc));
+  }
+  if (command == "pinned-recycled" && argc == 5) {
+    return PinnedRecycled(**client, std::atoll(argv[3]), argv[4]);
   }
   if (command == "consume" && argc == 5) {
     const int64_t count = std::atoll(argv[4]);
