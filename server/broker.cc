@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <span>
 #include <utility>
@@ -670,6 +671,17 @@ void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tens
     absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
                                              : memory.status();
     const std::string& device_key = batch[0].tensor.device->key;
+    if (failed.code() == absl::StatusCode::kResourceExhausted && pool_.size() > 0) {
+      // The node itself is short of memory (the quota had room): every idle pooled buffer
+      // on the device goes, so that a retry finds the memory once their producers unmapped.
+      std::vector<BufferPool::Entry> evicted =
+          pool_.EvictOldest(batch[0].tensor.device, std::numeric_limits<uint64_t>::max());
+      if (!evicted.empty()) {
+        failed = absl::ResourceExhaustedError(absl::StrCat(
+            failed.message(), " (", evicted.size(), " idle recycled buffers were given back: try again)"));
+        FreeRecycledLocked(std::move(evicted), effects);
+      }
+    }
     if (!failed.ok()) {
       memory_quota_.Release(device_key, size);
       for (QueuedAllocate& entry : batch) {

@@ -176,6 +176,26 @@ TEST(RecycleTest, PooledMemoryCountsInTheQuotaAndIsTakenBackBeforeAnAllocationFa
   EXPECT_EQ(StatusOf(*other).pooled_buffers, 0u);
 }
 
+TEST(RecycleTest, WhenTheNodeIsShortOfMemoryThePoolIsGivenBack) {
+  // A quota far above the node's memory: the allocation fails in the host backend itself.
+  DaemonProcess daemon({"--max-host-bytes", "64TiB"});
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  {
+    auto tensor = producer->Allocate("r", Floats());
+    ASSERT_TRUE(tensor.ok());
+  }
+  ASSERT_TRUE(producer->Flush().ok());
+  ASSERT_TRUE(AwaitStatus(*producer, [](const BrokerStatus& s) { return s.pooled_buffers == 1; }));
+  auto huge = producer->Allocate("r", Floats(int64_t{1} << 42));  // 16 TiB
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("1 idle recycled buffers were given back"), std::string::npos)
+      << huge.status().ToString();
+  EXPECT_TRUE(AwaitStatus(*producer, [](const BrokerStatus& s) {
+    return s.pooled_buffers == 0 && s.host_bytes_in_use == 0;
+  }));
+}
+
 TEST(RecycleTest, APoolIsBoundedPerSession) {
   DaemonProcess daemon({"--recycle-buffers-per-session", "2"});
   auto producer = Connect(daemon);
