@@ -169,7 +169,10 @@ class Client:
         """A writable tensor in broker memory: fill it in place (numpy.from_dlpack(t),
         torch.from_dlpack(t) or t.numpy()), then publish(t, name). Without a namespace it
         gets a dedicated buffer; with one it may be carved from that namespace's arena and can
-        only be published into that namespace.
+        only be published into that namespace. A larger tensor with a namespace gets a
+        recycled buffer: once it is gone (taken or unbound, every lease released) its memory
+        serves this client's next empty() of about that size in that namespace, already
+        mapped and faulted in, which is what makes a steady stream of big batches fast.
 
         device: None or 'cpu' (host memory), or 'cuda:N' for this process's GPU N (the
         broker knows it by its UUID; each consumer sees its own ordinal for it). A CUDA
