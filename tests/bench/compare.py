@@ -234,7 +234,10 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
     cfg = {"socket": runner.socket, "run": runner.run_id, "dir": runner.dir, "size": size,
            "producers": producers, "consumers": consumers, "per_producer": per_producer,
            "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
-           "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True)}
+           "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True),
+           # Large tensors: a window of them before the clock, as a producer that has been
+           # running has handed over (peers.py, warm-up).
+           "warm": window if size > 64 * KIB else 1, "warm_size": size if size > 64 * KIB else peers.WARM_SIZE}
     if per_producer % batch:
         raise ValueError(f"{per_producer} tensors per producer is not a whole number of batches of {batch}")
     kind = peer["kind"]

@@ -68,20 +68,24 @@ def items_for(consumer, producers, consumers, per_producer):
 
 WARM_SIZE = 64
 
-# ---- warm-up: before the clock starts, each consumer receives one small tensor from each
-# producer the way the peer hands tensors over, so connections, sessions, streams and
-# torch's shm manager are set up outside the timed part ----
+# ---- warm-up: before the clock starts, each consumer receives cfg["warm"] tensors of
+# cfg["warm_size"] bytes from each producer the way the peer hands tensors over, so
+# connections, sessions, streams and torch's shm manager are set up outside the timed part.
+# compare.py asks for one small tensor at 4 KiB, and for `window` tensors of the run's size
+# for large tensors: the state of a producer that has been running (for tensord, its
+# recycled buffers; torch.mp makes new shared memory per tensor whatever came before) ----
 
 def tensord_warm_producer(client, cfg, index):
     for c in range(cfg["consumers"]):
-        t = client.empty((WARM_SIZE,), "uint8", ns=cfg["ns"])
-        t.numpy().fill(0)
-        client.publish(t, f"{cfg['prefix']}/w/c{c}/p{index}")
-        t.release()
+        for k in range(cfg["warm"]):
+            t = client.empty((cfg["warm_size"],), "uint8", ns=cfg["ns"])
+            t.numpy().fill(0)
+            client.publish(t, f"{cfg['prefix']}/w/c{c}/p{index}/{k}")
+            t.release()
 
 
 def tensord_warm_consumer(client, cfg, index):
-    for _ in range(cfg["producers"]):
+    for _ in range(cfg["producers"] * cfg["warm"]):
         client.take(f"{cfg['prefix']}/w/c{index}/", timeout=60.0).release()
 
 
@@ -272,7 +276,8 @@ def torch_producer(cfg, index, shared):
         tmp.set_sharing_strategy(cfg["strategy"])
         n = cfg["size"]
         for q in queues:
-            q.put(torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(WARM_SIZE)))
+            for _ in range(cfg["warm"]):
+                q.put(torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(cfg["warm_size"])))
 
         def timed(start):
             for i in range(cfg["per_producer"]):
@@ -299,7 +304,7 @@ def torch_consumer(cfg, index, shared):
 
         tmp.set_sharing_strategy(cfg["strategy"])
         count = len(items_for(index, cfg["producers"], cfg["consumers"], cfg["per_producer"]))
-        for _ in range(cfg["producers"]):
+        for _ in range(cfg["producers"] * cfg["warm"]):
             queues[index].get(timeout=60.0)
 
         def timed(start):
