@@ -92,6 +92,31 @@ TEST(HostImporterTest, APopulatedProducerMappingHasEveryPageMappedAndAReaderNone
   EXPECT_EQ(PresentPages((*cow)->data(), kPages * page), 0u);
 }
 
+// A reader that only read keeps its page table (no discard, no refault next time); one
+// written page is found and dropped, in a large range too.
+TEST(HostImporterTest, DiscardDropsOnlyWhatAReaderWrote) {
+  HostBackend backend;
+  constexpr uint64_t kPages = 2048;  // 8 MiB with 4 KiB pages: the scan covers many entries
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto buffer = backend.Allocate(Host(), kPages * page, "discard");
+  ASSERT_THAT(buffer, IsOk());
+  auto writer = HostImporter().Import(Fetched(**buffer), MapMode::kSharedWritable, "buffer 1");
+  ASSERT_THAT(writer, IsOk());
+  std::memset((*writer)->data(), 7, kPages * page);
+  auto reader = HostImporter().Import(Fetched(**buffer), MapMode::kPrivate, "buffer 1");
+  ASSERT_THAT(reader, IsOk());
+  uint64_t sum = 0;
+  for (uint64_t k = 0; k < kPages; ++k) sum += (*reader)->data()[k * page];
+  EXPECT_EQ(sum, 7 * kPages);
+  const size_t mapped = PresentPages((*reader)->data(), kPages * page);
+  EXPECT_GT(mapped, 0u);
+  ASSERT_THAT((*reader)->DiscardPrivatePages(0, kPages * page), IsOk());
+  EXPECT_EQ(PresentPages((*reader)->data(), kPages * page), mapped);
+  (*reader)->data()[(kPages - 1) * page + 5] = 1;
+  ASSERT_THAT((*reader)->DiscardPrivatePages(0, kPages * page), IsOk());
+  EXPECT_EQ((*reader)->data()[(kPages - 1) * page + 5], 7);
+}
+
 TEST(HostBackendTest, AllocatesSealedBuffersAndExportsADupOfTheMemfd) {
   HostBackend backend;
   auto buffer = backend.Allocate(Host(), 4096, "tensor 7");
