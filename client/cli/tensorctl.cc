@@ -345,7 +345,7 @@ int CmdStatus(Client& client, const Globals& g) {
   std::printf("broker       tensord %s, pid %u, uid %u, up %.1f s\n", s.version.c_str(), s.pid,
               s.uid, static_cast<double>(s.uptime_ms) / 1000.0);
   std::printf("socket       %s\n", s.socket.empty() ? client.socket_path().c_str() : s.socket.c_str());
-  std::printf("host memory  %s in use of %s (%.1f%%), %s of it in %" PRIu64 " recycled buffers\n",
+  std::printf("host memory  %s in use of %s (%.1f%%); pooled for reuse: %s in %" PRIu64 " buffers\n",
               BytesText(s.host_bytes_in_use).c_str(), BytesText(s.host_bytes_limit).c_str(), pct,
               BytesText(s.host_bytes_pooled).c_str(), s.pooled_buffers);
   std::printf("tensors      %" PRIu64 " (%" PRIu64 " named), %" PRIu64 " buffers\n", s.tensors,
