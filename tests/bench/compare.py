@@ -390,7 +390,7 @@ def run_python(runner, log):
     small, large = handoff_sizes(args)
     plans = {small: {"per_producer": 8 if args.smoke else 4096, "batch": 4 if args.smoke else 64,
                      "window": 8 if args.smoke else 128},
-             large: {"per_producer": 4 if args.smoke else 48, "batch": 2 if args.smoke else 4,
+             large: {"per_producer": 4 if args.smoke else 96, "batch": 2 if args.smoke else 4,
                      "window": 4 if args.smoke else 8}}
     import tensord
 
