@@ -32,20 +32,12 @@
 #include <vector>
 
 #include "common/memory/host/memfd.h"
+#include "common/memory/host/pagemap_scan.h"
 
 namespace {
 
 constexpr int kPopulateRead = 22;   // MADV_POPULATE_READ (Linux 5.14)
 constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE
-
-struct PageRegion {
-  uint64_t start, end, categories;
-};
-struct PagemapScanArg {
-  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages, category_inverted, category_mask,
-      category_anyof_mask, return_mask;
-};
-constexpr unsigned long kPagemapScan = _IOWR('f', 16, PagemapScanArg);
 
 using Clock = std::chrono::steady_clock;
 
@@ -122,12 +114,12 @@ int main(int argc, char** argv) {
           for (uint64_t e : entries) sink += static_cast<long>(e >> 61 & 1);
         }
         ms["check, pagemap pread"].push_back(Ms(start));
-        PageRegion found{};
-        PagemapScanArg arg{sizeof(PagemapScanArg), 0, reinterpret_cast<uintptr_t>(r), reinterpret_cast<uintptr_t>(r) + bytes,
-                           0, reinterpret_cast<uintptr_t>(&found), 1, 1, 1 << 2, 1 << 2, (1 << 3) | (1 << 4),
-                           (1 << 2) | (1 << 3) | (1 << 4)};
+        namespace pm = tensord::common::pagemap;
+        pm::PageRegion found{};
+        pm::ScanArg arg =
+            pm::PrivateCopyScan(reinterpret_cast<uintptr_t>(r), reinterpret_cast<uintptr_t>(r) + bytes, &found);
         start = Clock::now();
-        if (::ioctl(pagemap, kPagemapScan, &arg) >= 0) ms["check, PAGEMAP_SCAN"].push_back(Ms(start));
+        if (::ioctl(pagemap, pm::kScan, &arg) >= 0) ms["check, PAGEMAP_SCAN"].push_back(Ms(start));
       }
       start = Clock::now();
       ::munmap(r, bytes);
