@@ -5,7 +5,8 @@
 // the producer exported itself) and indexes a new view in the lease cache. A batch's buffers
 // are fetched together first (one FETCH_FD per 253). Mappings of arenas are kept (the
 // producer's for the session's life, a reader's for the linger), and so are a reader's of
-// recycled buffers (for the linger); those of other dedicated buffers are not (RetentionFor). Whatever it does not adopt goes back to the broker: the lease id is
+// recycled buffers (for the linger); those of other dedicated buffers are not
+// (RetentionFor). Whatever it does not adopt goes back to the broker: the lease id is
 // queued on the release queue, as a deleter's release would be.
 //
 // It owns nothing but constants: the fd channel, the mapping cache, the lease cache and the

@@ -44,9 +44,4 @@ void RecycledBuffers::ForgetAll() {
   dropped.swap(entries_);
 }
 
-size_t RecycledBuffers::size() const {
-  absl::MutexLock lock(&mu_);
-  return entries_.size();
-}
-
 }  // namespace tensord::internal

@@ -48,8 +48,6 @@ class RecycledBuffers {
   // Pushes may have been lost: drop every entry.
   void ForgetAll();
 
-  size_t size() const;
-
  private:
   struct Entry {
     std::string ns;

@@ -206,28 +206,29 @@ tensord::v1::SessionRequest Session::AcquireRequest(const Target& target,
   return request;
 }
 
-absl::StatusOr<tensord::v1::SessionRequest> Session::AllocateRequest(
-    std::string_view ns, const TensorSpec& spec, std::string_view what,
-    std::vector<std::shared_ptr<Mapping>>* hold) const {
+absl::StatusOr<tensord::v1::SessionRequest> Session::AllocateRequest(std::string_view ns,
+                                                                     const TensorSpec& spec,
+                                                                     std::string_view what) const {
   absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
   if (!desc.ok()) return Annotate(desc.status(), what);
   tensord::v1::SessionRequest request;
   tensord::v1::AllocateRequest* allocate = request.mutable_allocate();
   allocate->set_ns(std::string(ns));
-  // The broker recycles buffers only within a namespace.
-  if (hold != nullptr && !ns.empty()) {
-    absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(*desc);
-    if (!layout.ok()) return Annotate(layout.status(), what);
-    allocate->set_recyclable(true);
-    RecycledBuffers::Candidates candidates = recycled_.For(ns, layout->extent);
-    allocate->mutable_reuse_buffer_ids()->Add(candidates.buffer_ids.begin(), candidates.buffer_ids.end());
-    hold->insert(hold->end(), std::make_move_iterator(candidates.held.begin()),
-                 std::make_move_iterator(candidates.held.end()));
-  }
   *allocate->mutable_desc() = *std::move(desc);
   allocate->set_isolated(spec.isolated);
   allocate->mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
   return request;
+}
+
+void Session::OfferRecycled(uint64_t extent, tensord::v1::AllocateRequest& allocate,
+                            std::vector<std::shared_ptr<Mapping>>& hold) const {
+  // The broker recycles buffers only within a namespace.
+  if (allocate.ns().empty()) return;
+  allocate.set_recyclable(true);
+  RecycledBuffers::Candidates candidates = recycled_.For(allocate.ns(), extent);
+  allocate.mutable_reuse_buffer_ids()->Add(candidates.buffer_ids.begin(), candidates.buffer_ids.end());
+  hold.insert(hold.end(), std::make_move_iterator(candidates.held.begin()),
+              std::make_move_iterator(candidates.held.end()));
 }
 
 void Session::KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response,
@@ -240,8 +241,7 @@ void Session::KeepRecycled(std::string_view ns, const tensord::v1::AllocateRespo
 absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSpec& spec) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
   const std::string what = "allocate in '" + std::string(ns) + "'";
-  std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answer is adopted
-  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what, &reusable));
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what));
   // AllocateRequest validated the description; this is its layout.
   TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout,
                            common::ValidateDesc(request.allocate().desc()));
@@ -252,6 +252,8 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
       return pooled;
     }
   }
+  std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answer is adopted
+  OfferRecycled(layout.extent, *request.mutable_allocate(), reusable);
   absl::StatusOr<tensord::v1::SessionResponse> response = channel_.StreamCall(request, kDefaultCallTimeout);
   if (response.status().code() == absl::StatusCode::kResourceExhausted) {
     // Slots the pool keeps idle in this namespace may be what is missing (arena room, the

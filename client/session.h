@@ -181,12 +181,14 @@ class Session final {
           std::shared_ptr<ReleaseQueue> queue);
 
   // Request builders shared by the single and the batch calls; `what` names the element.
-  // With `hold`, the allocation asks for a recyclable buffer and names the kept ones it may
-  // reuse; their mappings are appended to `hold`, which the caller keeps until the answer is
-  // adopted (KeepRecycled).
-  absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(
-      std::string_view ns, const TensorSpec& spec, std::string_view what,
-      std::vector<std::shared_ptr<Mapping>>* hold = nullptr) const;
+  absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(std::string_view ns,
+                                                              const TensorSpec& spec,
+                                                              std::string_view what) const;
+  // In a namespace: asks for a recyclable buffer and names the kept ones of at least
+  // `extent` bytes it may reuse; their mappings go into `hold`, which the caller keeps until
+  // the answer is adopted (KeepRecycled).
+  void OfferRecycled(uint64_t extent, tensord::v1::AllocateRequest& allocate,
+                     std::vector<std::shared_ptr<Mapping>>& hold) const;
   // After adopting `response` as `view`: keeps the writable mapping of a recyclable buffer.
   void KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response, const LeaseView& view);
   absl::StatusOr<tensord::v1::SessionRequest> PublishRequest(const LeaseView& view,

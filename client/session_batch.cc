@@ -53,7 +53,10 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   for (size_t i = 0; i < n; ++i) {
     // A spec refused here sends nothing at all.
     TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
-                             AllocateRequest(items[i].ns, items[i].spec, what(i), &reusable));
+                             AllocateRequest(items[i].ns, items[i].spec, what(i)));
+    // AllocateRequest validated the description; this is its layout.
+    TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(request.allocate().desc()));
+    OfferRecycled(layout.extent, *request.mutable_allocate(), reusable);
     requests.push_back(std::move(request));
   }
   std::vector<LeaseView*> views(n, nullptr);

@@ -366,15 +366,17 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   const uint64_t producer_session = tensor.producer_session;
   const ResolvedDevice* device = tensor.device;
   const bool had_ready_fence = !tensor.ready_fence.empty();
-  const std::string ns = tensor.ns;
   const Buffer* buffer = buffer_id == 0 ? nullptr : registry_.FindBuffer(buffer_id);
   const bool recyclable = buffer != nullptr && buffer->recyclable;
   const bool reader_sealed = buffer != nullptr && buffer->reader_sealed;
+  // The release path: copied only for a buffer that may go to the pool.
+  std::string ns = recyclable ? tensor.ns : std::string();
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr && recyclable) {
     const uint64_t size = memory->size();
-    RecycleLocked(BufferPool::Entry{buffer_id, producer_session, ns, device, size, reader_sealed, std::move(memory)},
-                  effects);
+    RecycleLocked(
+        BufferPool::Entry{buffer_id, producer_session, std::move(ns), device, size, reader_sealed, std::move(memory)},
+        effects);
   } else if (memory != nullptr) {
     // Buffer sizes are rounded by their backend, the same as what was reserved.
     memory_quota_.Release(device->key, memory->size());
