@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "client/client_core.h"
 #include "client/dlpack_context.h"
 #include "client/lease_view.h"
@@ -116,7 +117,11 @@ Result<TensorRef> Client::Acquire(TensorId id, const AcquireOptions& options) {
 }
 
 Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
-  return Guard("take", [&] { return core_->Take(name_or_prefix, wait); });
+  return Take(name_or_prefix, TakeOptions{.wait = wait});
+}
+
+Result<TensorRef> Client::Take(std::string_view name_or_prefix, const TakeOptions& options) {
+  return Guard("take", [&] { return core_->Take(name_or_prefix, options); });
 }
 
 Result<std::vector<TensorRef>> Client::AllocateMany(std::string_view ns,
@@ -139,7 +144,12 @@ Result<std::vector<TensorInfo>> Client::PublishMany(const std::vector<PublishIte
 
 Result<std::vector<TensorRef>> Client::TakeMany(std::string_view name_or_prefix, size_t max_count,
                                                 Wait wait) {
-  return Guard("take", [&] { return core_->TakeMany(name_or_prefix, max_count, wait); });
+  return TakeMany(name_or_prefix, max_count, TakeOptions{.wait = wait});
+}
+
+Result<std::vector<TensorRef>> Client::TakeMany(std::string_view name_or_prefix, size_t max_count,
+                                                const TakeOptions& options) {
+  return Guard("take", [&] { return core_->TakeMany(name_or_prefix, max_count, options); });
 }
 
 Result<std::vector<TensorRef>> Client::AcquireMany(const std::vector<std::string>& names,
@@ -180,6 +190,8 @@ uint64_t Client::session_id() const { return core_->session_id(); }
 const std::string& Client::socket_path() const { return core_->socket_path(); }
 
 std::string DefaultClientSocketPath() { return common::DefaultClientSocketPath(); }
+
+void DisableLockOrderChecks() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
 
 Status UseLevelZeroContext(void* ze_driver, void* ze_context) {
   return internal::FromAbsl(common::UseLevelZeroContext(ze_driver, ze_context));

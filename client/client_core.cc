@@ -369,9 +369,9 @@ Result<TensorRef> ClientCore::Acquire(const Session::Target& target, const Acqui
   return ToOrderedRef(session->Acquire(target, options), options.stream);
 }
 
-Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, Wait wait) {
+Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, const TakeOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
-  return ToOrderedRef(session->Take(name_or_prefix, wait), kLegacyDefaultStream);
+  return ToOrderedRef(session->Take(name_or_prefix, options), kLegacyDefaultStream);
 }
 
 Result<std::vector<TensorRef>> ClientCore::AllocateMany(const std::vector<AllocateItem>& items) {
@@ -399,9 +399,9 @@ Result<std::vector<TensorInfo>> ClientCore::PublishMany(const std::vector<Publis
 }
 
 Result<std::vector<TensorRef>> ClientCore::TakeMany(std::string_view name_or_prefix,
-                                                    size_t max_count, Wait wait) {
+                                                    size_t max_count, const TakeOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
-  return ToOrderedRefs(session->TakeMany(name_or_prefix, max_count, wait), kLegacyDefaultStream);
+  return ToOrderedRefs(session->TakeMany(name_or_prefix, max_count, options), kLegacyDefaultStream);
 }
 
 Result<std::vector<TensorRef>> ClientCore::AcquireMany(const std::vector<std::string>& names,

@@ -52,10 +52,11 @@ class ClientCore {
                              const PublishOptions& options);
   Status PublishNoWait(const TensorRef& tensor, std::string_view name, const PublishOptions& options);
   Result<TensorRef> Acquire(const Session::Target& target, const AcquireOptions& options);
-  Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait);
+  Result<TensorRef> Take(std::string_view name_or_prefix, const TakeOptions& options);
   Result<std::vector<TensorRef>> AllocateMany(const std::vector<AllocateItem>& items);
   Result<std::vector<TensorInfo>> PublishMany(const std::vector<PublishItem>& items);
-  Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count, Wait wait);
+  Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count,
+                                          const TakeOptions& options);
   Result<std::vector<TensorRef>> AcquireMany(const std::vector<std::string>& names,
                                              const AcquireOptions& options);
   Status Delete(std::string_view name, uint64_t if_generation);

@@ -35,6 +35,10 @@ ViewKind ConsumerViewKind(const AcquireOptions& options) {
   return options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
 }
 
+ViewKind ConsumerViewKind(const TakeOptions& options) {
+  return options.pinned ? ViewKind::kPinned : ViewKind::kPrivate;
+}
+
 LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
     : cache_{std::move(params.cache_name)},
       info_(std::move(params.info)),

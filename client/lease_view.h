@@ -55,6 +55,8 @@ common::MapMode MapModeOf(ViewKind kind);
 tensord::v1::DeviceType ViewTypeOf(ViewKind kind);
 // The kind AcquireOptions ask for: pinned (always read-only), else readonly or private.
 ViewKind ConsumerViewKind(const AcquireOptions& options);
+// A take's: pinned, else private.
+ViewKind ConsumerViewKind(const TakeOptions& options);
 
 class LeaseView {
  public:

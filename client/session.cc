@@ -165,8 +165,9 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
                     name != nullptr ? std::string_view(*name) : std::string_view(), what);
 }
 
-absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait wait) {
+absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, const TakeOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const Wait& wait = options.wait;
   const std::string what = "take '" + std::string(name_or_prefix) + "'";
   tensord::v1::SessionRequest request;
   tensord::v1::TakeRequest* take = request.mutable_take();
@@ -184,8 +185,7 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, Wait w
   // The name is unbound now: a cached lease of it must not serve it any more.
   ForgetName(response.take().tensor().name());
   return adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
-                    ViewKind::kPrivate, "",
-                    what);
+                    ConsumerViewKind(options), "", what);
 }
 
 tensord::v1::SessionRequest Session::AcquireRequest(const Target& target,

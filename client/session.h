@@ -82,7 +82,7 @@ class Session final {
 
   using Target = std::variant<std::string, uint64_t>;  // name or tensor id
   absl::StatusOr<LeaseView*> Acquire(const Target& target, const AcquireOptions& options);
-  absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, Wait wait);
+  absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, const TakeOptions& options);
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
   // Exports (session_export.cc): a memfd the caller has, or device memory at a pointer it
   // has (Importer::ExportExisting of spec.device's type makes the handle; the producer's
@@ -118,7 +118,7 @@ class Session final {
   // Up to `max_count` takes of one name or prefix, pipelined: the first waits as `wait`
   // says, the others take only what is there already. Between 1 and max_count views.
   absl::StatusOr<std::vector<LeaseView*>> TakeMany(std::string_view name_or_prefix,
-                                                   size_t max_count, Wait wait);
+                                                   size_t max_count, const TakeOptions& options);
   static constexpr size_t kMaxTakeBatch = 4096;
   // Drops the arena mappings the session keeps (the session is dead or being closed).
   void ReleaseKeptMappings() { mappings_.ReleaseKept(); }

@@ -184,8 +184,9 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
 }
 
 absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_or_prefix,
-                                                          size_t max_count, Wait wait) {
+                                                          size_t max_count, const TakeOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const Wait& wait = options.wait;
   const std::string target(name_or_prefix);
   if (max_count == 0 || max_count > kMaxTakeBatch) {
     return absl::InvalidArgumentError("take of up to " + std::to_string(max_count) + " from '" +
@@ -226,7 +227,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     return absl::Status(first_error->code(), "take from '" + target + "': " + std::string(first_error->message()));
   }
   std::vector<LeaseView*> views(grants.size(), nullptr);
-  TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ViewKind::kPrivate, nullptr, what, views));
+  TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ConsumerViewKind(options), nullptr, what, views));
   return views;
 }
 

@@ -6,13 +6,14 @@
 // be honoured; ValueError for a released tensor or a closed client. Calls that block release
 // the GIL (py_gil.h).
 //
-// This module links only the shared client library (never tensord_common / tensord_proto:
-// a second copy of the generated protobuf code in one process aborts at startup).
+// This module is a plain user of the public C++ API: it includes nothing but <tensord/...>
+// and pybind11, and links only the shared client library (never tensord_common /
+// tensord_proto: a second copy of the generated protobuf code in one process aborts at
+// startup). So it also builds against an installed libtensord alone (tests/gpu/).
 #include <Python.h>
 
 #include <pybind11/pybind11.h>
 
-#include "absl/synchronization/mutex.h"
 #include "py_client.h"
 #include "py_dlpack.h"
 #include "py_errors.h"
@@ -30,7 +31,7 @@ PYBIND11_MODULE(_tensord, m) {
   // Debian's abseil checks every Mutex acquisition (gRPC's included) for lock-order
   // cycles, a debugging aid that costs a global lock per acquisition on the hot path.
   // The interpreter is ours to configure; a C++ application decides this for itself.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  DisableLockOrderChecks();
 #endif
   InitGilRelease();
   RegisterErrors(m);

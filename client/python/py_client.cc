@@ -343,19 +343,21 @@ class PyClient {
   }
 
   std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
-                                 std::optional<double> timeout) {
+                                 std::optional<double> timeout, bool pinned) {
     std::shared_ptr<Client> client = Core();
     TensorRef ref = WaitLoop<TensorRef>("'" + name_or_prefix + "'", timeout, [&](Wait wait) {
-      return client->Take(name_or_prefix, wait);
+      return client->Take(name_or_prefix, TakeOptions{.wait = wait, .pinned = pinned});
     });
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
   }
 
-  py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout) {
+  py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout,
+                    bool pinned) {
     std::shared_ptr<Client> client = Core();
     std::vector<TensorRef> refs = WaitLoop<std::vector<TensorRef>>(
-        "'" + name_or_prefix + "'", timeout,
-        [&](Wait wait) { return client->TakeMany(name_or_prefix, max_count, wait); });
+        "'" + name_or_prefix + "'", timeout, [&](Wait wait) {
+          return client->TakeMany(name_or_prefix, max_count, TakeOptions{.wait = wait, .pinned = pinned});
+        });
     py::list out;
     for (TensorRef& ref : refs) {
       out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
@@ -471,9 +473,10 @@ void BindClient(py::module_& m) {
            py::arg("pinned") = false)
       .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false,
            py::arg("pinned") = false)
-      .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0)
+      .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0,
+           py::arg("pinned") = false)
       .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
-           py::arg("timeout") = 0.0)
+           py::arg("timeout") = 0.0, py::arg("pinned") = false)
       .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
       .def("list", &PyClient::List, py::arg("prefix") = "")
       .def("stat", &PyClient::Stat, py::arg("name"))

@@ -217,14 +217,21 @@ struct AcquireOptions {
   // Needs the cuda backend and a CUDA driver with a device; without them acquires answer
   // UNIMPLEMENTED (this build has no cuda backend) or UNAVAILABLE (no driver or no device),
   // saying why; a device that cannot pin read-only memory answers UNIMPLEMENTED. A tensor
-  // that is not host memory answers INVALID_ARGUMENT naming it. Take and TakeMany map
-  // unpinned. Built, not run on hardware: tested against a software stand-in for libcuda.
+  // that is not host memory answers INVALID_ARGUMENT naming it. Take and TakeMany pin as
+  // TakeOptions::pinned says. docs/memory-backends.md says what ran on a GPU.
   bool pinned = false;
   // Device tensors: the stream this process will use the tensor on. The acquire makes it
   // wait (on the GPU, no host wait) for the work the producer published after, and the
   // lease is released only once the work queued on it before the last reference went has
   // finished. More streams: TensorRef::UseOnStream.
   uintptr_t stream = kLegacyDefaultStream;
+};
+
+// Take and TakeMany: how long to wait, and whether host tensors are mapped pinned (as
+// AcquireOptions::pinned: a trainer that takes host batches and copies them to a GPU).
+struct TakeOptions {
+  Wait wait;
+  bool pinned = false;
 };
 
 struct PublishOptions {
@@ -413,6 +420,7 @@ class TENSORD_EXPORT Client {
   Result<TensorRef> Acquire(TensorId id, const AcquireOptions& options = {});
   // Acquires and unbinds atomically. A name ending in '/' takes the oldest tensor under it.
   Result<TensorRef> Take(std::string_view name_or_prefix, Wait wait = {});
+  Result<TensorRef> Take(std::string_view name_or_prefix, const TakeOptions& options);
 
   // Batches. A batch goes to the broker as one session-stream message and its replies come
   // back together, so it costs one round trip however long it is, and the buffers it maps
@@ -435,6 +443,8 @@ class TENSORD_EXPORT Client {
   // not all or nothing).
   Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count,
                                           Wait wait = {});
+  Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count,
+                                          const TakeOptions& options);
 
   Status Delete(std::string_view name, uint64_t if_generation = 0);
   Result<std::vector<TensorInfo>> List(std::string_view prefix = "");
@@ -468,6 +478,12 @@ class TENSORD_EXPORT Watcher {
 
 // The socket a client uses by default (see ClientOptions::socket_path).
 TENSORD_EXPORT std::string DefaultClientSocketPath();
+
+// Process-wide: turns off abseil's lock-order (deadlock cycle) checks, which Debian's abseil
+// runs on every mutex acquisition in the process, the client's and gRPC's, at the cost of a
+// global lock each. A program that embeds the client and does not debug lock order (the
+// Python module, at import) may call it once, before its first Connect.
+TENSORD_EXPORT void DisableLockOrderChecks();
 
 // Level Zero (kDLOneAPI tensors): the context this process opens Level Zero memory and
 // events in, for one driver. Level Zero lets a command list use only memory and events of

@@ -264,16 +264,20 @@ class Client:
                                 "use get(tensor_id) for an id")
         return self._core.get_many(names, timeout, min_generation, readonly, pinned)
 
-    def take(self, name_or_prefix, timeout=0.0):
+    def take(self, name_or_prefix, timeout=0.0, pinned=False):
         """Acquires and unbinds atomically. A prefix ending in '/' takes the oldest tensor
-        published under it: a zero-copy work queue. timeout as for get()."""
-        return self._core.take(name_or_prefix, timeout)
+        published under it: a zero-copy work queue. timeout and pinned as for get():
+        pinned=True is what a GPU trainer taking host batches wants (batch.to("cuda",
+        non_blocking=True) then copies straight from the shared pages; a recycled buffer
+        stays registered for the batches that reuse it)."""
+        return self._core.take(name_or_prefix, timeout, pinned)
 
-    def take_many(self, name_or_prefix, max_count, timeout=0.0):
+    def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False):
         """A batch from a work queue: up to max_count (at most 4096) takes, oldest first, in
         one round trip. timeout (as for take()) applies to the first; the rest are what is
-        published already, so the list holds between 1 and max_count tensors."""
-        return self._core.take_many(name_or_prefix, max_count, timeout)
+        published already, so the list holds between 1 and max_count tensors. pinned as for
+        take()."""
+        return self._core.take_many(name_or_prefix, max_count, timeout, pinned)
 
     def watch(self, prefix="", initial=False):
         """A Watch of binding changes under prefix (initial=True starts with the current
