@@ -29,6 +29,13 @@ the DataLoader ways). Then tensord's batches/s over DataLoader's, and the target
 issue: at least 1.5x with the same workers. --repeat R runs every way R times, interleaved
 and rotated; a row shows the median round and the range.
 
+--device cuda:0 feeds a GPU trainer instead (a CUDA build of torch and a GPU): the trainer
+copies each batch to the GPU and reads it there. DataLoader: batch.to(device); DataLoader
+pinned: batch.to(device, non_blocking=True) from the pinned copy; tensord: take(pinned=True)
+and batch.to(device, non_blocking=True) straight from the shared pages, registered with
+CUDA once per recycled buffer. The driver never initialises CUDA (it forks the trainers):
+torch's NVML check answers whether a GPU is there.
+
 Run with Debian's /usr/bin/python3 (torch, numpy), from the repository root:
     /usr/bin/python3 tests/bench/batch_pipeline.py --build-dir build-rel
     /usr/bin/python3 tests/bench/batch_pipeline.py --smoke --build-dir build   # runs, no figures
@@ -46,8 +53,12 @@ import sys
 import time
 import traceback
 
-import torch
-import torch.utils.data
+# torch.cuda.is_available() by NVML, without initialising CUDA in the driver: a process that
+# initialised CUDA cannot fork children that use it, and every trainer is forked from here.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+import torch  # noqa: E402
+import torch.utils.data  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -86,14 +97,18 @@ def check_batch(batch, index):
     n = flat.numel()
     for start in ((index * 104729) % (n - CHECK + 1), n - CHECK):
         want = transform_(torch.arange(index + start, index + start + CHECK, dtype=torch.float32), index)
+        want = want.to(flat.device)
         if not torch.equal(flat[start:start + CHECK], want):
             raise RuntimeError(f"batch {index}: elements {start}..{start + CHECK - 1} are not what "
                                f"fill_batch wrote: {flat[start:start + 4].tolist()} vs {want[:4].tolist()}")
 
 
-def train_step(batch, index, shape):
-    """The trainer's work on a batch: read every byte (a full sum, as a first layer would),
-    and check it."""
+def train_step(batch, index, shape, device=None, non_blocking=False):
+    """The trainer's work on a batch: on `device` when given (a copy there first, as a GPU
+    trainer's batch.to(device)), read every byte (a full sum, as a first layer would), and
+    check it. The sum's float() waits for the copy: the batch may be let go after."""
+    if device is not None:
+        batch = batch.to(device, non_blocking=non_blocking)
     if tuple(batch.shape) != shape or batch.dtype != torch.float32:
         raise RuntimeError(f"batch {index}: {batch.dtype} {tuple(batch.shape)}, not float32 {shape}")
     if not math.isfinite(float(batch.sum())):
@@ -143,7 +158,7 @@ def run_dataloader(cfg, pin_memory):
     batches = iter(loader)  # starts the workers
     for _ in range(cfg["batches"]):
         index, batch = next(batches)
-        train_step(batch, index, shape)
+        train_step(batch, index, shape, cfg["device"], non_blocking=pin_memory)
         seen.append(index)
         del batch
     end = Usage()
@@ -166,14 +181,14 @@ def tensord_worker(cfg, worker, slot):
     client.close()
 
 
-def take(client, prefix, procs, timeout=60.0):
-    """client.take(prefix, timeout), but failing within a second when a worker died."""
+def take(client, prefix, procs, pinned, timeout=60.0):
+    """client.take(prefix, timeout, pinned), but failing within a second when a worker died."""
     import tensord
 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return client.take(prefix, timeout=1.0)
+            return client.take(prefix, timeout=1.0, pinned=pinned)
         except tensord.Timeout:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if dead:
@@ -183,8 +198,14 @@ def take(client, prefix, procs, timeout=60.0):
 
 
 def run_tensord(cfg):
+    import warnings
+
     import tensord
 
+    # A GPU trainer takes pinned views (read-only mappings: .torch() warns that torch cannot
+    # mark them so; this trainer only reads).
+    pinned = cfg["device"] is not None
+    warnings.filterwarnings("ignore", message=".*read-only mapping.*", category=UserWarning)
     ctx = multiprocessing.get_context("fork")
     shape, workers = cfg["shape"], cfg["workers"]
     slots = [ctx.Semaphore(cfg["prefetch"]) for _ in range(workers)]
@@ -196,11 +217,11 @@ def run_tensord(cfg):
     client = tensord.connect(cfg["socket"])  # after the forks
     prefix = f"{cfg['ns']}/q/"
     for _ in range(cfg["batches"]):
-        t = take(client, prefix, procs)
+        t = take(client, prefix, procs, pinned)
         worker, seq = (int(part) for part in t.name.rsplit("/", 2)[1:])
         index = worker + seq * workers
         batch = t.torch()
-        train_step(batch, index, shape)
+        train_step(batch, index, shape, cfg["device"], non_blocking=pinned)
         seen.append(index)
         del batch
         t.release()  # the last reference: the buffer goes back to its producer
@@ -298,6 +319,9 @@ def parse_args():
                    help="batches per run, one number or one per size (default 48,1500; 8 with --smoke)")
     p.add_argument("--repeat", type=int, default=None,
                    help="rounds of every way, interleaved; a row shows the median (default 3, 1 with --smoke)")
+    p.add_argument("--device", default=None,
+                   help="feed a GPU trainer: copy each batch to this torch device (cuda:0) and read it "
+                        "there (default: the trainer reads batches in host memory)")
     p.add_argument("--json-out", help="also write the figures as JSON to this file")
     p.add_argument("--smoke", action="store_true",
                    help="tiny counts: checks that everything runs (figures mean nothing)")
@@ -357,7 +381,9 @@ def print_table(data, args):
            + (f" with uncommitted changes to {', '.join(m['uncommitted'][:8])}" if m["uncommitted"] else "")
            + f"; load average before {m['load_before'][0]:.2f}"
            + ("  [SMOKE: figures mean nothing]" if args.smoke else "")]
-    out.append(f"\n{args.workers} workers fill float32 batches, the trainer reads every byte of each; at most "
+    reads = (f"the trainer copies each to {args.device} and reads every byte there (tensord: pinned takes)"
+             if args.device else "the trainer reads every byte of each")
+    out.append(f"\n{args.workers} workers fill float32 batches, {reads}; at most "
                f"{args.prefetch} batches per worker ahead; the median of {args.repeat} round(s), and the range")
     out.append("  way                            batch                    batches  batches/s   range"
                "             GB/s   CPU s: trainer  workers  daemon")
@@ -392,9 +418,12 @@ def main():
     sys.path.insert(0, os.path.join(args.build_dir, "python"))
     import tensord  # noqa: F401  (loaded once here, before any fork; nothing connects here)
 
+    if args.device is not None and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        sys.exit(f"batch_pipeline: --device {args.device}: torch {torch.__version__} sees no CUDA GPU here")
     runner = compare.Runner(args)
     data = {"machine": compare.machine_info(args), "cuda": torch.cuda.is_available(),
-            "config": {"workers": args.workers, "prefetch": args.prefetch, "repeat": args.repeat},
+            "config": {"workers": args.workers, "prefetch": args.prefetch, "repeat": args.repeat,
+                       "device": args.device},
             "rows": [], "targets": []}
     try:
         runner.start_daemon()
@@ -406,7 +435,7 @@ def main():
                 for way in ways[r % len(ways):] + ways[:r % len(ways)]:
                     runner.run_id += 1
                     log(f"{WAYS[way][0]}, {shape_label(shape)} x {batches} (round {r + 1} of {args.repeat})")
-                    cfg = {"shape": shape, "batches": batches, "workers": args.workers,
+                    cfg = {"shape": shape, "batches": batches, "workers": args.workers, "device": args.device,
                            "prefetch": args.prefetch, "socket": runner.socket, "ns": f"bp{runner.run_id}"}
                     runs[way].append(run_way(runner, way, cfg))
             for way in ways:

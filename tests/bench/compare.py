@@ -443,10 +443,13 @@ def machine_info(args):
     model = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
                   if line.startswith("model name")), "unknown")
     mem = next((line.split()[1] for line in read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "0")
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = [line[3:] for line in subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                                                 capture_output=True, text=True).stdout.splitlines()]
+    def git(*argv):  # a copy of the tree without git (a GPU machine) says TENSORD_COMMIT
+        try:
+            return subprocess.run(["git", "-C", REPO, *argv], capture_output=True, text=True).stdout
+        except OSError:
+            return ""
+    commit = git("rev-parse", "--short", "HEAD").strip() or os.environ.get("TENSORD_COMMIT", "unknown")
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
     versions = {}
     for module in ("torch", "numpy", "grpc"):
         try:

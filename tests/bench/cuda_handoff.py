@@ -12,10 +12,11 @@ lets it go:
              publish(stream=torch's stream); the consumer take()s it, .torch() orders its
              stream on the ready event, and the release waits for its done event
 Prints handoffs/s and GB/s for each. Needs a CUDA build of torch and a GPU: otherwise it
-says so and exits 0. Not run on hardware yet (docs/memory-backends.md).
+says so and exits 0. docs/gpu-runs/ keeps what each run on a GPU printed.
 """
 
 import argparse
+import queue as queue_module
 import sys
 import time
 
@@ -106,7 +107,13 @@ def main():
                  ctx.Process(target=consumer[0], args=(*consumer[1:], result))]
         for p in procs:
             p.start()
-        n, seconds = result.get()
+        try:
+            n, seconds = result.get(timeout=300)
+        except queue_module.Empty:
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"cuda_handoff: {label}: no result in 300 s (exit codes "
+                             f"{[p.exitcode for p in procs]})") from None
         for p in procs:
             p.join()
         print(f"{label:9} {args.mib} MiB: {n / seconds:.1f} /s  {n * nbytes / seconds / 1e9:.2f} GB/s")

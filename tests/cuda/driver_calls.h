@@ -24,12 +24,22 @@ struct DriverCalls {
   int (*alloc)(uint64_t*, size_t) = nullptr;
   int (*free)(uint64_t) = nullptr;
   int (*copy_in)(uint64_t, const void*, size_t) = nullptr;
+  int (*copy_out)(void*, uint64_t, size_t) = nullptr;
+  int (*pointer_attribute)(void*, int, uint64_t) = nullptr;
   int (*memset_async)(uint64_t, unsigned, size_t, void*) = nullptr;
   int (*copy_async)(uint64_t, uint64_t, size_t, void*) = nullptr;
   std::string library = "libcuda.so.1";
   std::string why_not;  // empty: usable
 
   static constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
+  static constexpr int kPointerDevicePointer = 3;    // CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+
+  // Whether the driver knows host pointer `p` as pinned: registered or driver-allocated host
+  // memory has a device pointer; plain pageable memory answers CUDA_ERROR_INVALID_VALUE.
+  bool IsPinnedHost(const void* p) const {
+    uint64_t device_pointer = 0;
+    return pointer_attribute(&device_pointer, kPointerDevicePointer, reinterpret_cast<uintptr_t>(p)) == 0;
+  }
 
   static const DriverCalls& Get() {
     static const DriverCalls* calls = new DriverCalls();
@@ -63,6 +73,8 @@ struct DriverCalls {
     get(alloc, "cuMemAlloc_v2");
     get(free, "cuMemFree_v2");
     get(copy_in, "cuMemcpyHtoD_v2");
+    get(copy_out, "cuMemcpyDtoH_v2");
+    get(pointer_attribute, "cuPointerGetAttribute");
     get(memset_async, "cuMemsetD32Async");
     get(copy_async, "cuMemcpyDtoDAsync_v2");
     int count = 0;

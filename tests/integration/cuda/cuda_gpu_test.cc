@@ -1,10 +1,12 @@
 // The cuda backend on a real NVIDIA driver and GPU, between real processes through the
 // daemon: a device tensor shared by two processes, a producer that exits before its
 // consumer reads, stream order with no host sync between the producer's work and the
-// consumer's read, and a release held until the consumer's stream is done. Label: gpu.
+// consumer's read, a release held until the consumer's stream is done, a producer's own
+// memory exported by pointer (and retired when the producer is killed), and pinned host
+// views that stay registered across a recycled buffer. Label: gpu.
 //
-// Where there is no driver or no GPU (CI) every test skips, saying why. These tests have
-// not run on hardware yet (docs/memory-backends.md says what has).
+// Where there is no driver or no GPU (CI) every test skips, saying why.
+// docs/memory-backends.md and docs/gpu-runs/ say which ran on which GPU.
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,6 +25,9 @@
 
 namespace tensord::testing {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 constexpr unsigned kStreamNonBlocking = DriverCalls::kStreamNonBlocking;  // no implicit sync
 constexpr size_t kScratchWords = size_t{256} << 20;  // 1 GiB of 32-bit words
@@ -58,6 +65,18 @@ class CudaGpuTest : public ::testing::Test {
     auto client = Client::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status().ToString();
     return client.ok() ? std::move(client).value() : nullptr;
+  }
+
+  // Whether host float32[count] at `host` holds i * 0.5 + shift, read on the GPU: copied
+  // into device scratch and back (from a pinned view, the driver's DMA reads it in place).
+  bool DeviceReads(const void* host, int64_t count, float shift) {
+    const size_t bytes = static_cast<size_t>(count) * 4;
+    std::vector<float> back(static_cast<size_t>(count), -1.0f);
+    if (d().copy_in(scratch_, host, bytes) != 0 || d().copy_out(back.data(), scratch_, bytes) != 0) return false;
+    for (int64_t i = 0; i < count; ++i) {
+      if (back[static_cast<size_t>(i)] != static_cast<float>(i) * 0.5f + shift) return false;
+    }
+    return true;
   }
 
   uint64_t scratch_ = 0;
@@ -144,6 +163,102 @@ TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(stat->holders.empty());
+}
+
+// A producer's own cuMemAlloc'ed memory (the tensor inside a bigger block), exported by
+// pointer with legacy CUDA IPC: another process reads it at the right offset; the
+// producer's kill -9 retires it, and a new acquire says why.
+TEST_F(CudaGpuTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProducerIsKilled) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  ASSERT_NE(client, nullptr);
+  constexpr int64_t kCount = 1000000;
+  ChildProcess producer({TENSORD_CUDA_PEER, "export", daemon.socket(), "gpu/e", "0", std::to_string(kCount)});
+  ASSERT_EQ(producer.WaitForLine(""), "exported 0");
+  EXPECT_EQ(RunPeer({"consume", daemon.socket(), "gpu/e", std::to_string(kCount)}), "device 2 0|ok");
+
+  // This process holds a lease across the producer's death (by id: no name to cache).
+  auto stat = client->Stat("gpu/e");
+  ASSERT_TRUE(stat.ok()) << stat.status().ToString();
+  const uint64_t id = stat->info.tensor_id;
+  auto held = client->Acquire(TensorId{id});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const pid_t producer_pid = producer.pid();
+  producer.Kill(SIGKILL);
+  Result<TensorStat> retired = client->Stat(TensorId{id});
+  for (int i = 0; i < 500 && retired.ok() && retired->info.state != TensorState::kRetired; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    retired = client->Stat(TensorId{id});
+  }
+  ASSERT_TRUE(retired.ok()) << retired.status().ToString();
+  EXPECT_EQ(retired->info.state, TensorState::kRetired);
+  auto again = client->Acquire(TensorId{id});
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), AllOf(HasSubstr("its producer (pid " + std::to_string(producer_pid)),
+                                              HasSubstr("exited")));
+  held->Release();
+  ASSERT_TRUE(client->Flush().ok());
+  EXPECT_EQ(client->Acquire("gpu/e").status().code(), StatusCode::kNotFound);
+}
+
+// A host tensor taken pinned is memory the driver knows as pinned, read in place by a
+// host-to-device copy; when its recycled buffer carries the producer's next tensor, that
+// tensor's pinned view is the same registered mapping: pinning is paid once per buffer.
+TEST_F(CudaGpuTest, APinnedTakeIsRegisteredHostMemoryAndStaysSoWhenItsBufferIsRecycled) {
+  DaemonProcess daemon;
+  ClientOptions options;
+  options.socket_path = daemon.socket();
+  options.lease_cache = false;
+  options.lease_cache_linger = std::chrono::seconds(30);  // keeps a recycled buffer's view
+  auto connected = Client::Connect(options);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Client& client = **connected;
+  constexpr int64_t kCount = 1 << 20;  // 4 MiB: a dedicated, recyclable buffer
+  auto produce = [&](const std::string& name, float shift) -> uint64_t {
+    TensorSpec spec;
+    spec.shape = {kCount};
+    auto tensor = client.Allocate("pin", spec);
+    EXPECT_TRUE(tensor.ok()) << tensor.status().ToString();
+    if (!tensor.ok()) return 0;
+    auto* values = static_cast<float*>(tensor->mutable_data());
+    for (int64_t i = 0; i < kCount; ++i) values[i] = static_cast<float>(i) * 0.5f + shift;
+    auto published = client.Publish(*tensor, name);
+    EXPECT_TRUE(published.ok()) << published.status().ToString();
+    return published.ok() ? tensor->info().buffer_id : 0;
+  };
+  std::vector<float> pageable(1024);
+  ASSERT_FALSE(d().IsPinnedHost(pageable.data())) << "the pinned check cannot tell pageable memory apart";
+
+  TakeOptions pinned;
+  pinned.pinned = true;
+  const uint64_t first_buffer = produce("pin/r0", 0.0f);
+  ASSERT_NE(first_buffer, 0u);
+  const void* first_view = nullptr;
+  {
+    auto view = client.Take("pin/r0", pinned);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    EXPECT_EQ(view->info().device.device_type, kDLCUDAHost);
+    EXPECT_TRUE(d().IsPinnedHost(view->data()));
+    EXPECT_TRUE(DeviceReads(view->data(), kCount, 0.0f));
+    first_view = view->data();
+  }
+  ASSERT_TRUE(client.Flush().ok());
+  // The broker pools the buffer once the release is in: the next allocation gets it back.
+  uint64_t second_buffer = 0;
+  for (int i = 0; i < 200 && second_buffer != first_buffer; ++i) {
+    second_buffer = produce("pin/r1", 1.0f);
+    ASSERT_NE(second_buffer, 0u);
+    if (second_buffer != first_buffer) {
+      ASSERT_TRUE(client.Delete("pin/r1").ok());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ASSERT_EQ(second_buffer, first_buffer) << "the buffer was not recycled";
+  auto view = client.Take("pin/r1", pinned);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->data(), first_view) << "the recycled buffer's pinned view was mapped again";
+  EXPECT_TRUE(d().IsPinnedHost(view->data()));
+  EXPECT_TRUE(DeviceReads(view->data(), kCount, 1.0f));
 }
 
 }  // namespace
