@@ -63,8 +63,10 @@ except ImportError:
 print("-I" + sysconfig.get_paths()["include"])') || return 1
   local pids=() f
   for f in client/python/*.cc; do
+    # PYBIND11_COMPILER_TYPE: the module's own pybind11 internals, as client/python/CMakeLists.txt says.
     # shellcheck disable=SC2086
-    ${CXX:-g++} -std=c++20 -O2 -DNDEBUG -fPIC -fvisibility=hidden $includes -Iabi/include -Iclient/include \
+    ${CXX:-g++} -std=c++20 -O2 -DNDEBUG -DPYBIND11_COMPILER_TYPE='"_tensord"' -fPIC -fvisibility=hidden \
+      $includes -Iabi/include -Iclient/include \
       -c "$f" -o "$tree/obj/$(basename "$f" .cc).o" & pids+=($!)
   done
   for f in "${pids[@]}"; do wait "$f" || return 1; done

@@ -295,3 +295,14 @@ def test_publish_without_waiting(client, other, name):
     t.release()
     with pytest.raises(ValueError):
         client.publish(t, n, wait=False)
+
+
+def test_the_module_keeps_its_own_pybind11_internals():
+    # Another extension's pybind11 (torch's) must never adopt ours: a different release with
+    # the same key crashed `import torch` (client/python/CMakeLists.txt).
+    import builtins
+
+    keys = [k for k in vars(builtins) if k.startswith("__pybind11_internals_")]
+    if not keys:
+        pytest.skip("this pybind11 keeps its internals outside builtins (pybind11 3)")
+    assert any("_tensord_" in k for k in keys), keys
