@@ -65,6 +65,8 @@ def tensord_producer(socket, count, elements):
 
 
 def tensord_consumer(socket, count, result):
+    import torch  # noqa: F401  loaded up front, as the torch.mp consumer has it: not timed
+
     import tensord
 
     c = tensord.connect(socket)

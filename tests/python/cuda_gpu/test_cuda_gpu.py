@@ -11,6 +11,7 @@ GPU machine by tests/gpu/run-on-gpu.sh; docs/gpu-runs/ keeps what each run print
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,7 +26,7 @@ if not torch.cuda.is_available():
                 "these tests need one", allow_module_level=True)
 
 ELEMENTS = 1 << 22  # 16 MiB of float32
-SLEEP_CYCLES = 500_000_000  # a few hundred ms of GPU time queued ahead of a write
+SLEEP_CYCLES = 4_000_000_000  # about 2 s of GPU time (H100/H200 clocks) queued ahead of a write
 
 PRODUCE_AND_EXIT = """
 import sys, torch, tensord
@@ -47,6 +48,9 @@ with torch.cuda.stream(s):
     ok = bool(torch.equal(x, torch.arange(%d, device="cuda:0", dtype=torch.float32) + float(sys.argv[3])))
 print(x.device, tuple(x.shape), ok, flush=True)
 """ % ELEMENTS
+
+
+CONSUME_WAITING = CONSUME.replace("c.get(sys.argv[2])", "c.get(sys.argv[2], timeout=60)")
 
 
 def cuda_backend(client):
@@ -77,14 +81,27 @@ def test_the_consumer_sees_what_the_producers_stream_wrote_with_no_host_sync_bet
     cuda_backend(client)
     t = client.empty((ELEMENTS,), "float32", device="cuda:0")
     x = torch.from_dlpack(t)
+    values = torch.arange(ELEMENTS, device="cuda:0", dtype=torch.float32)
     s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(SLEEP_CYCLES)  # a missing wait would read before the write below
-        x.copy_(torch.arange(ELEMENTS, device="cuda:0", dtype=torch.float32) + 7.0)
+    with torch.cuda.stream(s):  # once, so that no kernel loads lazily below while the sleep runs
+        torch.cuda._sleep(1000)
+        x.copy_(values + 7.0)
+    s.synchronize()
+    x.zero_()
+    torch.cuda.synchronize()
     n = name()
+    # The consumer waits for the name, so it reads within milliseconds of the publish.
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUME_WAITING, broker.socket, n, "7"], env=broker.env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)  # the consumer has imported torch and waits for the name
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(SLEEP_CYCLES)  # a missing wait would read the zeros
+        x.copy_(values + 7.0)
     client.publish(t, n, stream=s.cuda_stream)
-    assert not s.query(), "the queued work finished before the consumer started: the test shows nothing"
-    assert consume(broker, n, 7) == f"cuda:0 ({ELEMENTS},) True"
+    assert not s.query(), "the queued work finished before the publish: the test shows nothing"
+    out, err = consumer.communicate(timeout=120)
+    assert consumer.returncode == 0, err
+    assert out.strip() == f"cuda:0 ({ELEMENTS},) True"
     s.synchronize()
 
 
