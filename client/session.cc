@@ -165,6 +165,16 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
                     name != nullptr ? std::string_view(*name) : std::string_view(), what);
 }
 
+absl::Status Session::PrepareTake(ViewKind kind, const std::string& what, tensord::v1::TakeRequest& take) const {
+  const tensord::v1::DeviceType view = ViewTypeOf(kind);
+  if (view == tensord::v1::DEVICE_TYPE_UNSPECIFIED) return absl::OkStatus();
+  absl::StatusOr<common::Importer*> importer = common::ProcessImporters().For(view);
+  if (!importer.ok()) return Annotate(importer.status(), what);
+  TENSORD_RETURN_IF_ERROR((*importer)->CheckUsable(what));
+  take.set_memory_type((*importer)->viewed_memory_type());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, const TakeOptions& options) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
   const Wait& wait = options.wait;
@@ -172,6 +182,7 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, const 
   tensord::v1::SessionRequest request;
   tensord::v1::TakeRequest* take = request.mutable_take();
   take->set_name_or_prefix(std::string(name_or_prefix));
+  TENSORD_RETURN_IF_ERROR(PrepareTake(ConsumerViewKind(options), what, *take));
   if (wait.forever()) {
     take->set_forever(true);
   } else if (wait.millis() > 0) {

@@ -83,6 +83,10 @@ class Session final {
   using Target = std::variant<std::string, uint64_t>;  // name or tensor id
   absl::StatusOr<LeaseView*> Acquire(const Target& target, const AcquireOptions& options);
   absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, const TakeOptions& options);
+  // A take cannot be undone: for a view kind with an importer of its own (pinned), fails
+  // here when that importer cannot map in this process, and has the broker refuse, without
+  // unbinding it, a tensor whose memory that importer does not map (TakeRequest.memory_type).
+  absl::Status PrepareTake(ViewKind kind, const std::string& what, tensord::v1::TakeRequest& take) const;
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
   // Exports (session_export.cc): a memfd the caller has, or device memory at a pointer it
   // has (Importer::ExportExisting of spec.device's type makes the handle; the producer's

@@ -194,8 +194,11 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
                                       std::to_string(kMaxTakeBatch) + " per batch");
   }
   std::vector<tensord::v1::SessionRequest> requests(max_count);
+  tensord::v1::TakeRequest prepared;
+  TENSORD_RETURN_IF_ERROR(PrepareTake(ConsumerViewKind(options), "take from '" + target + "'", prepared));
   for (size_t i = 0; i < max_count; ++i) {
     tensord::v1::TakeRequest* take = requests[i].mutable_take();
+    *take = prepared;
     take->set_name_or_prefix(target);
     // Only the first waits: the batch is what is there once something is.
     if (i == 0 && wait.forever()) {

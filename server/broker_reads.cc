@@ -70,9 +70,24 @@ void Broker::ForgetWaiterLocked(const Waiter& waiter) {
   uid_quota_.Release(waiter.uid, UidResource::kMetadataBytes, waiter.metadata_bytes);
 }
 
+namespace {
+
+// TakeRequest.memory_type against the tensor, before anything is unbound.
+absl::Status CheckTakenMemory(v1::DeviceType wanted, const Tensor& tensor) {
+  const v1::DeviceType memory = tensor.desc.device().type();
+  if (wanted == v1::DEVICE_TYPE_UNSPECIFIED || memory == wanted) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.id, " (", common::QuoteForError(tensor.name),
+                                                 ") is ", v1::DeviceType_Name(memory),
+                                                 " memory and this take maps only ", v1::DeviceType_Name(wanted),
+                                                 " memory; it stays bound"));
+}
+
+}  // namespace
+
 absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
   if (waiter.kind == Waiter::Kind::kTake) {
-    return access_.CheckAccess(session.creds, common::NamespaceOf(tensor.name), true);
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session.creds, common::NamespaceOf(tensor.name), true));
+    return CheckTakenMemory(waiter.memory_type, tensor);
   }
   if (access_.MayReadTensor(session.creds, tensor)) return absl::OkStatus();
   // The namespace is not named: an id waiter need not learn where the tensor went.
@@ -177,7 +192,9 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
     } else {
       Tensor* tensor = prefix ? registry_.OldestUnder(target) : registry_.FindByName(target);
       if (tensor != nullptr) {
-        if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) {
+        if (absl::Status memory = CheckTakenMemory(request.memory_type(), *tensor); !memory.ok()) {
+          result = memory;
+        } else if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) {
           result = cap;
         } else {
           result = GrantLocked(**session, *tensor);
@@ -194,6 +211,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
         Waiter waiter;
         waiter.kind = Waiter::Kind::kTake;
         waiter.target = target;
+        waiter.memory_type = request.memory_type();
         std::optional<uint64_t> timeout;
         if (!request.has_forever()) timeout = request.timeout_ms();
         return StartWait(**session, std::move(waiter), done, timeout, "take");

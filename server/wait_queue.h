@@ -36,6 +36,7 @@ struct Waiter {
   std::string target;  // name, or prefix ending in '/' for a take
   uint64_t tensor_id = 0;
   uint64_t min_generation = 0;
+  tensord::v1::DeviceType memory_type = tensord::v1::DEVICE_TYPE_UNSPECIFIED;  // a take's
   uint64_t timer_id = 0;
   Completion<tensord::v1::AcquireResponse> done;
 };

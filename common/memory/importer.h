@@ -108,6 +108,16 @@ class Importer {
   // `what`.
   virtual absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
                                                                  const std::string& what) = 0;
+  // A take cannot be undone, so before one the client asks what would make Import refuse
+  // the tensor it gets: CheckUsable says why this importer cannot map anything in this
+  // process (no driver), and the memory type a view importer maps (a pinned view maps
+  // DEVICE_TYPE_CPU memory) goes to the broker, which refuses a tensor of another type
+  // without unbinding it. UNSPECIFIED (the default): an importer of the memory's own type.
+  virtual absl::Status CheckUsable(const std::string& what) const {
+    (void)what;
+    return absl::OkStatus();
+  }
+  virtual tensord::v1::DeviceType viewed_memory_type() const { return tensord::v1::DEVICE_TYPE_UNSPECIFIED; }
   // Completes a device this process names by its own ordinal with the name that holds in
   // every process (a GPU's UUID), before it goes to the broker. Host memory needs none.
   // FAILED_PRECONDITION / UNAVAILABLE when there is no such device here.
@@ -146,6 +156,7 @@ class UnbuiltImporter final : public Importer {
   absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
                                                          const std::string& what) override;
   absl::Status NameDevice(tensord::v1::Device& device) const override;
+  absl::Status CheckUsable(const std::string& what) const override { return Unbuilt(what); }
 
  private:
   absl::Status Unbuilt(const std::string& what) const;

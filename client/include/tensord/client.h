@@ -229,6 +229,10 @@ struct AcquireOptions {
 
 // Take and TakeMany: how long to wait, and whether host tensors are mapped pinned (as
 // AcquireOptions::pinned: a trainer that takes host batches and copies them to a GPU).
+// A take cannot be undone, so a pinned take fails before anything is unbound where this
+// process cannot pin (no driver: UNAVAILABLE), and the broker refuses a tensor that is not
+// host memory (INVALID_ARGUMENT, "it stays bound"). A mapping that fails after the take
+// (the driver will not register that much memory) loses the tensor, as any take's does.
 struct TakeOptions {
   Wait wait;
   bool pinned = false;

@@ -269,7 +269,9 @@ class Client:
         published under it: a zero-copy work queue. timeout and pinned as for get():
         pinned=True is what a GPU trainer taking host batches wants (batch.to("cuda",
         non_blocking=True) then copies straight from the shared pages; a recycled buffer
-        stays registered for the batches that reuse it)."""
+        stays registered for the batches that reuse it). A take cannot be undone, so a
+        pinned take without a CUDA driver raises Unavailable before taking anything, and a
+        GPU tensor raises InvalidArgument and stays bound."""
         return self._core.take(name_or_prefix, timeout, pinned)
 
     def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False):

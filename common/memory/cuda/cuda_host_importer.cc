@@ -48,6 +48,13 @@ class CudaHostRegion final : public ImportedRegion {
 
 }  // namespace
 
+absl::Status CudaHostImporter::CheckUsable(const std::string& what) const {
+  const CudaDriver& driver = driver_ != nullptr ? *driver_ : CudaDriver::Get();
+  if (driver.available()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat(what, ": a pinned view needs the cuda driver: ", driver.unavailable_reason()));
+}
+
 absl::StatusOr<std::unique_ptr<ImportedRegion>> CudaHostImporter::Import(const FetchedBuffer& buffer, MapMode mode,
                                                                          const std::string& what) {
   if (buffer.device_type != tensord::v1::DEVICE_TYPE_CPU) {
@@ -60,11 +67,8 @@ absl::StatusOr<std::unique_ptr<ImportedRegion>> CudaHostImporter::Import(const F
         what, ": a pinned view is a shared read-only mapping; pinning a copy-on-write or writable "
               "mapping is refused (the driver would copy every page)"));
   }
+  TENSORD_RETURN_IF_ERROR(CheckUsable(what));
   const CudaDriver& driver = driver_ != nullptr ? *driver_ : CudaDriver::Get();
-  if (!driver.available()) {
-    return absl::UnavailableError(
-        absl::StrCat(what, ": a pinned view needs the cuda driver: ", driver.unavailable_reason()));
-  }
   CUdevice device = 0;
   TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuDeviceGet(&device, kRegisteringOrdinal),
                                             absl::StrCat(what, ": cuDeviceGet ", kRegisteringOrdinal)));

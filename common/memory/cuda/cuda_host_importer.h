@@ -48,6 +48,9 @@ class CudaHostImporter final : public Importer {
   // view_device_type() is DEVICE_TYPE_CUDA_HOST and its device_ordinal() 0.
   absl::StatusOr<std::unique_ptr<ImportedRegion>> Import(const FetchedBuffer& buffer, MapMode mode,
                                                          const std::string& what) override;
+  // UNAVAILABLE without a driver or a device (it loads the driver).
+  absl::Status CheckUsable(const std::string& what) const override;
+  tensord::v1::DeviceType viewed_memory_type() const override { return tensord::v1::DEVICE_TYPE_CPU; }
 
  private:
   const CudaDriver* const driver_;  // null: CudaDriver::Get() at the first Import

@@ -8,6 +8,7 @@ not read here; tests/integration/cuda/ reads them through the driver API.
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -152,6 +153,59 @@ def test_get_many_pins_each_and_a_gpu_tensor_is_refused_by_name(client, name):
         client.get(g, pinned=True)
 
 
+def test_take_and_take_many_pin_when_asked_and_a_gpu_tensor_stays_bound(client, name):
+    import numpy as np
+
+    queue = name("q") + "/"
+    for i in range(3):
+        client.put(f"{queue}{i}", np.full(8, i, dtype=np.int32))
+    before = fake_host_registrations()
+    first = client.take(queue, pinned=True)
+    assert first.__dlpack_device__() == (3, 0) and first.pinned and first.readonly
+    assert first.numpy().tolist() == [0] * 8
+    assert fake_host_registrations() == before + 1
+    rest = client.take_many(queue, 5, pinned=True)
+    assert [t.__dlpack_device__() for t in rest] == [(3, 0), (3, 0)]
+    assert [int(t.numpy()[0]) for t in rest] == [1, 2]
+    client.put(f"{queue}3", np.zeros(2, dtype=np.int32))
+    assert client.take(queue).__dlpack_device__() == (1, 0)  # unpinned unless asked
+
+    # A take cannot be undone: the broker refuses a GPU tensor to a pinned take before it
+    # unbinds anything, for a name, a prefix and a batch alike.
+    g = name("g")
+    client.publish(client.empty((4,), "float32", device="cuda:0"), f"{g}/0")
+    with pytest.raises(tensord.InvalidArgument, match="DEVICE_TYPE_CUDA memory and this take maps only "
+                                                      "DEVICE_TYPE_CPU memory; it stays bound"):
+        client.take(f"{g}/0", pinned=True)
+    with pytest.raises(tensord.InvalidArgument, match="it stays bound"):
+        client.take(f"{g}/", pinned=True)
+    with pytest.raises(tensord.InvalidArgument, match="it stays bound"):
+        client.take_many(f"{g}/", 3, pinned=True)
+    assert [e["name"] for e in client.list(f"{g}/")] == [f"{g}/0"]
+    assert client.take(f"{g}/").__dlpack_device__() == (2, 0)
+
+
+def test_a_waiting_pinned_take_is_refused_a_gpu_tensor_and_it_stays_bound(client, other, name):
+    import threading
+
+    q = name("w") + "/"
+    errors = []
+
+    def taker():
+        try:
+            client.take(q, timeout=30, pinned=True)
+        except tensord.InvalidArgument as e:
+            errors.append(str(e))
+
+    thread = threading.Thread(target=taker)
+    thread.start()
+    time.sleep(0.3)  # the take waits at the broker
+    other.publish(other.empty((4,), "float32", device="cuda:0"), f"{q}0")
+    thread.join(30)
+    assert errors and "it stays bound" in errors[0], errors
+    assert [e["name"] for e in other.list(q)] == [f"{q}0"]
+
+
 NO_DRIVER = """
 import sys, numpy, tensord
 c = tensord.connect(sys.argv[1])
@@ -160,6 +214,11 @@ try:
 except tensord.Unavailable as e:
     print("unavailable:", e)
 print(c.get(sys.argv[2]).numpy().tolist())
+try:
+    c.take(sys.argv[2], pinned=True)
+except tensord.Unavailable as e:
+    print("take unavailable:", e)
+print(c.take(sys.argv[2]).numpy().tolist())  # the refused pinned take left it bound
 """
 
 
@@ -179,6 +238,8 @@ def test_without_a_driver_a_pinned_get_says_why_and_plain_gets_work(broker, clie
     assert "a pinned view needs the cuda driver" in lines[0], out.stdout
     assert "no NVIDIA driver on this machine" in lines[0], out.stdout
     assert lines[1] == "[0.0, 1.0, 2.0, 3.0]", out.stdout
+    assert lines[2].startswith("take unavailable:") and "a pinned view needs the cuda driver" in lines[2], out.stdout
+    assert lines[3] == "[0.0, 1.0, 2.0, 3.0]", out.stdout
 
 
 def fake_driver():
