@@ -17,9 +17,13 @@ PyObject* g_permission_denied = nullptr;
 PyObject* g_invalid_argument = nullptr;
 PyObject* g_unavailable = nullptr;
 
-PyObject* NewClass(py::module_& m, const char* name, PyObject* base, const char* doc) {
+// `also`: a builtin exception the class also derives from, so that code written for the
+// builtin catches it (except TimeoutError, except LookupError).
+PyObject* NewClass(py::module_& m, const char* name, PyObject* base, const char* doc, PyObject* also = nullptr) {
   std::string qualified = std::string("tensord.") + name;
-  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, base, nullptr);
+  py::object bases = also == nullptr ? py::reinterpret_borrow<py::object>(base)
+                                     : py::make_tuple(py::handle(base), py::handle(also));
+  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
   if (cls == nullptr) throw py::error_already_set();
   m.add_object(name, py::reinterpret_borrow<py::object>(cls));
   return cls;  // the reference from PyErr_NewExceptionWithDoc is kept forever
@@ -57,8 +61,10 @@ void RegisterErrors(py::module_& m) {
   g_error = NewClass(m, "Error", PyExc_Exception,
                      "A tensord call failed. .code is the canonical status code name "
                      "('NOT_FOUND', ...), .message the broker's explanation.");
-  g_not_found = NewClass(m, "NotFound", g_error, "The name or tensor does not exist (NOT_FOUND).");
-  g_timeout = NewClass(m, "Timeout", g_error, "A wait ran out (DEADLINE_EXCEEDED).");
+  g_not_found = NewClass(m, "NotFound", g_error,
+                         "The name or tensor does not exist (NOT_FOUND). Also a LookupError.", PyExc_LookupError);
+  g_timeout = NewClass(m, "Timeout", g_error,
+                       "A wait ran out (DEADLINE_EXCEEDED). Also a TimeoutError.", PyExc_TimeoutError);
   g_resource_exhausted = NewClass(m, "ResourceExhausted", g_error,
                                   "A quota or the node's memory is exhausted.");
   g_permission_denied = NewClass(m, "PermissionDenied", g_error,

@@ -56,6 +56,19 @@ def test_timeout_semantics(client, name):
         client.take(n + "/", timeout=0.2)
 
 
+def test_timeout_and_not_found_are_the_builtin_exceptions_too(client, name):
+    n = name()
+    with pytest.raises(TimeoutError) as e:
+        client.get(n, timeout=0.1)
+    assert isinstance(e.value, tensord.Timeout) and e.value.code == "DEADLINE_EXCEEDED"
+    assert str(e.value) == e.value.message == f"'{n}' did not arrive within 0.1 s"
+    with pytest.raises(LookupError) as e:
+        client.stat(n)
+    assert isinstance(e.value, tensord.NotFound) and e.value.code == "NOT_FOUND"
+    assert issubclass(tensord.Timeout, TimeoutError) and issubclass(tensord.NotFound, LookupError)
+    assert not issubclass(tensord.InvalidArgument, (TimeoutError, LookupError))
+
+
 @pytest.mark.parametrize("timeout", [None, 10.0])
 def test_wait_until_published(client, other, name, timeout):
     n = name()

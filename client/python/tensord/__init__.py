@@ -19,7 +19,7 @@ release() or at the end of a with block.
 
 Errors are tensord.Error subclasses carrying the broker's message: NotFound, Timeout,
 ResourceExhausted, PermissionDenied, InvalidArgument, Unavailable; other codes raise Error
-with .code set.
+with .code set. Timeout is also a TimeoutError, NotFound also a LookupError.
 """
 
 from . import _convert
