@@ -1,6 +1,7 @@
 """tensord.Client: the Python face of one broker session (see tensord's docstring)."""
 
 import sys
+import threading
 
 from . import _tensord
 from ._tensord import Tensor
@@ -158,10 +159,34 @@ class Watch:
 
 class Client:
     """One session with the broker. Share it between threads freely; a forked child may use
-    it too (it opens its own session on first use and never keeps the parent's alive)."""
+    it too (it opens its own session on first use and never keeps the parent's alive).
 
-    def __init__(self, core):
-        self._core = core
+    A Client pickles as its connection settings (the socket it talks to, its client name and
+    lease-cache settings), so it can go to a spawned or forkserver worker, inside a Dataset
+    or through a multiprocessing Queue: the copy connects to the same broker on its first
+    call, and a broker that is down then raises Unavailable from that call, not from
+    unpickling. Leases and tensors are not part of it."""
+
+    def __init__(self, core, settings):
+        self.__core = core  # None: connects on first use
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._closed_before_use = False
+
+    @property
+    def _core(self):
+        core = self.__core
+        if core is not None:
+            return core
+        with self._lock:
+            if self.__core is None:
+                if self._closed_before_use:
+                    raise ValueError("the tensord client is closed")
+                self.__core = _connect_core(**self._settings)
+            return self.__core
+
+    def __reduce__(self):
+        return (_unpickled_client, (dict(self._settings),))
 
     # Producing.
 
@@ -314,11 +339,17 @@ class Client:
 
     def close(self):
         """Ends the session; tensors and views already made stay valid."""
-        self._core.close()
+        with self._lock:
+            if self.__core is None:
+                self._closed_before_use = True
+                return
+        self.__core.close()
 
     @property
     def closed(self):
-        return self._core.closed
+        if self.__core is None:
+            return self._closed_before_use
+        return self.__core.closed
 
     @property
     def session_id(self):
@@ -326,7 +357,7 @@ class Client:
 
     @property
     def socket(self):
-        return self._core.socket
+        return self._settings["socket"]
 
     def __enter__(self):
         return self
@@ -337,7 +368,17 @@ class Client:
     def __repr__(self):
         if self.closed:
             return "<tensord.Client closed>"
+        if self.__core is None:
+            return f"<tensord.Client socket={self.socket!r} not connected yet>"
         return f"<tensord.Client socket={self.socket!r} session={self.session_id}>"
+
+
+def _connect_core(socket, client_name, lease_cache, lease_cache_linger):
+    return _tensord._Client.connect(socket, client_name, lease_cache, lease_cache_linger)
+
+
+def _unpickled_client(settings):
+    return Client(None, settings)
 
 
 def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0):
@@ -345,7 +386,8 @@ def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_ling
     else the per-user socket if one is there, else /run/tensord/tensord.sock. lease_cache
     keeps a lease for lease_cache_linger seconds after its last view goes, while the name
     still points at it, so a repeated get() needs no round trip."""
-    core = _tensord._Client.connect(
-        None if socket is None else str(socket), client_name, lease_cache, lease_cache_linger
-    )
-    return Client(core)
+    settings = {"socket": None if socket is None else str(socket), "client_name": client_name,
+                "lease_cache": lease_cache, "lease_cache_linger": lease_cache_linger}
+    core = _connect_core(**settings)
+    settings["socket"] = core.socket  # a copy talks to this broker, whatever its environment
+    return Client(core, settings)

@@ -1,0 +1,31 @@
+"""Targets for the multiprocessing tests (test_pickle.py): a spawned or forkserver child
+imports them from here, since it cannot import a test module's locals."""
+
+import numpy as np
+
+
+def put_from_child(client, name, results):
+    """Uses a client that came pickled (spawn, forkserver) or inherited (fork)."""
+    client.put(name, np.arange(6, dtype=np.int32) * 7)
+    results.put((client.session_id, client.get(name).numpy().tolist()))
+
+
+def client_from_queue(clients, name, results):
+    client = clients.get(timeout=60)
+    client.put(name, np.full(3, 5, dtype=np.float32))
+    results.put(client.session_id)
+
+
+class TensordDataset:
+    """A map-style dataset whose items are tensors in the broker: a DataLoader worker gets
+    the client by pickling (spawn) and reads each item zero-copy."""
+
+    def __init__(self, client, names):
+        self.client, self.names = client, names
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, index):
+        t = self.client.get(self.names[index])
+        return t.torch().clone()  # DataLoader sends it back through its own shared memory
