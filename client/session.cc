@@ -355,6 +355,7 @@ absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
       break;
   }
   publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
+  publish->mutable_tags()->insert(options.tags.begin(), options.tags.end());
   // Device memory: consumers' streams wait on this, after the work queued on ours so far.
   absl::StatusOr<std::string> ready_fence = view.RecordReady(options.stream);
   if (!ready_fence.ok()) return Annotate(ready_fence.status(), what);

@@ -63,7 +63,8 @@ std::pair<uint64_t, std::string> DeviceLimitFor(const DeviceLimits& limits, cons
 }
 
 // Tags are kept in the daemon for the tensor's life: bounded per entry and in all.
-absl::Status ValidateTags(const google::protobuf::Map<std::string, std::string>& tags) {
+template <typename TagMap>
+absl::Status ValidateTags(const TagMap& tags) {
   if (tags.size() > common::kMaxTags) {
     return absl::InvalidArgumentError(absl::StrCat("tags: ", tags.size(), " entries, at most ", common::kMaxTags));
   }
@@ -903,9 +904,13 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
         buffer->reader_sealed = true;
       }
     }
-    // The name (and a new description) stay in the daemon.
+    // Tags given at publish join those given at allocation; a key given again is replaced.
+    std::map<std::string, std::string> tags = tensor->tags;
+    for (const auto& [key, value] : request.tags()) tags.insert_or_assign(key, value);
+    if (!request.tags().empty()) TENSORD_RETURN_IF_ERROR(ValidateTags(tags));
+    // The name, the tags (and a new description) stay in the daemon.
     TENSORD_RETURN_IF_ERROR(
-        RechargeMetadataLocked(*tensor, new_layout ? request.desc() : tensor->desc, ns, name));
+        RechargeMetadataLocked(*tensor, new_layout ? request.desc() : tensor->desc, ns, name, tags));
     if (new_layout) {
       // Every check passed: from here on (reply, Stat, acquires) the new description holds.
       tensor->desc = request.desc();
@@ -915,6 +920,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     }
     tensor->state = v1::TENSOR_STATE_SEALED;
     tensor->ns = std::string(ns);
+    tensor->tags = std::move(tags);
     if (!request.ready_fence().empty()) {
       tensor->ready_fence = request.ready_fence();
       session->ready_fenced_tensors.insert(tensor->id);

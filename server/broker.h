@@ -198,9 +198,10 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnchargeTensorLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Charges (or refunds) the producer's uid for `tensor`'s metadata once published with
-  // `desc` under `name` in `ns`; nothing changes on an error.
+  // `desc` and `tags` under `name` in `ns`; nothing changes on an error.
   absl::Status RechargeMetadataLocked(Tensor& tensor, const tensord::v1::TensorDesc& desc, std::string_view ns,
-                                      std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                      std::string_view name, const std::map<std::string, std::string>& tags)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants a lease on `tensor` to `session`; `by_name`: acquired by its name, so the client
   // may cache it and must hear when the tensor retires.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor, bool by_name = false)

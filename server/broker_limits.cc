@@ -67,8 +67,8 @@ absl::Status Broker::CheckWaitCapLocked(const Session& session) const {
 }
 
 absl::Status Broker::RechargeMetadataLocked(Tensor& tensor, const v1::TensorDesc& desc, std::string_view ns,
-                                            std::string_view name) {
-  const uint64_t metadata = TensorMetadataBytes(desc, ns, name, tensor.tags);
+                                            std::string_view name, const std::map<std::string, std::string>& tags) {
+  const uint64_t metadata = TensorMetadataBytes(desc, ns, name, tags);
   if (metadata > tensor.uid_metadata_bytes) {
     TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(tensor.producer_uid, UidResource::kMetadataBytes,
                                                metadata - tensor.uid_metadata_bytes,

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -136,9 +137,13 @@ class PyWatcher {
   std::shared_ptr<Watcher> watcher_;  // null once cancelled
 };
 
+using Tags = std::map<std::string, std::string>;
+
 PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_generation,
-                                  std::optional<double> ttl, std::optional<uintptr_t> stream = std::nullopt) {
+                                  std::optional<double> ttl, std::optional<uintptr_t> stream,
+                                  std::optional<Tags> tags) {
   PublishOptions options;
+  if (tags) options.tags = *std::move(tags);
   // 0 is the CUDA driver's NULL stream, which torch reports for its default stream: the
   // legacy default stream, unless a program was built for per-thread default streams.
   if (stream && *stream != 0) options.stream = *stream;
@@ -190,8 +195,10 @@ class PyClient {
   }
 
   std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
-                                  std::optional<std::string> ns, std::pair<int32_t, int32_t> device) {
+                                  std::optional<std::string> ns, std::pair<int32_t, int32_t> device,
+                                  std::optional<Tags> tags) {
     TensorSpec spec;
+    if (tags) spec.tags = *std::move(tags);
     spec.dtype = DtypeFromName(dtype);
     spec.shape = std::move(shape);
     spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
@@ -203,8 +210,8 @@ class PyClient {
 
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
                    std::optional<uint64_t> if_generation, std::optional<double> ttl,
-                   std::optional<uintptr_t> stream) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
+                   std::optional<uintptr_t> stream, std::optional<Tags> tags) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags));
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     tensor.set_info(Unwrap(WithoutGil([&] { return client->Publish(*ref, name, options); })));
@@ -214,8 +221,8 @@ class PyClient {
   // The handle's description stays as it was: the broker's answer is not waited for.
   void PublishNoWait(PyTensor& tensor, const std::string& name, bool if_absent,
                      std::optional<uint64_t> if_generation, std::optional<double> ttl,
-                     std::optional<uintptr_t> stream) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
+                     std::optional<uintptr_t> stream, std::optional<Tags> tags) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags));
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     ThrowIfError(WithoutGil([&] { return client->PublishNoWait(*ref, name, options); }));
@@ -228,8 +235,8 @@ class PyClient {
   // with a ready event there: no host round trip and no host wait.
   py::dict Put(const std::string& name, Source& source, bool if_absent,
                std::optional<uint64_t> if_generation, std::optional<double> ttl,
-               std::optional<std::string> ns, std::optional<uintptr_t> stream) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream);
+               std::optional<std::string> ns, std::optional<uintptr_t> stream, std::optional<Tags> tags) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags));
     TensorSpec spec;
     spec.dtype = source.dtype();
     spec.shape = source.shape();
@@ -261,8 +268,8 @@ class PyClient {
   // references go when this returns.
   py::list PutMany(const std::vector<std::pair<std::string, Source*>>& items, bool if_absent,
                    std::optional<uint64_t> if_generation, std::optional<double> ttl,
-                   std::optional<std::string> ns) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl);
+                   std::optional<std::string> ns, std::optional<Tags> tags) {
+    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, std::nullopt, std::move(tags));
     std::vector<AllocateItem> allocations;
     allocations.reserve(items.size());
     for (const auto& [name, source] : items) {
@@ -452,19 +459,20 @@ void BindClient(py::module_& m) {
                   py::arg("client_name") = py::none(), py::arg("lease_cache") = true,
                   py::arg("lease_cache_linger") = 2.0)
       .def("empty", &PyClient::Empty, py::arg("shape"), py::arg("dtype"),
-           py::arg("ns") = py::none(), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}))
+           py::arg("ns") = py::none(), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}),
+           py::arg("tags") = py::none())
       .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
-           py::arg("ttl") = py::none(), py::arg("stream") = py::none())
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none())
       .def("publish_nowait", &PyClient::PublishNoWait, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
-           py::arg("ttl") = py::none(), py::arg("stream") = py::none())
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none())
       .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
-           py::arg("ns") = py::none(), py::arg("stream") = py::none())
+           py::arg("ns") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none())
       .def("put_many", &PyClient::PutMany, py::arg("items"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
-           py::arg("ns") = py::none())
+           py::arg("ns") = py::none(), py::arg("tags") = py::none())
       .def("get", &PyClient::Get, py::arg("name"), py::arg("timeout") = 0.0,
            py::arg("min_generation") = py::none(), py::arg("readonly") = false,
            py::arg("pinned") = false)

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -104,6 +105,33 @@ TEST(Integration, SecondAcquireInOneProcessSharesTheMapping) {
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(first->data(), second->data());
   EXPECT_EQ(first->lease_id(), second->lease_id());
+}
+
+TEST(Integration, PublishTagsJoinTheAllocationsAndReplaceAKeyGivenAgain) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  TensorSpec spec;
+  spec.shape = {4};
+  spec.tags = {{"source", "camera"}, {"stage", "raw"}};
+  auto tensor = client->Allocate("ns", spec);
+  ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+  PublishOptions options;
+  options.tags = {{"stage", "normalized"}, {"epoch", "3"}};
+  auto published = client->Publish(*tensor, "ns/tagged", options);
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  const std::map<std::string, std::string> want = {{"source", "camera"}, {"stage", "normalized"}, {"epoch", "3"}};
+  EXPECT_EQ(published->tags, want);
+  auto stat = client->Stat("ns/tagged");
+  ASSERT_TRUE(stat.ok());
+  EXPECT_EQ(stat->info.tags, want);
+
+  auto other = client->Allocate("ns", spec);
+  ASSERT_TRUE(other.ok());
+  PublishOptions bad;
+  bad.tags = {{"", "no key"}};
+  auto refused = client->Publish(*other, "ns/bad", bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Stat("ns/bad").status().code(), StatusCode::kNotFound);
 }
 
 TEST(Integration, ConsumerWritesStayPrivateAndReadonlyIsEnforced) {

@@ -292,3 +292,29 @@ def test_put_many_get_many(client, name):
         client.get_many(names + ["py/absent"])
     with pytest.raises(tensord.Timeout):
         client.get_many(["py/absent"], timeout=0.2)
+
+
+def test_tags_from_empty_publish_put_and_put_many(client, name):
+    t = client.empty((2,), "float32", ns="py", tags={"source": "camera-3"})
+    n = name()
+    info = client.publish(t, n, tags={"epoch": "7"})
+    assert info["tags"] == {"source": "camera-3", "epoch": "7"}
+    assert client.stat(n)["tags"] == {"source": "camera-3", "epoch": "7"}
+
+    t = client.empty((2,), "float32", tags={"source": "a", "kept": "yes"})
+    client.publish(t, name(), wait=False, tags={"source": "b"})  # a key given again is replaced
+    client.flush()
+    assert client.list("py/")[-1]["tags"] == {"source": "b", "kept": "yes"}
+
+    m = name()
+    assert client.put(m, np.zeros(3), tags={"k": "v"})["tags"] == {"k": "v"}
+    many = client.put_many({name(): np.ones(2), name(): np.ones(4)}, tags={"batch": "12"})
+    assert [i["tags"] for i in many] == [{"batch": "12"}] * 2
+
+    with pytest.raises(TypeError, match="a dict of str to str"):
+        client.put(name(), np.zeros(1), tags={"k": 1})
+    with pytest.raises(tensord.InvalidArgument, match="tags: keys 1.."):
+        client.put(name(), np.zeros(1), tags={"": "empty key"})
+    too_many = {f"k{i}": "v" for i in range(1000)}
+    with pytest.raises(tensord.InvalidArgument, match="tags"):
+        client.publish(client.empty((1,), "uint8"), name(), tags=too_many)

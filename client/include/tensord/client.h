@@ -246,6 +246,9 @@ struct PublishOptions {
   // Device tensors: the stream the work that wrote the tensor was queued on. Publish
   // records a "ready" event there (no host wait) that every consumer's stream waits on.
   uintptr_t stream = kLegacyDefaultStream;
+  // Added to the tags the tensor was allocated with (TensorSpec::tags); a key it has
+  // already is replaced. Bounded in all as TensorSpec::tags (INVALID_ARGUMENT).
+  std::map<std::string, std::string> tags;
 };
 
 // One element of Client::AllocateMany.

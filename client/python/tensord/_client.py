@@ -41,6 +41,15 @@ def device_tuple(device):
     return (_DEVICE_TYPES[kind], int(index) if index else 0)
 
 
+def _tags(tags):
+    """tags as the core takes them: None, or a dict of str to str (TypeError otherwise)."""
+    if tags is None:
+        return None
+    if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        raise TypeError(f"tags: a dict of str to str, not {tags!r}")
+    return tags
+
+
 def _shape(shape):
     if isinstance(shape, int):
         return [shape]
@@ -190,7 +199,7 @@ class Client:
 
     # Producing.
 
-    def empty(self, shape, dtype, ns=None, device=None):
+    def empty(self, shape, dtype, ns=None, device=None, tags=None):
         """A writable tensor in broker memory: fill it in place (numpy.from_dlpack(t),
         torch.from_dlpack(t) or t.numpy()), then publish(t, name). Without a namespace it
         gets a dedicated buffer; with one it may be carved from that namespace's arena and can
@@ -205,10 +214,14 @@ class Client:
         refuses it. Publish with stream= (the stream whose kernels wrote it) and consumers'
         streams wait for that work on the GPU: no synchronize needed. 'xpu:N' is Level Zero
         GPU N (kDLOneAPI); Level Zero has no default stream, so without stream= the ready
-        event is signalled and waited on the host (docs/memory-backends.md)."""
-        return self._core.empty(_shape(shape), dtype_name(dtype), ns, device_tuple(device))
+        event is signalled and waited on the host (docs/memory-backends.md).
 
-    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True, stream=None):
+        tags: a dict of str to str kept with the tensor (info dicts' 'tags'); publish(tags=)
+        adds to them."""
+        return self._core.empty(_shape(shape), dtype_name(dtype), ns, device_tuple(device), _tags(tags))
+
+    def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True, stream=None,
+                tags=None):
         """Seals the tensor from empty() and binds it to name, without a copy. if_absent /
         if_generation make it conditional; ttl (seconds) unbinds it after that long.
         Returns the tensor's description (a dict with 'generation', ...).
@@ -221,15 +234,19 @@ class Client:
         wait=False sends the publish and returns None at once, without a round trip: a
         producer loop runs ahead of the broker. What the broker refuses (a condition, the
         namespace) is raised by the next flush(), which names every failed publish. This
-        client's later get/take of the name sees the publish (the stream keeps order)."""
+        client's later get/take of the name sees the publish (the stream keeps order).
+
+        tags: a dict of str to str added to those given to empty() (a key given again is
+        replaced)."""
         if not isinstance(t, Tensor):
             raise TypeError("publish takes a tensor from client.empty(); use put() for other arrays")
         if not wait:
-            self._core.publish_nowait(t, name, if_absent, if_generation, ttl, stream)
+            self._core.publish_nowait(t, name, if_absent, if_generation, ttl, stream, _tags(tags))
             return None
-        return self._core.publish(t, name, if_absent, if_generation, ttl, stream)
+        return self._core.publish(t, name, if_absent, if_generation, ttl, stream, _tags(tags))
 
-    def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None, stream=None):
+    def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None, stream=None,
+            tags=None):
         """Copies any array once into broker memory and publishes it: anything with
         __dlpack__, the buffer protocol or __array_interface__, any strides, any dtype
         tensord has (bool and unsigned ints included), and what numpy.asarray reads (lists,
@@ -239,15 +256,15 @@ class Client:
         copied device to device on stream into a broker-owned tensor on the same GPU, and
         published with a ready event there: no host round trip, no host wait. It must be in
         compact C order (.contiguous()). stream: as for publish(); for a torch tensor,
-        torch's current stream when not given."""
+        torch's current stream when not given. tags: a dict of str to str kept with it."""
         if stream is None:
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
                 stream = torch.cuda.current_stream(obj.device).cuda_stream
         source = source_of(obj)
-        return self._core.put(name, source, if_absent, if_generation, ttl, ns, stream)
+        return self._core.put(name, source, if_absent, if_generation, ttl, ns, stream, _tags(tags))
 
-    def put_many(self, items, *, if_absent=False, if_generation=None, ttl=None, ns=None):
+    def put_many(self, items, *, if_absent=False, if_generation=None, ttl=None, ns=None, tags=None):
         """put() for a batch: items is a dict {name: array} or an iterable of (name, array)
         pairs, each array read as put() reads it. All the tensors are allocated in one
         pipelined batch (every request sent before any answer is read), each array is copied
@@ -258,7 +275,7 @@ class Client:
         its item, and the items the broker accepted stay published."""
         pairs = items.items() if isinstance(items, dict) else items
         sources = [(name, source_of(obj)) for name, obj in pairs]
-        return self._core.put_many(sources, if_absent, if_generation, ttl, ns)
+        return self._core.put_many(sources, if_absent, if_generation, ttl, ns, _tags(tags))
 
     # Consuming.
 
