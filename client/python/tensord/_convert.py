@@ -8,6 +8,8 @@ What Debian's numpy 1.24 and torch 1.13 do with a DLPack capsule (pinned by the 
   capsules, which cannot say "read-only".
   torch.from_dlpack  refuses kDLCUDAHost ("Unsupported device_type: 3"), the device of a
                      pinned view.
+Newer releases take some of these (numpy 2: bool, and a versioned capsule that says
+read-only; torch 2.3 and later: uint16/32/64); the tests check either behaviour.
 Workarounds here, all zero-copy:
   .numpy()  builds the array over the raw memory with numpy's C API, with an object
             holding its own lease as the array's base: every dtype numpy has (bool
@@ -20,7 +22,7 @@ Workarounds here, all zero-copy:
             torch.from_numpy does for a non-writeable array (writing to it would crash).
             A pinned view (read-only too): a CPU tensor over the same pages, its capsule
             saying kDLCPU. torch's is_pinned() asks the CUDA runtime: False on a machine
-            without a GPU (what it says on one is not checked).
+            without a GPU, True on one (torch 2.11 on an H200).
 """
 
 import warnings
