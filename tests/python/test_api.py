@@ -319,3 +319,30 @@ def test_the_module_keeps_its_own_pybind11_internals():
     if not keys:
         pytest.skip("this pybind11 keeps its internals outside builtins (pybind11 3)")
     assert any("_tensord_" in k for k in keys), keys
+
+
+def test_dtype_and_device_compare_equal_to_numpy_and_torch_spellings(client, name):
+    import json
+
+    import numpy as np
+    import torch
+
+    n = name()
+    client.put(n, np.zeros((2, 2), dtype=np.float32))
+    t = client.get(n)
+    assert t.dtype == "float32" and isinstance(t.dtype, str) and json.dumps(t.dtype) == '"float32"'
+    assert t.dtype == np.float32 and np.float32 == t.dtype and t.dtype == np.dtype("float32")
+    assert t.dtype == torch.float32 and torch.float32 == t.dtype
+    assert t.dtype != torch.int32 and t.dtype != np.int64 and t.dtype != 3
+    assert t.dtype.numpy() is np.dtype("float32") or t.dtype.numpy() == np.dtype("float32")
+    assert t.dtype.torch() is torch.float32
+    assert {t.dtype: "x"}["float32"] == "x"  # hashes as its name
+
+    assert t.device == (1, 0) and t.device == "cpu" and t.device == torch.device("cpu")
+    assert torch.device("cpu") == t.device and t.device != "cuda:0" and t.device != torch.device("cuda", 0)
+    assert str(t.device) == "cpu" and t.device.type == "cpu" and t.device.index == 0
+    assert t.device == t.__dlpack_device__() and isinstance(t.device, tuple)
+    with pytest.raises(TypeError, match="bfloat16"):
+        tensord.DType("bfloat16").numpy()
+    assert str(tensord.Device((2, 1))) == "cuda:1" and tensord.Device((2, 1)) == "cuda:1"
+    assert str(tensord.Device((3, 0))) == "cuda_host"

@@ -24,6 +24,7 @@ with .code set. Timeout is also a TimeoutError, NotFound also a LookupError.
 
 from . import _convert
 from ._client import Client, Watch, connect, dtype_name
+from ._types import Device, DType
 from ._tensord import (
     DLPACK_VERSION,
     Error,
@@ -37,6 +38,9 @@ from ._tensord import (
     default_socket_path,
 )
 
+_core_dtype, _core_device = Tensor.dtype, Tensor.device
+Tensor.dtype = property(lambda t: DType(_core_dtype.fget(t)), doc=DType.__doc__)
+Tensor.device = property(lambda t: Device(_core_device.fget(t)), doc=Device.__doc__)
 Tensor.numpy = _convert.to_numpy
 Tensor.torch = _convert.to_torch
 Tensor.__array__ = _convert.to_array
@@ -44,6 +48,8 @@ Tensor.__array__ = _convert.to_array
 __all__ = [
     "Client",
     "DLPACK_VERSION",
+    "DType",
+    "Device",
     "Error",
     "InvalidArgument",
     "NotFound",
