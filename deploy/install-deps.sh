@@ -11,6 +11,8 @@ packages=(
   # the daemon's allocator (server/CMakeLists.txt): many small messages per request
   libjemalloc-dev
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
+  # the Python package's type stubs are checked with mypy and its stubtest (test_typing.py)
+  python3-mypy
   # the gRPC bytes-copy peer of the comparative benchmark (tests/bench/compare.py)
   python3-grpcio
   libze-dev clang libfuzzer-14-dev

@@ -108,8 +108,12 @@ void BindTensor(py::module_& m) {
   py::class_<PyTensor>(m, "Tensor", "A tensor held through tensord (see tensord.Tensor).")
       .def("__dlpack__", &PyTensor::DLPack, py::arg("stream") = py::none(),
            py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
-           py::arg("copy") = py::none())
-      .def("__dlpack_device__", &PyTensor::Device)
+           py::arg("copy") = py::none(),
+           "The DLPack protocol: a capsule over this tensor's memory, no copy. max_version (1, 0) or "
+           "more gives a versioned capsule (flagged read-only for a read-only view); a GPU tensor "
+           "orders `stream` on the producer's writes. copy=True and a dl_device elsewhere raise "
+           "BufferError.")
+      .def("__dlpack_device__", &PyTensor::Device, "(device_type, device_id), as DLPack numbers them.")
       .def("use_on_stream", &PyTensor::UseOnStream, py::arg("stream"),
            "GPU tensors: makes `stream` (an int handle, e.g. torch's stream.cuda_stream) wait for the "
            "producer's writes, and holds the lease's release until the work queued there is done. "
@@ -122,26 +126,37 @@ void BindTensor(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyTensor& t, py::args) { t.Release(); })
       .def_property_readonly("shape",
-                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().shape)); })
+                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().shape)); },
+                             "The shape, a tuple of ints.")
       .def_property_readonly("strides",
-                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().strides)); })
+                             [](const PyTensor& t) { return py::tuple(py::cast(t.info().strides)); },
+                             "The strides in elements (not bytes), a tuple of ints.")
       .def_property_readonly("dtype",
                              [](const PyTensor& t) { return DtypeName(t.info().dtype); })
       .def_property_readonly("name",
                              [](const PyTensor& t) -> std::optional<std::string> {
                                if (t.info().name.empty()) return std::nullopt;
                                return t.info().name;
-                             })
-      .def_property_readonly("tensor_id", [](const PyTensor& t) { return t.info().tensor_id; })
-      .def_property_readonly("generation", [](const PyTensor& t) { return t.info().generation; })
-      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info().nbytes; })
+                             },
+                             "The name it was bound to when this handle got it; None for an unnamed "
+                             "or unpublished tensor.")
+      .def_property_readonly("tensor_id", [](const PyTensor& t) { return t.info().tensor_id; },
+                             "The broker's id of the tensor (get(tensor_id) acquires it).")
+      .def_property_readonly("generation", [](const PyTensor& t) { return t.info().generation; },
+                             "The generation it was published at (0 before its publish).")
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info().nbytes; },
+                             "The bytes of its elements.")
       .def_property_readonly("device", &PyTensor::Device)
-      .def_property_readonly("readonly", &PyTensor::readonly)
-      .def_property_readonly("pinned", &PyTensor::pinned)
+      .def_property_readonly("readonly", &PyTensor::readonly,
+                             "True for a read-only view (get(readonly=True), pinned views).")
+      .def_property_readonly("pinned", &PyTensor::pinned,
+                             "True for a pinned view of host memory (get/take with pinned=True).")
       .def_property_readonly("writable", &PyTensor::producer,
                              "True for a tensor from empty(): fill it, then publish it.")
-      .def_property_readonly("released", &PyTensor::released)
-      .def_property_readonly("info", [](const PyTensor& t) { return InfoToDict(t.info()); })
+      .def_property_readonly("released", &PyTensor::released,
+                             "True once release() dropped this handle's reference.")
+      .def_property_readonly("info", [](const PyTensor& t) { return InfoToDict(t.info()); },
+                             "The tensor's description as a dict (as stat() gives it, without holders).")
       .def("__repr__", [](const PyTensor& t) {
         std::string repr = "<tensord.Tensor " + t.Describe() + " " +
                            DtypeName(t.info().dtype).value_or("?") + "[";

@@ -340,7 +340,7 @@ def test_dtype_and_device_compare_equal_to_numpy_and_torch_spellings(client, nam
 
     assert t.device == (1, 0) and t.device == "cpu" and t.device == torch.device("cpu")
     assert torch.device("cpu") == t.device and t.device != "cuda:0" and t.device != torch.device("cuda", 0)
-    assert str(t.device) == "cpu" and t.device.type == "cpu" and t.device.index == 0
+    assert str(t.device) == "cpu" and t.device.type == "cpu" and t.device.id == 0
     assert t.device == t.__dlpack_device__() and isinstance(t.device, tuple)
     with pytest.raises(TypeError, match="bfloat16"):
         tensord.DType("bfloat16").numpy()

@@ -154,9 +154,11 @@ class Watch:
         return self._core.__next__()
 
     def next(self, timeout=None):
+        """The next event, waiting up to timeout seconds (None: forever); None when none came."""
         return self._core.next(timeout)
 
     def close(self):
+        """Ends the watch; an iteration over it stops."""
         self._core.cancel()
 
     def __enter__(self):
@@ -331,6 +333,8 @@ class Client:
     # Managing.
 
     def delete(self, name, if_generation=None):
+        """Unbinds name (only at that generation with if_generation); holders keep their data.
+        NotFound when nothing is bound to it."""
         self._core.delete(name, if_generation)
 
     def list(self, prefix=""):
@@ -364,16 +368,19 @@ class Client:
 
     @property
     def closed(self):
+        """True once close() ended the session."""
         if self.__core is None:
             return self._closed_before_use
         return self.__core.closed
 
     @property
     def session_id(self):
+        """The broker's id of this session (it connects a pickled copy first)."""
         return self._core.session_id
 
     @property
     def socket(self):
+        """The socket path of the broker this client talks to."""
         return self._settings["socket"]
 
     def __enter__(self):

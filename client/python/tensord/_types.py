@@ -76,7 +76,8 @@ class Device(tuple):
         return _DEVICE_NAMES.get(self[0], str(self[0]))
 
     @property
-    def index(self):
+    def id(self):
+        """The device id: this process's ordinal (tuple's own index() stays a method)."""
         return self[1]
 
     def __str__(self):
