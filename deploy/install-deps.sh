@@ -13,6 +13,8 @@ packages=(
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
   # the Python package's type stubs are checked with mypy and its stubtest (test_typing.py)
   python3-mypy
+  # pip into a venv and wheels, with Debian's build tools (tests/python/pip_install_test.sh)
+  python3-venv python3-pip python3-setuptools python3-wheel python3-build
   # the gRPC bytes-copy peer of the comparative benchmark (tests/bench/compare.py)
   python3-grpcio
   libze-dev clang libfuzzer-14-dev

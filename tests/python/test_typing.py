@@ -4,6 +4,7 @@ signatures, and mypy --strict on programs that use the API rightly and wrongly."
 
 import ast
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,10 @@ except ImportError:
 
 
 def run(args, **kwargs):
-    env = dict(os.environ, MYPYPATH=ROOT)
+    # An installed package mypy finds as pip put it (PEP 561, py.typed); a build tree's by MYPYPATH.
+    env = dict(os.environ)
+    if ROOT not in site.getsitepackages():
+        env["MYPYPATH"] = ROOT
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env,
                           timeout=300, **kwargs)
 

@@ -25,6 +25,7 @@ with .code set. Timeout is also a TimeoutError, NotFound also a LookupError.
 from . import _convert
 from ._client import Client, Watch, connect, dtype_name
 from ._types import Device, DType
+from ._version import __version__  # the project version, written by CMake
 from ._tensord import (
     DLPACK_VERSION,
     Error,
@@ -63,4 +64,3 @@ __all__ = [
     "default_socket_path",
     "dtype_name",
 ]
-__version__ = "0.1.0"

@@ -1,0 +1,86 @@
+"""Builds the tensord Python package with the project's CMake build, for the interpreter that
+runs this (pyproject.toml says how to call it). The package's files come from the CMake
+build tree (client/python: the .py files, the stubs, the generated _version.py and the
+extension), and libtensord.so.0 goes beside the extension, which finds it by $ORIGIN.
+
+TENSORD_CMAKE_ARGS adds arguments to the CMake configure step (say -DCMAKE_BUILD_TYPE=Debug).
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def project_version():
+    """The one version: CMakeLists.txt's project(tensord VERSION x.y.z)."""
+    with open(os.path.join(HERE, "CMakeLists.txt")) as f:
+        match = re.search(r"project\(tensord\s+VERSION\s+([0-9][0-9.]*)", f.read())
+    if not match:
+        sys.exit("setup.py: no `project(tensord VERSION ...)` in CMakeLists.txt")
+    return match.group(1)
+
+
+class BinaryDistribution(Distribution):
+    """The wheel holds an extension: tagged for this interpreter and platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+class CMakeBuildPy(build_py):
+    """build_py that runs the CMake build of the module and copies its package."""
+
+    def run(self):
+        tag = sysconfig.get_config_var("SOABI") or f"py{sys.version_info[0]}{sys.version_info[1]}"
+        build_dir = os.path.join(HERE, "build", "pip", tag)
+        configure = ["cmake", "-S", HERE, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DTENSORD_PYTHON_EXECUTABLE={sys.executable}", "-DTENSORD_BUILD_PYTHON=ON",
+                     "-DTENSORD_PYTHON_WHEEL=ON", "-DTENSORD_BUILD_TESTS=OFF", "-DTENSORD_BUILD_BENCH=OFF"]
+        if shutil.which("ninja"):
+            configure += ["-G", "Ninja"]
+        configure += shlex.split(os.environ.get("TENSORD_CMAKE_ARGS", ""))
+        if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+            self.spawn(configure)
+        self.spawn(["cmake", "--build", build_dir, "--target", "tensord_python",
+                    "-j", str(os.cpu_count() or 2)])
+
+        source = os.path.join(build_dir, "python", "tensord")
+        target = os.path.join(self.build_lib, "tensord")
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        library = os.path.join(build_dir, "client", "libtensord.so.0")
+        shutil.copy2(os.path.realpath(library), os.path.join(target, "libtensord.so.0"))
+        needed = subprocess.run(["ldd", os.path.join(target, self.extension_file(target))],
+                                capture_output=True, text=True).stdout
+        if "libtensord.so.0 => not found" in needed:
+            sys.exit("setup.py: the extension does not find libtensord.so.0 beside it: RPATH is not $ORIGIN")
+
+    @staticmethod
+    def extension_file(directory):
+        return next(f for f in os.listdir(directory) if f.startswith("_tensord") and f.endswith(".so"))
+
+
+# setuptools' own files (build/, egg-info) go under build/pip, beside the CMake build it runs.
+os.makedirs(os.path.join(HERE, "build", "pip"), exist_ok=True)
+
+setup(
+    version=project_version(),
+    distclass=BinaryDistribution,
+    cmdclass={"build_py": CMakeBuildPy},
+    packages=["tensord"],
+    package_dir={"tensord": os.path.join("client", "python", "tensord")},
+    options={"build": {"build_base": os.path.join("build", "pip", "setuptools")},
+             "egg_info": {"egg_base": os.path.join("build", "pip")}},
+    package_data={"tensord": ["*.so", "*.so.*", "*.pyi", "py.typed"]},
+)

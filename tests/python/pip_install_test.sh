@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The package as a pip user gets it: a fresh venv of Debian's python3 (with its site
+# packages, for numpy, torch, pytest and mypy), `pip install --no-build-isolation --no-index`
+# of the source tree (setup.py runs the CMake build), then, from outside the source tree, the
+# whole Python suite against the installed package; and `python3 -m build` to a wheel that
+# carries libtensord.so.0 beside the module ($ORIGIN).
+#
+#   tests/python/pip_install_test.sh SOURCE_DIR DAEMON [PYTHON]
+set -euo pipefail
+source_dir=$(cd "$1" && pwd)
+daemon=$2
+python=${3:-/usr/bin/python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+unset PYTHONPATH  # the installed package, never the build tree's
+
+"$python" -m venv --system-site-packages "$work/venv"
+py=$work/venv/bin/python
+"$py" -m pip install --no-build-isolation --no-index --no-cache-dir "$source_dir"
+
+cd "$work"
+package=$("$py" -c 'import os, tensord; print(os.path.dirname(tensord.__file__))')
+case $package in
+  "$work/venv/"*) ;;
+  *) echo "pip_install_test: tensord was imported from $package, not the venv" >&2; exit 1 ;;
+esac
+for f in libtensord.so.0 py.typed __init__.pyi _version.py; do test -f "$package/$f"; done
+readelf -d "$package"/_tensord*.so | grep -E 'R(UN)?PATH' | grep -q '\$ORIGIN'
+want=$(sed -nE 's/^project\(tensord VERSION ([0-9.]+).*/\1/p' "$source_dir/CMakeLists.txt")
+test "$("$py" -c 'import tensord; print(tensord.__version__)')" = "$want"
+test "$("$py" -m pip show tensord | sed -n 's/^Version: //p')" = "$want"
+
+TENSORD_BIN=$daemon TENSORD_CXX=${TENSORD_CXX:-c++} PYTHONDONTWRITEBYTECODE=1 \
+  TENSORD_LIB_DIR=${TENSORD_LIB_DIR:-$(dirname "$daemon")/../client} \
+  "$py" -m pytest -q -p no:cacheprovider -p no:hypothesispytest --rootdir="$source_dir/tests/python" \
+    --ignore="$source_dir/tests/python/cuda_fake" --ignore="$source_dir/tests/python/level_zero_fake" \
+    --ignore="$source_dir/tests/python/cuda_gpu" "$source_dir/tests/python"
+
+"$py" -m build --no-isolation --wheel --outdir "$work/dist" "$source_dir" >/dev/null
+wheel=$(ls "$work"/dist/tensord-"$want"-*.whl)
+"$py" -m zipfile -l "$wheel" | grep -q 'tensord/libtensord.so.0'
+"$py" -m zipfile -l "$wheel" | grep -q 'tensord/_tensord\.'
+echo "pip_install_test: OK ($(basename "$wheel"))"
