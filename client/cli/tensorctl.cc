@@ -148,6 +148,15 @@ std::string DeviceText(DLDevice d) {
   }
 }
 
+// Milliseconds as JSON seconds, as Python's dicts give times ("created", "uptime").
+std::string SecondsJson(int64_t ms) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", static_cast<double>(ms) / 1000.0);
+  return text;
+}
+
+// The fields, names and units of the Python package's info dicts (py_convert.cc), so that a
+// script reads tensorctl --json and a program reads client.stat() alike.
 std::string InfoJson(const TensorInfo& t) {
   std::string tags = "{";
   bool first = true;
@@ -160,12 +169,15 @@ std::string InfoJson(const TensorInfo& t) {
          ",\"generation\":" + std::to_string(t.generation) + ",\"dtype\":" +
          JsonString(DTypeText(t.dtype)) + ",\"shape\":" + JsonInts(t.shape) +
          ",\"strides\":" + JsonInts(t.strides) + ",\"byte_offset\":" +
-         std::to_string(t.byte_offset) + ",\"device\":" + JsonString(DeviceText(t.device)) +
+         std::to_string(t.byte_offset) + ",\"device\":[" + std::to_string(t.device.device_type) + "," +
+         std::to_string(t.device.device_id) + "]" +
          ",\"state\":" + JsonString(internal::TensorStateName(t.state)) + ",\"tags\":" + tags +
-         ",\"created_unix_ms\":" + std::to_string(t.created_unix_ms) + ",\"lease_count\":" +
+         ",\"created\":" + SecondsJson(t.created_unix_ms) + ",\"lease_count\":" +
          std::to_string(t.lease_count) + ",\"nbytes\":" + std::to_string(t.nbytes) +
          ",\"buffer_id\":" + std::to_string(t.buffer_id) + ",\"buffer_size\":" +
-         std::to_string(t.buffer_size) + "}";
+         std::to_string(t.buffer_size) + ",\"buffer_offset\":" + std::to_string(t.buffer_offset) +
+         ",\"arena\":" + (t.arena ? "true" : "false") + ",\"recyclable\":" + (t.recyclable ? "true" : "false") +
+         "}";
 }
 
 void PrintInfoHuman(const TensorInfo& t) {
@@ -328,12 +340,12 @@ int CmdStatus(Client& client, const Globals& g) {
   const BrokerStatus& s = *st;
   if (g.json) {
     std::printf(
-        "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime_ms\":%" PRId64 ",\"host_bytes_in_use\":%" PRIu64
+        "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime\":%s,\"host_bytes_in_use\":%" PRIu64
         ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
         ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
         ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"host_bytes_pooled\":%" PRIu64
         ",\"pooled_buffers\":%" PRIu64 ",\"backends\":%s}\n",
-        JsonString(s.version).c_str(), s.pid, s.uid, s.uptime_ms, s.host_bytes_in_use,
+        JsonString(s.version).c_str(), s.pid, s.uid, SecondsJson(s.uptime_ms).c_str(), s.host_bytes_in_use,
         s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
         JsonString(s.socket).c_str(), s.releases_not_found, s.host_bytes_pooled, s.pooled_buffers,
         BackendsJson(s.backends).c_str());
@@ -401,7 +413,10 @@ int CmdStat(Client& client, const Globals& g, const std::string& name) {
                  ",\"gid\":" + std::to_string(h.gid) + ",\"leases\":" + std::to_string(h.leases) +
                  ",\"producer\":" + (h.producer ? "true" : "false") + "}";
     }
-    std::printf("{\"tensor\":%s,\"holders\":%s]}\n", InfoJson(st->info).c_str(), holders.c_str());
+    // One object, as Python's stat() dict: the description's fields, then "holders".
+    std::string info = InfoJson(st->info);
+    info.pop_back();
+    std::printf("%s,\"holders\":%s]}\n", info.c_str(), holders.c_str());
     return 0;
   }
   PrintInfoHuman(st->info);
@@ -537,9 +552,8 @@ int CmdWatch(Client& client, const Globals& g, const std::string& prefix) {
                        : e.kind == WatchEvent::Kind::kUnbound ? "unbound"
                                                               : "reset";
     if (g.json) {
-      std::printf("{\"event\":\"%s\",\"name\":%s,\"generation\":%" PRIu64 "%s%s}\n", kind,
-                  JsonString(e.name).c_str(), e.generation, e.tensor ? ",\"tensor\":" : "",
-                  e.tensor ? InfoJson(*e.tensor).c_str() : "");
+      std::printf("{\"kind\":\"%s\",\"name\":%s,\"generation\":%" PRIu64 ",\"tensor\":%s}\n", kind,
+                  JsonString(e.name).c_str(), e.generation, e.tensor ? InfoJson(*e.tensor).c_str() : "null");
     } else if (e.kind == WatchEvent::Kind::kBound && e.tensor) {
       std::printf("bound    %s  gen %" PRIu64 "  %s %s  %s\n", e.name.c_str(), e.generation,
                   DTypeText(e.tensor->dtype).c_str(), ShapeText(e.tensor->shape).c_str(),

@@ -1,0 +1,73 @@
+"""tensorctl --json and the Python package describe things with the same field names, units
+and values: a script and a program read a stat, a listing, the status and watch events alike."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+TENSORCTL = os.path.join(os.path.dirname(os.path.dirname(os.environ.get("TENSORD_BIN", ""))), "client", "cli",
+                         "tensorctl")
+
+
+def ctl(broker, *args, **kwargs):
+    if not os.path.exists(TENSORCTL):
+        pytest.fail(f"no tensorctl at {TENSORCTL}: it is found beside $TENSORD_BIN's build tree")
+    out = subprocess.run([TENSORCTL, "--socket", broker.socket, "--json", *args], capture_output=True,
+                         text=True, timeout=30, **kwargs)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def as_json(value):
+    """What a Python dict looks like in JSON (tuples are lists)."""
+    return json.loads(json.dumps(value))
+
+
+def test_stat_and_ls_are_python_dicts(broker, client, name):
+    n = name()
+    client.put(n, np.zeros((2, 3), np.float32), tags={"k": "v"})
+    held = client.get(n)
+    assert held.shape == (2, 3)
+    assert json.loads(ctl(broker, "stat", n)) == as_json(client.stat(n))
+    assert json.loads(ctl(broker, "ls", "py/")) == as_json(client.list("py/"))
+
+
+def test_status_is_the_python_dict_with_the_same_units(broker, client):
+    from_ctl, from_py = json.loads(ctl(broker, "status")), as_json(client.status())
+    assert from_ctl.keys() == from_py.keys()
+    volatile = {"uptime", "sessions", "leases", "releases_not_found"}  # two calls apart
+    assert {k: v for k, v in from_ctl.items() if k not in volatile} == \
+        {k: v for k, v in from_py.items() if k not in volatile}
+    assert abs(from_ctl["uptime"] - from_py["uptime"]) < 30  # seconds in both
+
+
+def test_watch_events_are_python_dicts(broker, client, name):
+    import select
+
+    watcher = subprocess.Popen([TENSORCTL, "--socket", broker.socket, "--json", "watch", "py/"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = {}
+    try:
+        with client.watch("py/") as events:
+            line = ""
+            for _ in range(100):  # tensorctl's watch starts on its own time: publish until it sees one
+                n = name("w")
+                client.put(n, np.arange(3))
+                event = events.next(timeout=10)
+                seen[(event["name"], event["generation"])] = event
+                if select.select([watcher.stdout], [], [], 0.1)[0]:
+                    line = watcher.stdout.readline()
+                    break
+            assert line, "tensorctl watch printed nothing"
+            from_ctl = json.loads(line)
+            while (from_ctl["name"], from_ctl["generation"]) not in seen:
+                event = events.next(timeout=10)
+                seen[(event["name"], event["generation"])] = event
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+    assert from_ctl == as_json(seen[(from_ctl["name"], from_ctl["generation"])])
+    assert from_ctl["kind"] == "bound" and from_ctl["tensor"]["name"] == from_ctl["name"]
