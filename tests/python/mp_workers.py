@@ -29,3 +29,16 @@ class TensordDataset:
     def __getitem__(self, index):
         t = self.client.get(self.names[index])
         return t.torch().clone()  # DataLoader sends it back through its own shared memory
+
+
+class Samples:
+    """Image-like samples with a label, an id and a dict of extras, deterministic per index."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        import torch
+
+        image = torch.full((3, 4, 4), float(index))
+        return image, index, f"s{index}", {"mask": np.full(5, index % 2 == 0), "weight": 0.5 * index}

@@ -4,6 +4,8 @@
 import os
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
+from . import data as data
+
 # A dtype as tensord takes it: 'float32', numpy.float32, numpy.dtype('float32'), torch.float32.
 _DTypeLike = Any
 # A device: None or 'cpu', 'cuda', 'cuda:1', 'xpu:0', a torch.device, or a (type, id) tuple.
