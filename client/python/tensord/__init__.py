@@ -22,7 +22,7 @@ ResourceExhausted, PermissionDenied, InvalidArgument, Unavailable; other codes r
 with .code set. Timeout is also a TimeoutError, NotFound also a LookupError.
 """
 
-from . import _convert, data
+from . import _convert, aio, data
 from ._client import Client, Watch, connect, dtype_name
 from ._types import Device, DType
 from ._version import __version__  # the project version, written by CMake

@@ -4,6 +4,7 @@
 import os
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
+from . import aio as aio
 from . import data as data
 
 # A dtype as tensord takes it: 'float32', numpy.float32, numpy.dtype('float32'), torch.float32.

@@ -1,0 +1,168 @@
+"""tensord for asyncio (an inference server's event loop): the Client's calls as coroutines,
+and async iteration over a watch or a work queue.
+
+    client = await tensord.aio.connect()
+    t = await client.get("models/weights", timeout=None)      # the loop runs on meanwhile
+    async for request in client.queue("infer/requests/"):      # take()s them, oldest first
+        ...
+    async for event in client.watch("models/"):
+        ...
+
+Each call runs on a worker thread (asyncio.to_thread). A wait is made of short waits of at
+most 0.25 s, so a cancelled coroutine stops waiting within that time and takes nothing after
+it; the timeout is the caller's, as in the blocking API (0: at once, None: forever).
+"""
+
+import asyncio
+import time
+
+from ._client import connect as _connect
+from ._tensord import Timeout
+
+__all__ = ["AsyncClient", "AsyncWatch", "connect"]
+
+_SLICE = 0.25  # seconds: how long a cancelled wait may go on in its thread
+
+
+async def connect(socket=None, **kwargs):
+    """tensord.connect() on a worker thread: an AsyncClient."""
+    return AsyncClient(await asyncio.to_thread(_connect, socket, **kwargs))
+
+
+async def _waiting(call, what, timeout):
+    """call(slice_timeout) until it returns, in slices, raising Timeout for the whole wait."""
+    if timeout is not None and timeout <= 0:
+        return await asyncio.to_thread(call, 0.0)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+        if left <= 0:
+            raise Timeout(f"{what} did not arrive within {timeout:g} s")
+        try:
+            return await asyncio.to_thread(call, left)
+        except Timeout:
+            continue
+
+
+class AsyncClient:
+    """A Client whose calls are coroutines (see the module's docstring). .client is the
+    blocking Client underneath, for what has no coroutine here."""
+
+    def __init__(self, client):
+        self.client = client
+
+    async def get(self, name, timeout=0.0, min_generation=None, readonly=False, pinned=False):
+        """As Client.get; waits without blocking the event loop."""
+        return await _waiting(lambda t: self.client.get(name, t, min_generation, readonly, pinned),
+                              repr(name), timeout)
+
+    async def get_many(self, names, timeout=0.0, min_generation=None, readonly=False, pinned=False):
+        """As Client.get_many."""
+        return await _waiting(lambda t: self.client.get_many(names, t, min_generation, readonly, pinned),
+                              f"the batch of {len(names)} names", timeout)
+
+    async def take(self, name_or_prefix, timeout=0.0, pinned=False):
+        """As Client.take: a cancelled take takes nothing after it stops waiting."""
+        return await _waiting(lambda t: self.client.take(name_or_prefix, t, pinned), repr(name_or_prefix), timeout)
+
+    async def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False):
+        """As Client.take_many."""
+        return await _waiting(lambda t: self.client.take_many(name_or_prefix, max_count, t, pinned),
+                              repr(name_or_prefix), timeout)
+
+    async def put(self, name, obj, **kwargs):
+        """As Client.put (the copy runs on the worker thread)."""
+        return await asyncio.to_thread(lambda: self.client.put(name, obj, **kwargs))
+
+    async def put_many(self, items, **kwargs):
+        """As Client.put_many."""
+        return await asyncio.to_thread(lambda: self.client.put_many(items, **kwargs))
+
+    async def empty(self, shape, dtype, ns=None, device=None, tags=None):
+        """As Client.empty."""
+        return await asyncio.to_thread(self.client.empty, shape, dtype, ns, device, tags)
+
+    async def publish(self, t, name, **kwargs):
+        """As Client.publish."""
+        return await asyncio.to_thread(lambda: self.client.publish(t, name, **kwargs))
+
+    async def delete(self, name, if_generation=None):
+        """As Client.delete."""
+        return await asyncio.to_thread(self.client.delete, name, if_generation)
+
+    async def list(self, prefix=""):
+        """As Client.list."""
+        return await asyncio.to_thread(self.client.list, prefix)
+
+    async def stat(self, name):
+        """As Client.stat."""
+        return await asyncio.to_thread(self.client.stat, name)
+
+    async def status(self):
+        """As Client.status."""
+        return await asyncio.to_thread(self.client.status)
+
+    async def flush(self):
+        """As Client.flush."""
+        return await asyncio.to_thread(self.client.flush)
+
+    async def close(self):
+        """As Client.close."""
+        return await asyncio.to_thread(self.client.close)
+
+    def watch(self, prefix="", initial=False):
+        """An AsyncWatch of binding changes under prefix: `async for event in ...`."""
+        return AsyncWatch(self.client.watch(prefix, initial))
+
+    async def queue(self, prefix, pinned=False):
+        """Takes the tensors published under prefix, oldest first, as they come: an async
+        iterator that waits for each (break out of it to stop)."""
+        while True:
+            yield await self.take(prefix, timeout=None, pinned=pinned)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class AsyncWatch:
+    """A Watch for `async for`; close() (or leaving `async with`) ends it."""
+
+    def __init__(self, watch):
+        self._watch = watch
+        self._closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self._closed:
+            event = await asyncio.to_thread(self._watch.next, _SLICE)
+            if event is not None:
+                return event
+        raise StopAsyncIteration
+
+    async def next(self, timeout=None):
+        """The next event within timeout seconds (None: forever); None when none came."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+            if left <= 0:
+                return None
+            event = await asyncio.to_thread(self._watch.next, left)
+            if event is not None:
+                return event
+        return None
+
+    def close(self):
+        """Ends the watch."""
+        self._closed = True
+        self._watch.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
