@@ -79,3 +79,12 @@ def test_a_dataset_holding_a_client_works_in_spawned_dataloader_workers(client, 
                                          num_workers=2, multiprocessing_context="spawn")
     got = [batch[0, 0].item() for batch in loader]
     assert got == [float(i) for i in range(6)]
+
+
+def test_a_tensor_refuses_pickling_saying_what_to_send_instead(client, name):
+    n = name()
+    client.put(n, np.arange(3))
+    t = client.get(n)
+    with pytest.raises(TypeError, match="Send its name or tensor_id and get\\(\\) it in the receiver"):
+        pickle.dumps(t)
+    assert pickle.loads(pickle.dumps((client, n, t.tensor_id)))[0].get(t.tensor_id).numpy().tolist() == [0, 1, 2]
