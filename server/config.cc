@@ -20,6 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -681,6 +682,9 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     }
     flags[i] = app.add_option(settings[i].Flag(), flag_values[i], help)->type_name(settings[i].type_name);
   }
+  bool print_config = false;
+  app.add_flag("--print-config", print_config,
+               "print the effective configuration (each value and where it came from) as TOML, and exit");
   app.set_version_flag("--version", "tensord " TENSORD_VERSION, "print the version and exit");
   app.footer(kHelpFooter);
   try {
@@ -718,7 +722,69 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   TENSORD_RETURN_IF_ERROR(CheckSocketGroup(config, origins));
   TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
   TENSORD_RETURN_IF_ERROR(FinishDeviceLimits(origins, config));
+  config.origins = std::move(origins);
+  if (print_config) {
+    std::cout << PrintedConfig(config);
+    return absl::CancelledError("print-config");
+  }
   return config;
+}
+
+namespace {
+
+std::string TomlString(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+template <typename Id>
+std::string TomlIds(const std::vector<Id>& ids) {
+  return absl::StrCat("[", absl::StrJoin(ids, ", "), "]");
+}
+
+// What a key's value is when nothing sets it: the text after "default".
+std::string DefaultNote(const std::string& key, const Config& config) {
+  if (key == "socket") return absl::StrCat("default for uid ", ::geteuid());
+  if (key == "max_host_bytes") return absl::StrCat("default: ", config.max_host_bytes_source);
+  if (key == "max_host_bytes_per_uid") return "default: a quarter of max_host_bytes";
+  return "default";
+}
+
+}  // namespace
+
+std::string PrintedConfig(const Config& config) {
+  std::string out = absl::StrCat("# tensord ", TENSORD_VERSION,
+                                 ": the effective configuration, each value with where it came from.\n"
+                                 "# The daemon reads this file back with --config.\n");
+  for (const Setting& setting : Settings()) {
+    auto origin = config.origins.find(setting.key);
+    std::string where = origin != config.origins.end() ? origin->second : DefaultNote(setting.key, config);
+    if (setting.kind == Kind::kText) {
+      std::string value = config.*setting.text;
+      if (setting.key == "socket" && value.empty()) value = common::DefaultDaemonSocketPath();
+      if (value.empty()) {
+        out += absl::StrCat("# ", setting.key, " is unset: ", setting.help, "\n");
+        continue;
+      }
+      out += absl::StrCat(setting.key, " = ", TomlString(value), "  # ", where, "\n");
+    } else {
+      out += absl::StrCat(setting.key, " = ", config.*setting.number, "  # ", where, "\n");
+    }
+  }
+  for (const auto& [ns, acl] : config.acls) {
+    out += absl::StrCat("\n[acl.", TomlString(ns), "]  # ", config.config_file, "\nread_uids = ", TomlIds(acl.read_uids),
+                        "\nwrite_uids = ", TomlIds(acl.write_uids), "\nread_gids = ", TomlIds(acl.read_gids),
+                        "\nwrite_gids = ", TomlIds(acl.write_gids), "\n");
+  }
+  return out;
 }
 
 absl::StatusOr<DeviceLimits> ParseDeviceLimits(std::string_view text) { return ParseDeviceLimitsText(text); }

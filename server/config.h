@@ -106,11 +106,20 @@ struct Config {
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log
+  // Key -> where its value came from ("--max-sessions", "environment TENSORD_...",
+  // "config FILE:LINE: key"); a key not here has its default.
+  std::map<std::string, std::string> origins;
 };
 
-// Parses argv, the environment and the config file. `--help` and `--version` are answered
-// by printing usage or "tensord <version>" to stdout and returning CANCELLED (the caller
-// exits 0).
+// The effective configuration as a TOML file the daemon reads back (--config): every key
+// with its value and a comment saying where the value came from (a flag, the environment,
+// the file and line, or the default and what it is), then the ACLs. Unset text keys
+// (socket_group, max_device_bytes) are comments saying what holds without them.
+std::string PrintedConfig(const Config& config);
+
+// Parses argv, the environment and the config file. `--help`, `--version` and
+// `--print-config` are answered by printing usage, "tensord <version>" or PrintedConfig to
+// stdout and returning CANCELLED (the caller exits 0).
 absl::StatusOr<Config> LoadConfig(int argc, char** argv);
 
 // The gid of an existing group, given by name or by number (decimal digits only: a gid from

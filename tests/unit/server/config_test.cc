@@ -229,6 +229,40 @@ TEST(Config, TomlValuesOfTheWrongTypeAreRefused) {
   EXPECT_EQ(config->max_sessions, 9u);
 }
 
+// --print-config: every key with where its value came from, as a file that reads back to
+// the same configuration.
+TEST(Config, PrintedConfigSaysWhereEachValueCameFromAndReadsBack) {
+  std::string path = WriteToml("max_sessions = 7\nlog_level = \"debug\"\n[acl.\"team.a\"]\nread_uids = [1000, 1001]\n");
+  ScopedEnv env("TENSORD_MAX_LEASES_PER_SESSION", "99");
+  absl::StatusOr<Config> config = Load({"--config", path, "--arena-bytes", "0", "--socket", "/tmp/x \"y\".sock"});
+  ASSERT_THAT(config, IsOk());
+  const std::string printed = PrintedConfig(*config);
+  EXPECT_THAT(printed, AllOf(HasSubstr(absl::StrCat("max_sessions = 7  # config ", path, ":1: max_sessions\n")),
+                             HasSubstr("max_leases_per_session = 99  # environment TENSORD_MAX_LEASES_PER_SESSION "
+                                       "(--max-leases-per-session)\n"),
+                             HasSubstr("arena_bytes = 0  # --arena-bytes\n"),
+                             HasSubstr("socket = \"/tmp/x \\\"y\\\".sock\"  # --socket\n"),
+                             HasSubstr(absl::StrCat("max_waits_per_session = ", kDefaultMaxWaitsPerSession, "  # default\n")),
+                             HasSubstr("max_host_bytes_per_uid = "), HasSubstr("# default: a quarter of max_host_bytes"),
+                             HasSubstr("# socket_group is unset: "), HasSubstr("# max_device_bytes is unset: "),
+                             HasSubstr("[acl.\"team.a\"]"), HasSubstr("read_uids = [1000, 1001]\n")));
+
+  std::string again_path = WriteToml(printed, "_printed");
+  absl::StatusOr<Config> again = Load({"--config", again_path});
+  ASSERT_THAT(again, IsOk()) << printed;
+  EXPECT_EQ(again->socket, config->socket);
+  EXPECT_EQ(again->log_level, "debug");
+  for (uint64_t Config::*field : {&Config::max_sessions, &Config::max_leases_per_session, &Config::max_host_bytes,
+                                  &Config::max_host_bytes_per_uid, &Config::arena_bytes, &Config::arena_max_tensor_bytes,
+                                  &Config::recycle_bytes_per_session, &Config::max_metadata_bytes_per_uid}) {
+    EXPECT_EQ(*again.*field, *config.*field);
+  }
+  ASSERT_EQ(again->acls.count("team.a"), 1u);
+  EXPECT_EQ(again->acls.at("team.a").read_uids, (std::vector<uid_t>{1000, 1001}));
+  // Every key the printed file sets came from it now.
+  EXPECT_THAT(PrintedConfig(*again), HasSubstr(absl::StrCat("max_sessions = 7  # config ", again_path)));
+}
+
 TEST(Config, FlagsBeatEnvironmentWhichBeatsTheFile) {
   std::string path = ::testing::TempDir() + "/tensord_config_test.toml";
   {
