@@ -5,15 +5,16 @@
 #
 #   tests/gpu/run-on-gpu.sh BUNDLE OUT
 #
-# BUNDLE holds bin/ (tensord, tensorctl, cuda_gpu_test, tensord_cuda_peer, libtensord.so)
-# and lib/. PYTHON (default python3) must have torch with CUDA, pybind11 and pytest: the
-# Python module is compiled here for it from client/python against the bundle's
-# libtensord.so and the public headers alone (it is a plain user of the public C++ API).
-# Steps: the C++ GPU tests; the module; the Python GPU tests; the daemon's own GPU memory;
-# the CUDA handoff against torch.multiprocessing; the batch pipeline feeding the GPU; the
-# whole Python suite on this interpreter and torch.
+# BUNDLE holds bin/ (tensord, tensorctl, cuda_gpu_test, tensord_cuda_peer, libtensord.so,
+# and tensord_cuda_bench if its figures are wanted) and lib/. PYTHON (default python3) must
+# have torch with CUDA, pybind11 and pytest: the Python module is compiled here for it from
+# client/python against the bundle's libtensord.so and the public headers alone (it is a
+# plain user of the public C++ API). Steps: the C++ GPU tests; the module; the Python GPU
+# tests; the daemon's own GPU memory; the CUDA handoff against torch.multiprocessing and the
+# device bench; the batch pipeline feeding the GPU; the whole Python suite on this
+# interpreter and torch.
 set -uo pipefail
-[[ $# -eq 2 ]] || { sed -n 2,14p "$0"; exit 2; }
+[[ $# -eq 2 ]] || { sed -n 2,15p "$0"; exit 2; }
 bundle=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -116,6 +117,9 @@ EOF
   daemon=$!
   sleep 1
   step cuda_handoff 240 "$py" tests/bench/cuda_handoff.py --socket "$sock_dir/t.sock" --count 200 --mib 64
+  if [[ -x $bundle/bin/tensord_cuda_bench ]]; then
+    step cuda_bench 240 "$bundle/bin/tensord_cuda_bench" --socket "$sock_dir/t.sock"
+  fi
   kill "$daemon"; wait "$daemon"
 
   step batch_pipeline_gpu 300 "$py" tests/bench/batch_pipeline.py --build-dir "$tree" --device cuda:0 \
