@@ -6,25 +6,32 @@ from ._client import device_tuple, dtype_name
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 14: "xpu"}
 
 
+def _comparisons(base, canonical):
+    """__eq__ and __ne__ for a subclass of `base` whose values also equal anything that
+    canonical() turns into an equal `base` value (NotImplemented for what it refuses)."""
+
+    def eq(self, other):
+        if isinstance(other, base):
+            return base.__eq__(self, other)
+        try:
+            return base.__eq__(self, canonical(other))
+        except (TypeError, ValueError):
+            return NotImplemented
+
+    def ne(self, other):
+        equal = eq(self, other)
+        return equal if equal is NotImplemented else not equal
+
+    return eq, ne
+
+
 class DType(str):
     """A tensor's dtype: its name ('float32'), a str, which also compares equal to the same
     dtype as numpy and torch spell it: numpy.float32, numpy.dtype('float32'), torch.float32.
     .numpy() and .torch() give those objects."""
 
     __slots__ = ()
-
-    def __eq__(self, other):
-        if isinstance(other, str):
-            return str.__eq__(self, other)
-        try:
-            return str.__eq__(self, dtype_name(other))
-        except (TypeError, ValueError):
-            return NotImplemented
-
-    def __ne__(self, other):
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
+    __eq__, __ne__ = _comparisons(str, dtype_name)
     __hash__ = str.__hash__
 
     def numpy(self):
@@ -56,18 +63,7 @@ class Device(tuple):
     def __new__(cls, pair):
         return super().__new__(cls, (int(pair[0]), int(pair[1])))
 
-    def __eq__(self, other):
-        if isinstance(other, tuple):
-            return tuple.__eq__(self, other)
-        try:
-            return tuple.__eq__(self, device_tuple(other))
-        except (TypeError, ValueError):
-            return NotImplemented
-
-    def __ne__(self, other):
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
+    __eq__, __ne__ = _comparisons(tuple, device_tuple)
     __hash__ = tuple.__hash__
 
     @property
