@@ -82,11 +82,12 @@ if step python_module 240 bash -c "$(declare -f build_module); bundle=$bundle tr
   # What the daemon itself costs on the GPU: its processes in nvidia-smi before any device
   # tensor, with one, and after it is gone.
   step daemon_gpu_memory 120 "$py" - "$bundle/bin/tensord" <<'EOF'
-import os, subprocess, sys, tempfile, time
+import atexit, os, subprocess, sys, tempfile, time
 import tensord
 d = tempfile.mkdtemp()
 sock = os.path.join(d, "t.sock")
 daemon = subprocess.Popen([sys.argv[1], "--socket", sock, "--log-level", "info"])
+atexit.register(lambda: daemon.poll() is None and daemon.kill())  # also when a step below fails
 def apps(when):
     q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv"],
                        capture_output=True, text=True).stdout
