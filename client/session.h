@@ -83,10 +83,6 @@ class Session final {
   using Target = std::variant<std::string, uint64_t>;  // name or tensor id
   absl::StatusOr<LeaseView*> Acquire(const Target& target, const AcquireOptions& options);
   absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, const TakeOptions& options);
-  // A take cannot be undone: for a view kind with an importer of its own (pinned), fails
-  // here when that importer cannot map in this process, and has the broker refuse, without
-  // unbinding it, a tensor whose memory that importer does not map (TakeRequest.memory_type).
-  absl::Status PrepareTake(ViewKind kind, const std::string& what, tensord::v1::TakeRequest& take) const;
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
   // Exports (session_export.cc): a memfd the caller has, or device memory at a pointer it
   // has (Importer::ExportExisting of spec.device's type makes the handle; the producer's
@@ -193,6 +189,10 @@ class Session final {
   // the answer is adopted (KeepRecycled).
   void OfferRecycled(uint64_t extent, tensord::v1::AllocateRequest& allocate,
                      std::vector<std::shared_ptr<Mapping>>& hold) const;
+  // A take cannot be undone: for a view kind with an importer of its own (pinned), fails
+  // here when that importer cannot map in this process, and has the broker refuse, without
+  // unbinding it, a tensor whose memory that importer does not map (TakeRequest.memory_type).
+  absl::Status PrepareTake(ViewKind kind, const std::string& what, tensord::v1::TakeRequest& take) const;
   // After adopting `response` as `view`: keeps the writable mapping of a recyclable buffer.
   void KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response, const LeaseView& view);
   absl::StatusOr<tensord::v1::SessionRequest> PublishRequest(const LeaseView& view,

@@ -905,12 +905,16 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       }
     }
     // Tags given at publish join those given at allocation; a key given again is replaced.
-    std::map<std::string, std::string> tags = tensor->tags;
-    for (const auto& [key, value] : request.tags()) tags.insert_or_assign(key, value);
-    if (!request.tags().empty()) TENSORD_RETURN_IF_ERROR(ValidateTags(tags));
+    // Merged in a copy (only when there are any), so that a refused publish changes nothing.
+    std::optional<std::map<std::string, std::string>> merged_tags;
+    if (!request.tags().empty()) {
+      merged_tags = tensor->tags;
+      for (const auto& [key, value] : request.tags()) merged_tags->insert_or_assign(key, value);
+      TENSORD_RETURN_IF_ERROR(ValidateTags(*merged_tags));
+    }
     // The name, the tags (and a new description) stay in the daemon.
-    TENSORD_RETURN_IF_ERROR(
-        RechargeMetadataLocked(*tensor, new_layout ? request.desc() : tensor->desc, ns, name, tags));
+    TENSORD_RETURN_IF_ERROR(RechargeMetadataLocked(*tensor, new_layout ? request.desc() : tensor->desc, ns, name,
+                                                   merged_tags ? *merged_tags : tensor->tags));
     if (new_layout) {
       // Every check passed: from here on (reply, Stat, acquires) the new description holds.
       tensor->desc = request.desc();
@@ -920,7 +924,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     }
     tensor->state = v1::TENSOR_STATE_SEALED;
     tensor->ns = std::string(ns);
-    tensor->tags = std::move(tags);
+    if (merged_tags) tensor->tags = *std::move(merged_tags);
     if (!request.ready_fence().empty()) {
       tensor->ready_fence = request.ready_fence();
       session->ready_fenced_tensors.insert(tensor->id);

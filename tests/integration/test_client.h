@@ -36,6 +36,17 @@ inline const BackendInfo* FindBackend(const BrokerStatus& status, std::string_vi
   return nullptr;
 }
 
+// Stats tensor `tensor_id` until it is retired or 5 s pass (the daemon hears a producer's
+// death on its own time); the last answer.
+inline Result<TensorStat> WaitUntilRetired(Client& client, uint64_t tensor_id) {
+  Result<TensorStat> stat = client.Stat(TensorId{tensor_id});
+  for (int i = 0; i < 500 && stat.ok() && stat->info.state != TensorState::kRetired; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stat = client.Stat(TensorId{tensor_id});
+  }
+  return stat;
+}
+
 // Polls until tensor `tensor_id` has `holders` holders (true) or `timeout` passes (false).
 inline bool WaitForHolders(Client& client, uint64_t tensor_id, size_t holders, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -25,7 +25,8 @@ case $package in
   *) echo "pip_install_test: tensord was imported from $package, not the venv" >&2; exit 1 ;;
 esac
 for f in libtensord.so.0 py.typed __init__.pyi _version.py; do test -f "$package/$f"; done
-readelf -d "$package"/_tensord*.so | grep -E 'R(UN)?PATH' | grep -q '\$ORIGIN'
+dynamic=$(readelf -d "$package"/_tensord*.so)  # whole, as the wheel's listing below
+grep -Eq 'R(UN)?PATH.*\$ORIGIN' <<<"$dynamic"
 want=$(sed -nE 's/^project\(tensord VERSION ([0-9.]+).*/\1/p' "$source_dir/CMakeLists.txt")
 test "$("$py" -c 'import tensord; print(tensord.__version__)')" = "$want"
 test "$("$py" -m pip show tensord | sed -n 's/^Version: //p')" = "$want"
@@ -38,6 +39,9 @@ TENSORD_BIN=$daemon TENSORD_CXX=${TENSORD_CXX:-c++} PYTHONDONTWRITEBYTECODE=1 \
 
 "$py" -m build --no-isolation --wheel --outdir "$work/dist" "$source_dir" >/dev/null
 wheel=$(ls "$work"/dist/tensord-"$want"-*.whl)
-"$py" -m zipfile -l "$wheel" | grep -q 'tensord/libtensord.so.0'
-"$py" -m zipfile -l "$wheel" | grep -q 'tensord/_tensord\.'
+# The listing whole first: `grep -q` leaves at its first match, and under pipefail the
+# listing's broken pipe would fail the test.
+listing=$("$py" -m zipfile -l "$wheel")
+grep -q 'tensord/libtensord.so.0' <<<"$listing"
+grep -q 'tensord/_tensord\.' <<<"$listing"
 echo "pip_install_test: OK ($(basename "$wheel"))"

@@ -42,6 +42,8 @@ from ._tensord import (
 _core_dtype, _core_device = Tensor.dtype, Tensor.device
 Tensor.dtype = property(lambda t: DType(_core_dtype.fget(t)), doc=DType.__doc__)
 Tensor.device = property(lambda t: Device(_core_device.fget(t)), doc=Device.__doc__)
+
+
 def _refuse_pickling(t):
     raise TypeError(
         f"a tensord Tensor ({t!r}) cannot be pickled: its lease is this process's. Send its name "

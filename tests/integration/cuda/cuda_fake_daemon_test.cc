@@ -207,11 +207,7 @@ TEST_F(CudaFakeDaemonTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProd
   producer.Kill(SIGKILL);
 
   // The daemon hears the fd channel close on its own time.
-  Result<TensorStat> retired = client->Stat(TensorId{id});
-  for (int i = 0; i < 500 && retired.ok() && retired->info.state != TensorState::kRetired; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    retired = client->Stat(TensorId{id});
-  }
+  Result<TensorStat> retired = WaitUntilRetired(*client, id);
   ASSERT_TRUE(retired.ok()) << retired.status().ToString();
   EXPECT_EQ(retired->info.state, TensorState::kRetired);
   EXPECT_EQ(client->Acquire("gpu/e").status().code(), StatusCode::kNotFound);

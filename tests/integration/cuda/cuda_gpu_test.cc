@@ -22,6 +22,7 @@
 #include "tensord/client.h"
 #include "tests/cuda/driver_calls.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/test_client.h"
 
 namespace tensord::testing {
 namespace {
@@ -185,11 +186,7 @@ TEST_F(CudaGpuTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProducerIsK
   ASSERT_TRUE(held.ok()) << held.status().ToString();
   const pid_t producer_pid = producer.pid();
   producer.Kill(SIGKILL);
-  Result<TensorStat> retired = client->Stat(TensorId{id});
-  for (int i = 0; i < 500 && retired.ok() && retired->info.state != TensorState::kRetired; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    retired = client->Stat(TensorId{id});
-  }
+  Result<TensorStat> retired = WaitUntilRetired(*client, id);
   ASSERT_TRUE(retired.ok()) << retired.status().ToString();
   EXPECT_EQ(retired->info.state, TensorState::kRetired);
   auto again = client->Acquire(TensorId{id});

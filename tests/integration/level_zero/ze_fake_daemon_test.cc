@@ -142,11 +142,7 @@ TEST_F(ZeFakeDaemonTest, AProducersOwnMemoryIsReadInPlaceAndRetiresWhenTheProduc
   ASSERT_TRUE(stat.ok()) << stat.status().ToString();
   const uint64_t id = stat->info.tensor_id;
   producer.Kill(SIGKILL);
-  Result<TensorStat> retired = client->Stat(TensorId{id});
-  for (int i = 0; i < 500 && retired.ok() && retired->info.state != TensorState::kRetired; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    retired = client->Stat(TensorId{id});
-  }
+  Result<TensorStat> retired = WaitUntilRetired(*client, id);
   // Unleased, a retired tensor may be gone at once.
   if (retired.ok()) {
     EXPECT_EQ(retired->info.state, TensorState::kRetired);
