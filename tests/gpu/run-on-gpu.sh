@@ -51,6 +51,10 @@ build_module() {
   rm -rf "$tree" && mkdir -p "$tree/python/tensord" "$tree/server" "$tree/obj" || return 1
   ln -sf "$bundle/bin/tensord" "$tree/server/tensord"
   cp client/python/tensord/*.py "$tree/python/tensord/"
+  # _version.py as CMake writes it, from the one project version in CMakeLists.txt.
+  local version
+  version=$(sed -n 's/^project(tensord VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt) && [[ -n $version ]] || return 1
+  sed "s/@PROJECT_VERSION@/$version/" client/python/tensord/_version.py.in >"$tree/python/tensord/_version.py"
   local ext includes
   ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') || return 1
   # pybind11's headers from its Python package, else from the compiler's default paths.
