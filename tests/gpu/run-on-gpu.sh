@@ -48,8 +48,9 @@ step cuda_gpu_test 240 "$bundle/bin/cuda_gpu_test"
 # server/tensord) that the tests and benchmarks take.
 tree=/tmp/tensord-gpu-tree
 build_module() {
-  rm -rf "$tree" && mkdir -p "$tree/python/tensord" "$tree/server" "$tree/obj" || return 1
+  rm -rf "$tree" && mkdir -p "$tree/python/tensord" "$tree/server" "$tree/client/cli" "$tree/obj" || return 1
   ln -sf "$bundle/bin/tensord" "$tree/server/tensord"
+  ln -sf "$bundle/bin/tensorctl" "$tree/client/cli/tensorctl"  # the tests find it beside $TENSORD_BIN
   cp client/python/tensord/*.py "$tree/python/tensord/"
   # _version.py as CMake writes it, from the one project version in CMakeLists.txt.
   local version
@@ -80,7 +81,8 @@ print("-I" + sysconfig.get_paths()["include"])') || return 1
   PYTHONPATH=$tree/python "$py" -c 'import tensord; print("built", tensord.__file__)'
 }
 if step python_module 240 bash -c "$(declare -f build_module); bundle=$bundle tree=$tree py=$py build_module"; then
-  export PYTHONPATH=$tree/python TENSORD_BIN=$bundle/bin/tensord PYTHONDONTWRITEBYTECODE=1
+  # PYTHONFAULTHANDLER: a Python process that crashes prints where, in the step's log.
+  export PYTHONPATH=$tree/python TENSORD_BIN=$tree/server/tensord PYTHONDONTWRITEBYTECODE=1 PYTHONFAULTHANDLER=1
   step python_cuda_gpu 240 "$py" -m pytest -v -rs -p no:cacheprovider tests/python/cuda_gpu
 
   # What the daemon itself costs on the GPU: its processes in nvidia-smi before any device
