@@ -311,8 +311,8 @@ def test_publish_without_waiting(client, other, name):
 
 
 def test_the_module_keeps_its_own_pybind11_internals():
-    # Another extension's pybind11 (torch's) must never adopt ours: a different release with
-    # the same key crashed `import torch` (client/python/CMakeLists.txt).
+    # Another extension's pybind11 (torch's) must never adopt ours: a release with the same
+    # key would assume its own layout of our record (client/python/CMakeLists.txt).
     import builtins
 
     keys = [k for k in vars(builtins) if k.startswith("__pybind11_internals_")]
