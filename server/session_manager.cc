@@ -1,29 +1,13 @@
 #include "server/session_manager.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
 #include <chrono>
 
-#include "absl/strings/escaping.h"
 #include "common/status.h"
+#include "server/random_token.h"
 
 namespace tensord::server {
 
-absl::StatusOr<std::string> NewSessionToken() {
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return common::ErrnoToStatus("getrandom for a session token", errno);
-    }
-    filled += static_cast<size_t>(n);
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
+absl::StatusOr<std::string> NewSessionToken() { return NewRandomToken(16, "a session token"); }
 
 absl::StatusOr<Session*> SessionManager::Open(const common::PeerCredentials& creds,
                                               std::string client_name) {
