@@ -33,6 +33,12 @@ inline constexpr size_t kMaxReleaseBatch = 65536;
 // the broker keeps; longer ones are cut to it. A year is as good as forever, and the bound
 // keeps now() plus the duration from overflowing.
 inline constexpr uint64_t kMaxDurationMs = uint64_t{365} * 24 * 3600 * 1000;
+// A hand-over's time to be redeemed (HandOverRequest.ttl_ms): 0 asks for the default; a
+// longer one is refused (INVALID_ARGUMENT), since a pending hand-over holds its tensor.
+inline constexpr uint64_t kDefaultHandOverTtlMs = 60 * 1000;
+inline constexpr uint64_t kMaxHandOverTtlMs = 3600 * 1000;
+// A hand-over token: 256 random bits as hex digits.
+inline constexpr size_t kHandOverTokenBytes = 32;
 
 // --- What a tensor's record holds in the broker for its life ---
 

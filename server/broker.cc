@@ -359,7 +359,7 @@ void Broker::DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effe
 }
 
 void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
-  if (!tensor.name.empty() || tensor.leases > 0) return;
+  if (!tensor.name.empty() || tensor.leases > 0 || tensor.hand_overs > 0) return;
   if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
   UnchargeTensorLocked(tensor);
   uint64_t id = tensor.id;

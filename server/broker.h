@@ -1,13 +1,15 @@
 // Broker: the one handler layer behind every transport (the Session stream, the unary RPCs
 // and the fd channel). It composes its parts under one mutex: the tensors (TensorRegistry),
-// leases (LeaseTable), sessions (SessionManager), waits (WaitQueue), watchers (WatcherSet),
+// leases (LeaseTable), hand-overs in flight (HandOverTable), sessions (SessionManager), waits
+// (WaitQueue), watchers (WatcherSet),
 // arenas (ArenaAllocator), per-uid charges (UidQuota) and device memory (MemoryQuota); the
 // ACLs (AccessPolicy) are constant; recycled buffers wait in the BufferPool. Work that can block (allocating memory, freeing a large
 // buffer) runs on the Executor, and completions, pushes and watch events are delivered
 // after the mutex is released.
 //
-// Rules it keeps: a tensor lives while bound or leased; closing a session releases every
-// lease it held and cancels its waits; a tensor in memory its producer owns
+// Rules it keeps: a tensor lives while bound, leased or handed over (a hand-over token
+// neither redeemed nor expired); closing a session releases every lease it held and
+// cancels its waits, but leaves the hand-overs it made pending; a tensor in memory its producer owns
 // (BackendBuffer::OwnedByProducer: legacy CUDA IPC) retires when that producer's session
 // closes, since the memory may go with its process: its name is unbound, new acquires by
 // id and fetches of its buffer fail, and leases already held stay until released; when the
@@ -56,6 +58,7 @@
 #include "server/completion.h"
 #include "server/config.h"
 #include "server/executor.h"
+#include "server/hand_over_table.h"
 #include "server/lease_table.h"
 #include "server/memory_quota.h"
 #include "server/session_manager.h"
@@ -144,6 +147,16 @@ class Broker {
   // INVALID_ARGUMENT (nothing released) for more than common::kMaxReleaseBatch ids.
   absl::StatusOr<tensord::v1::ReleaseResponse> Release(uint64_t session_id,
                                                        const tensord::v1::ReleaseRequest& request);
+  // A one-time token for the tensor of `request.lease_id` (a lease this session holds on a
+  // published tensor), which any session that may read the tensor redeems once for a lease
+  // of its own (Acquire with AcquireRequest.hand_over), within the TTL. Until then the
+  // broker holds the tensor for the token, whatever becomes of this session; an expired
+  // token leaves nothing behind. NOT_FOUND (no such lease here), FAILED_PRECONDITION (not
+  // published; memory gone with its producer), INVALID_ARGUMENT (a TTL over an hour),
+  // RESOURCE_EXHAUSTED (the uid's pending hand-overs reach --max-leases-per-session, or its
+  // metadata quota).
+  absl::StatusOr<tensord::v1::HandOverResponse> HandOver(uint64_t session_id,
+                                                         const tensord::v1::HandOverRequest& request);
   absl::StatusOr<tensord::v1::DeleteResponse> Delete(uint64_t session_id,
                                                      const tensord::v1::DeleteRequest& request);
   absl::StatusOr<tensord::v1::ListResponse> List(uint64_t session_id,
@@ -213,6 +226,15 @@ class Broker {
   // Adds a new CREATING tensor in a pooled buffer of its session, the buffer registered
   // again under its own id.
   tensord::v1::AllocateResponse RegisterRecycledLocked(Session& session, Tensor tensor, BufferPool::Entry entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acquire's hand_over target: the pending hand-over becomes a lease of the session, once.
+  // A redeemer that may not read the tensor, or may hold no more leases, leaves it pending;
+  // a tensor whose memory went with its producer ends it.
+  absl::StatusOr<tensord::v1::AcquireResponse> RedeemHandOver(uint64_t session_id, std::string_view token);
+  void ExpireHandOver(const std::string& token);
+  // Gives back what a hand-over removed from hand_overs_ held: its uid's charge and its hold
+  // on the tensor (which may go with it); `cancel_timer` unless its timer is what fired.
+  void EndHandOverLocked(const PendingHandOver& hand_over, bool cancel_timer, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a lease its session (of uid `holder_uid`) no longer holds.
   void DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -293,6 +315,7 @@ class Broker {
   absl::Mutex mu_;
   TensorRegistry registry_ ABSL_GUARDED_BY(mu_);
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);
+  HandOverTable hand_overs_ ABSL_GUARDED_BY(mu_);
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
   WaitQueue waiters_ ABSL_GUARDED_BY(mu_);
   ArenaAllocator arenas_ ABSL_GUARDED_BY(mu_);  // and the allocations waiting for a new arena

@@ -109,8 +109,11 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
   } else if (request.target_case() == v1::AcquireRequest::kTensorId) {
     waiter.kind = Waiter::Kind::kAcquireId;
     waiter.tensor_id = request.tensor_id();
+  } else if (request.target_case() == v1::AcquireRequest::kHandOver) {
+    std::move(done)(RedeemHandOver(session_id, request.hand_over()));  // at once: nothing to wait for
+    return 0;
   } else {
-    std::move(done)(absl::InvalidArgumentError("acquire: give a name or a tensor_id"));
+    std::move(done)(absl::InvalidArgumentError("acquire: give a name, a tensor_id or a hand_over token"));
     return 0;
   }
 
@@ -371,6 +374,7 @@ v1::StatusResponse Broker::GetStatus() {
   response.set_releases_not_found(releases_not_found_);
   response.set_host_bytes_pooled(pool_.bytes());
   response.set_pooled_buffers(pool_.size());
+  response.set_hand_overs_pending(hand_overs_.size());
   for (v1::BackendStatus& backend : backends_->Describe()) {
     for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
       const std::string key = common::DeviceKey(usage.device());

@@ -139,6 +139,9 @@ void BrokerService::Register(AsyncServer* server) {
   UnaryNow<v1::StatRequest, v1::StatResponse>(
       server, "Stat",
       [broker](uint64_t session, const v1::StatRequest& request) { return broker->Stat(session, request); });
+  UnaryNow<v1::HandOverRequest, v1::HandOverResponse>(
+      server, "HandOver",
+      [broker](uint64_t session, const v1::HandOverRequest& request) { return broker->HandOver(session, request); });
   UnaryNow<v1::StatusRequest, v1::StatusResponse>(
       server, "Status", [broker](uint64_t, const v1::StatusRequest&) { return broker->GetStatus(); });
 }

@@ -22,6 +22,11 @@ class LeaseTable {
     leases_.emplace(id, Lease{tensor_id, session_id});
     return id;
   }
+  // The lease, or null when `session_id` does not hold `lease_id`.
+  const Lease* Find(uint64_t lease_id, uint64_t session_id) const {
+    auto it = leases_.find(lease_id);
+    return it == leases_.end() || it->second.session_id != session_id ? nullptr : &it->second;
+  }
   // The removed lease, or nullopt when `session_id` does not hold `lease_id`.
   std::optional<Lease> Remove(uint64_t lease_id, uint64_t session_id) {
     auto it = leases_.find(lease_id);

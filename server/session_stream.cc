@@ -222,6 +222,10 @@ class SessionStream final : public ServerCall {
                               [](v1::SessionResponse& r) { return r.mutable_publish(); }));
         break;
       }
+      case v1::SessionRequest::kHandOver:
+        outbox->Respond(Reply(seq, broker_->HandOver(session_id_, request.hand_over()),
+                              [](v1::SessionResponse& r) { return r.mutable_hand_over(); }));
+        break;
       case v1::SessionRequest::kAllocate: {
         // Completes on the broker's executor when a new buffer must be made.
         outbox->ExpectReply();

@@ -84,7 +84,7 @@ void TensorRegistry::Unbind(Tensor& tensor) {
 std::unique_ptr<common::BackendBuffer> TensorRegistry::Remove(uint64_t tensor_id) {
   auto it = tensors_.find(tensor_id);
   TENSORD_CHECK(it != tensors_.end());
-  TENSORD_CHECK(it->second.name.empty() && it->second.leases == 0);
+  TENSORD_CHECK(it->second.name.empty() && it->second.leases == 0 && it->second.hand_overs == 0);
   uint64_t buffer_id = it->second.buffer_id;
   uint64_t offset = it->second.offset;
   uint64_t slot_bytes = it->second.slot_bytes;

@@ -1,7 +1,7 @@
 // TensorRegistry: the broker's tensors, their buffers and the name bindings.
 //
-// A tensor lives while it is bound to a name or any lease holds it (the broker drops it
-// through Remove once neither is true). A buffer lives while any tensor points into it.
+// A tensor lives while it is bound to a name, any lease holds it or a hand-over is pending
+// for it (the broker drops it through Remove once none is true). A buffer lives while any tensor points into it.
 // Not thread-safe: the Broker guards it with its mutex.
 #pragma once
 
@@ -68,6 +68,7 @@ struct Tensor {
   uint64_t uid_metadata_bytes = 0;
   uint64_t uid_host_bytes = 0;
   uint32_t leases = 0;
+  uint32_t hand_overs = 0;  // pending hand-overs (HandOverTable) holding it
   absl::flat_hash_map<uint64_t, uint32_t> holders;  // session id -> leases it holds here
   // Holders that acquired it by name: only they may cache the lease under that name, so
   // only they hear that it retired (a take's or a producer's lease is never cached).
@@ -99,7 +100,7 @@ class TensorRegistry {
   // Removes the binding of `tensor` (if any); the tensor keeps its generation.
   void Unbind(Tensor& tensor);
 
-  // Removes a tensor that has neither binding nor leases (freeing its arena slot); returns
+  // Removes a tensor that has no binding, lease or pending hand-over (freeing its arena slot); returns
   // its buffer's memory when this was the buffer's last tensor and the buffer is not an
   // arena whose owner still lives, so the caller can free it off the RPC threads.
   std::unique_ptr<common::BackendBuffer> Remove(uint64_t tensor_id);

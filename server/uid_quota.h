@@ -40,6 +40,7 @@ inline constexpr uint64_t kTagEntryBytes = 64;
 inline constexpr uint64_t kWaitEntryBytes = 256;
 inline constexpr uint64_t kWatcherEntryBytes = 256;
 inline constexpr uint64_t kLeaseEntryBytes = 96;
+inline constexpr uint64_t kHandOverEntryBytes = 256;  // its 64-digit token, entry and timer
 
 struct UidLimits {
   // Indexed by UidResource; 0 means no limit.
