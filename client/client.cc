@@ -116,6 +116,14 @@ Result<TensorRef> Client::Acquire(TensorId id, const AcquireOptions& options) {
   return Guard("acquire", [&] { return core_->Acquire(id.value, options); });
 }
 
+Result<HandOverToken> Client::HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl) {
+  return Guard("hand over", [&] { return core_->HandOver(tensor, ttl); });
+}
+
+Result<TensorRef> Client::Redeem(std::string_view token, const AcquireOptions& options) {
+  return Guard("redeem", [&] { return core_->Redeem(token, options); });
+}
+
 Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
   return Take(name_or_prefix, TakeOptions{.wait = wait});
 }

@@ -369,6 +369,20 @@ Result<TensorRef> ClientCore::Acquire(const Session::Target& target, const Acqui
   return ToOrderedRef(session->Acquire(target, options), options.stream);
 }
 
+Result<HandOverToken> ClientCore::HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl) {
+  LeaseView* view = ViewOf(tensor);
+  if (view == nullptr) return Status(StatusCode::kInvalidArgument, "hand over: an empty TensorRef");
+  TENSORD_SESSION_OR_RETURN(session);
+  absl::StatusOr<HandOverToken> token = session->HandOver(*view, ttl);
+  if (!token.ok()) return FromAbsl(token.status());
+  return *std::move(token);
+}
+
+Result<TensorRef> ClientCore::Redeem(std::string_view token, const AcquireOptions& options) {
+  TENSORD_SESSION_OR_RETURN(session);
+  return ToOrderedRef(session->Redeem(token, options), options.stream);
+}
+
 Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, const TakeOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
   return ToOrderedRef(session->Take(name_or_prefix, options), kLegacyDefaultStream);

@@ -59,6 +59,8 @@ class ClientCore {
                                           const TakeOptions& options);
   Result<std::vector<TensorRef>> AcquireMany(const std::vector<std::string>& names,
                                              const AcquireOptions& options);
+  Result<HandOverToken> HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl);
+  Result<TensorRef> Redeem(std::string_view token, const AcquireOptions& options);
   Status Delete(std::string_view name, uint64_t if_generation);
   Result<std::vector<TensorInfo>> List(std::string_view prefix);
   Result<TensorStat> Stat(const Session::Target& target);

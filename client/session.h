@@ -125,6 +125,11 @@ class Session final {
   // The sources of exports the broker has not released (the session is dead or being
   // closed); the caller decides when to drop them, under no lock of ours.
   std::vector<ExportTable::Source> TakeExportSources() { return exports_.TakeHeld(); }
+  // Hand-overs (session_hand_over.cc), on the stream: a token follows this session's
+  // publishes, quiet ones included. A view from another session is refused before anything
+  // is sent (its lease id means nothing to this one).
+  absl::StatusOr<HandOverToken> HandOver(const LeaseView& view, std::chrono::milliseconds ttl);
+  absl::StatusOr<LeaseView*> Redeem(std::string_view token, const AcquireOptions& options);
   // Drops this client's cached lease of `name` (after a Delete or Take by us).
   void ForgetName(std::string_view name);
   absl::Status Flush();

@@ -126,6 +126,7 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   out.releases_not_found = status.releases_not_found();
   out.host_bytes_pooled = status.host_bytes_pooled();
   out.pooled_buffers = status.pooled_buffers();
+  out.hand_overs_pending = status.hand_overs_pending();
   for (const tensord::v1::BackendStatus& backend : status.backends()) {
     BackendInfo info;
     info.name = backend.name();

@@ -344,11 +344,11 @@ int CmdStatus(Client& client, const Globals& g) {
         ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
         ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
         ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"host_bytes_pooled\":%" PRIu64
-        ",\"pooled_buffers\":%" PRIu64 ",\"backends\":%s}\n",
+        ",\"pooled_buffers\":%" PRIu64 ",\"hand_overs_pending\":%" PRIu64 ",\"backends\":%s}\n",
         JsonString(s.version).c_str(), s.pid, s.uid, SecondsJson(s.uptime_ms).c_str(), s.host_bytes_in_use,
         s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
         JsonString(s.socket).c_str(), s.releases_not_found, s.host_bytes_pooled, s.pooled_buffers,
-        BackendsJson(s.backends).c_str());
+        s.hand_overs_pending, BackendsJson(s.backends).c_str());
     return 0;
   }
   double pct = s.host_bytes_limit ? 100.0 * static_cast<double>(s.host_bytes_in_use) /
@@ -363,8 +363,8 @@ int CmdStatus(Client& client, const Globals& g) {
   std::printf("tensors      %" PRIu64 " (%" PRIu64 " named), %" PRIu64 " buffers\n", s.tensors,
               s.named_tensors, s.buffers);
   std::printf("leases       %" PRIu64 " in %" PRIu64 " sessions (%" PRIu64
-              " releases of unheld leases)\n",
-              s.leases, s.sessions, s.releases_not_found);
+              " releases of unheld leases), %" PRIu64 " hand-overs pending\n",
+              s.leases, s.sessions, s.releases_not_found, s.hand_overs_pending);
   // Every other backend, and by device what the broker holds there (host memory is above).
   for (const BackendInfo& b : s.backends) {
     if (b.name == "host") continue;

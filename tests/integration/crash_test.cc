@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +201,54 @@ TEST(Crash, ProcessesKilledWhileWaitingLeaveNoWaitBehind) {
   ASSERT_TRUE(stat.ok());
   EXPECT_EQ(stat->info.lease_count, 0u);
   EXPECT_TRUE(stat->holders.empty());
+}
+
+// The token a killed sender handed over still gives the tensor, zero-copy, to a receiver
+// that comes after the kill; once the receiver lets go nothing is left.
+TEST(Crash, AHandOverOutlivesItsKilledSenderAndIsRedeemedOnce) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  const Footprint baseline = Measure(*client, daemon.pid());
+  // Published by a process of its own, so that no pool or arena of ours keeps memory.
+  ChildProcess producer(PeerArgs({"produce", daemon.socket(), "ns/batch", "1024", "2.5"}));
+  ASSERT_NE(producer.WaitForLine("published"), "");
+  ChildProcess sender(PeerArgs({"hand-over", daemon.socket(), "ns/batch", "60000"}));
+  const std::string line = sender.WaitForLine("token ");
+  ASSERT_NE(line, "") << "the sender printed no token";
+  std::istringstream words(line.substr(6));
+  std::string token;
+  double sent_sum = 0;
+  words >> token >> sent_sum;
+  EXPECT_EQ(sent_sum, 1024 * 2.5);
+  sender.Kill(SIGKILL);
+
+  auto redeemed = client->Redeem(token);
+  ASSERT_TRUE(redeemed.ok()) << redeemed.status().ToString();
+  const float* data = static_cast<const float*>(redeemed->data());
+  EXPECT_EQ(data[0], 2.5f);
+  EXPECT_EQ(data[1023], 2.5f);
+  EXPECT_EQ(client->Redeem(token).status().code(), StatusCode::kNotFound) << "a token is good once";
+  redeemed->Release();
+  ASSERT_TRUE(client->Flush().ok());
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline);
+}
+
+TEST(Crash, AHandOverNobodyRedeemsExpiresAndLeavesNothing) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon);
+  const Footprint baseline = Measure(*client, daemon.pid());
+  ChildProcess producer(PeerArgs({"produce", daemon.socket(), "ns/lost", "1048576", "1"}));  // 4 MiB
+  ASSERT_NE(producer.WaitForLine("published"), "");
+  ChildProcess sender(PeerArgs({"hand-over", daemon.socket(), "ns/lost", "300"}));
+  const std::string line = sender.WaitForLine("token ");
+  ASSERT_NE(line, "");
+  sender.Kill(SIGKILL);
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline);
+  EXPECT_EQ(client->GetStatus()->hand_overs_pending, 0u);
+  std::istringstream words(line.substr(6));
+  std::string token;
+  words >> token;
+  EXPECT_EQ(client->Redeem(token).status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ using namespace testing;  // tensord::testing: the daemon fixture and the raw wi
 
 const std::vector<std::string>& UnaryMethods() {
   static const std::vector<std::string> methods = {
-      "Allocate", "Export", "Publish", "Acquire", "Take", "Release", "Delete", "List", "Stat", "Status"};
+      "Allocate", "Export", "Publish", "Acquire", "Take", "Release", "Delete", "List", "Stat", "Status",
+      "HandOver"};
   return methods;
 }
 
@@ -445,6 +446,13 @@ TEST_F(HostileTest, ExtremeIntegersHugeFieldsAndUnknownEnumsGetClearStatuses) {
                        v1::StatResponse response;
                        return stub_->Stat(context, stat, &response);
                      }});
+    v1::HandOverRequest hand_over;
+    hand_over.set_lease_id(id);
+    cases.push_back({"hand over lease " + std::to_string(id), grpc::StatusCode::NOT_FOUND, "holds no lease",
+                     [this, hand_over](grpc::ClientContext* context) {
+                       v1::HandOverResponse response;
+                       return stub_->HandOver(context, hand_over, &response);
+                     }});
     v1::DeleteRequest remove;
     remove.set_name("ns/absent");
     remove.set_if_generation(id);
@@ -463,10 +471,25 @@ TEST_F(HostileTest, ExtremeIntegersHugeFieldsAndUnknownEnumsGetClearStatuses) {
                        v1::AcquireResponse response;
                        return stub_->Acquire(context, acquire, &response);
                      }});
-    cases.push_back({"acquire without a target", grpc::StatusCode::INVALID_ARGUMENT, "name or a tensor_id",
+    cases.push_back({"acquire without a target", grpc::StatusCode::INVALID_ARGUMENT, "a tensor_id or a hand_over token",
                      [this](grpc::ClientContext* context) {
                        v1::AcquireResponse response;
                        return stub_->Acquire(context, v1::AcquireRequest(), &response);
+                     }});
+    v1::AcquireRequest forged;
+    forged.set_hand_over(std::string(1 << 20, 'f'));  // no token is a megabyte, or made up
+    cases.push_back({"acquire a forged hand-over", grpc::StatusCode::NOT_FOUND, "no such hand-over",
+                     [this, forged](grpc::ClientContext* context) {
+                       v1::AcquireResponse response;
+                       return stub_->Acquire(context, forged, &response);
+                     }});
+    v1::HandOverRequest forever;
+    forever.set_lease_id(1);
+    forever.set_ttl_ms(kU64Max);
+    cases.push_back({"hand over for ever", grpc::StatusCode::INVALID_ARGUMENT, "one hour",
+                     [this, forever](grpc::ClientContext* context) {
+                       v1::HandOverResponse response;
+                       return stub_->HandOver(context, forever, &response);
                      }});
     cases.push_back({"stat without a target", grpc::StatusCode::INVALID_ARGUMENT, "name or a tensor_id",
                      [this](grpc::ClientContext* context) {

@@ -8,6 +8,8 @@
 //   recycle SOCKET NS COUNT               allocate float32[COUNT], release it unpublished (its
 //                                         buffer waits in this session's pool), print
 //                                         "pooled <buffer id> <recyclable 1/0>", sleep
+//   hand-over SOCKET NAME TTL_MS          take NAME, hand it over for TTL_MS, release it,
+//                                         print "token <token> <sum>", sleep
 //   fork-hold SOCKET NAME                 acquire NAME; fork a child that acquires it again
 //                                         with its own session; both sleep
 //   fork-storm SOCKET NAME PREFIX ROUNDS  with a Watcher on PREFIX open and a thread taking
@@ -108,6 +110,17 @@ int main(int argc, char** argv) {
     tensor->Release();
     if (tensord::Status flushed = client->Flush(); !flushed.ok()) return Fail("flush", flushed);
     Say("pooled " + std::to_string(info.buffer_id) + " " + (info.recyclable ? "1" : "0"));
+    SleepForever();
+  }
+  if (command == "hand-over" && argc == 5) {
+    auto tensor = client->Take(argv[3], tensord::Wait::For(std::chrono::seconds(20)));
+    if (!tensor.ok()) return Fail("take", tensor.status());
+    auto token = client->HandOver(*tensor, std::chrono::milliseconds(std::atoll(argv[4])));
+    if (!token.ok()) return Fail("hand over", token.status());
+    const double sum = Sum(*tensor);
+    tensor->Release();  // the token holds it now
+    if (tensord::Status flushed = client->Flush(); !flushed.ok()) return Fail("flush", flushed);
+    Say("token " + token->token + " " + std::to_string(sum));
     SleepForever();
   }
   if (command == "fork-hold" && argc == 4) {

@@ -187,6 +187,7 @@ struct BrokerStatus {
   // back before an allocation would fail.
   uint64_t host_bytes_pooled = 0;
   uint64_t pooled_buffers = 0;
+  uint64_t hand_overs_pending = 0;  // hand-over tokens neither redeemed nor expired
   std::vector<BackendInfo> backends;  // host first
 };
 
@@ -249,6 +250,16 @@ struct PublishOptions {
   // Added to the tags the tensor was allocated with (TensorSpec::tags); a key it has
   // already is replaced. Bounded in all as TensorSpec::tags (INVALID_ARGUMENT).
   std::map<std::string, std::string> tags;
+};
+
+// Client::HandOver's result: a one-time token that another process redeems
+// (Client::Redeem) for a lease of its own on the same tensor.
+struct HandOverToken {
+  // 64 hex digits. A bearer secret: whoever has it and may read the tensor can redeem it,
+  // so send it only where the tensor may go (a multiprocessing pipe or queue), never to a log.
+  std::string token;
+  TensorInfo tensor;  // what it hands over
+  std::chrono::milliseconds ttl{0};  // how long it stays redeemable, as the broker granted
 };
 
 // One element of Client::AllocateMany.
@@ -452,6 +463,26 @@ class TENSORD_EXPORT Client {
                                           Wait wait = {});
   Result<std::vector<TensorRef>> TakeMany(std::string_view name_or_prefix, size_t max_count,
                                           const TakeOptions& options);
+
+  // Lease hand-over: gives another process the tensor with no copy and no name, for a
+  // tensor you hold a lease on (a taken batch, say) and must pass on. The broker holds the
+  // tensor for the token from here on, not for this process: release `tensor` or exit at
+  // any time after this returns. The receiver's Redeem turns the token into a lease of its
+  // own, once; until then, or until `ttl` runs out (0: 60 s; at most an hour), the tensor
+  // stays in broker memory, and a token nobody redeems in time leaves nothing behind. A
+  // token made after a PublishNoWait follows that publish (one stream).
+  // Errors: INVALID_ARGUMENT (an empty TensorRef, a TTL over an hour); FAILED_PRECONDITION
+  // (not published yet: publish it, unnamed if you like; a TensorRef from this client's
+  // earlier session; memory gone with its producer); RESOURCE_EXHAUSTED (this uid has
+  // --max-leases-per-session hand-overs pending).
+  Result<HandOverToken> HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
+  // The receiving side of HandOver: a lease on the tensor, mapped as `options` say
+  // (readonly, pinned, stream; wait and min_generation do not apply: a token is there or
+  // not). The token is spent on success. NOT_FOUND when it was redeemed already, expired
+  // or never made (or the broker restarted); PERMISSION_DENIED when this uid may not read
+  // the tensor (the token stays redeemable); FAILED_PRECONDITION when its memory went with
+  // its producer.
+  Result<TensorRef> Redeem(std::string_view token, const AcquireOptions& options = {});
 
   Status Delete(std::string_view name, uint64_t if_generation = 0);
   Result<std::vector<TensorInfo>> List(std::string_view prefix = "");
