@@ -205,7 +205,7 @@ class PyClient {
     spec.isolated = !ns.has_value();
     std::shared_ptr<Client> client = Core();
     TensorRef ref = Unwrap(WithoutGil([&] { return client->Allocate(ns.value_or(""), spec); }));
-    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/true);
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/true, client);
   }
 
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
@@ -320,7 +320,7 @@ class PyClient {
         });
     py::list out;
     for (TensorRef& ref : refs) {
-      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
+      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client)));
     }
     return out;
   }
@@ -337,7 +337,7 @@ class PyClient {
       o.wait = wait;
       return client->Acquire(name, o);
     });
-    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
   std::unique_ptr<PyTensor> GetById(uint64_t id, bool readonly, bool pinned) {
@@ -346,7 +346,7 @@ class PyClient {
     options.pinned = pinned;
     std::shared_ptr<Client> client = Core();
     TensorRef ref = Unwrap(WithoutGil([&] { return client->Acquire(TensorId{id}, options); }));
-    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
   std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
@@ -355,7 +355,7 @@ class PyClient {
     TensorRef ref = WaitLoop<TensorRef>("'" + name_or_prefix + "'", timeout, [&](Wait wait) {
       return client->Take(name_or_prefix, TakeOptions{.wait = wait, .pinned = pinned});
     });
-    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false);
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
   py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout,
@@ -367,9 +367,22 @@ class PyClient {
         });
     py::list out;
     for (TensorRef& ref : refs) {
-      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false)));
+      out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client)));
     }
     return out;
+  }
+
+  std::string HandOver(const PyTensor& tensor, std::optional<double> ttl) {
+    return tensor.HandOver(ttl)[0].cast<std::string>();
+  }
+
+  std::unique_ptr<PyTensor> Redeem(const std::string& token, bool readonly, bool pinned) {
+    AcquireOptions options;
+    options.readonly = readonly;
+    options.pinned = pinned;
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = Unwrap(WithoutGil([&] { return client->Redeem(token, options); }));
+    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
   void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
@@ -485,6 +498,8 @@ void BindClient(py::module_& m) {
            py::arg("pinned") = false)
       .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
            py::arg("timeout") = 0.0, py::arg("pinned") = false)
+      .def("hand_over", &PyClient::HandOver, py::arg("tensor"), py::arg("ttl") = py::none())
+      .def("redeem", &PyClient::Redeem, py::arg("token"), py::arg("readonly") = false, py::arg("pinned") = false)
       .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
       .def("list", &PyClient::List, py::arg("prefix") = "")
       .def("stat", &PyClient::Stat, py::arg("name"))

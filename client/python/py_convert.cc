@@ -176,6 +176,7 @@ py::dict StatusToDict(const BrokerStatus& s) {
   d["releases_not_found"] = s.releases_not_found;
   d["host_bytes_pooled"] = s.host_bytes_pooled;
   d["pooled_buffers"] = s.pooled_buffers;
+  d["hand_overs_pending"] = s.hand_overs_pending;
   py::list backends;
   for (const BackendInfo& backend : s.backends) {
     py::dict b;

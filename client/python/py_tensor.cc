@@ -1,5 +1,7 @@
 #include "py_tensor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -102,6 +104,23 @@ py::object PyTensor::LegacyCapsuleAs(const std::string& as_dtype) const {
 
 py::object PyTensor::NumpyArray() const { return MakeNumpyArray(Ref()->ToDLPack(), readonly_); }
 
+py::tuple PyTensor::HandOver(std::optional<double> ttl_seconds) const {
+  std::shared_ptr<TensorRef> ref = Ref();
+  std::shared_ptr<Client> client = client_.lock();
+  if (!client) {
+    throw py::value_error("tensor " + Describe() + " cannot be handed over: the client that holds it is closed");
+  }
+  std::chrono::milliseconds ttl{0};
+  if (ttl_seconds) {
+    if (!(*ttl_seconds > 0) || *ttl_seconds > 3600) {
+      throw py::value_error("hand-over ttl: give seconds in (0, 3600], or None for the broker's 60 s");
+    }
+    ttl = std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(*ttl_seconds * 1000)));
+  }
+  HandOverToken token = Unwrap(WithoutGil([&] { return client->HandOver(*ref, ttl); }));
+  return py::make_tuple(token.token, client->socket_path());
+}
+
 uintptr_t PyTensor::DataPtr() const { return reinterpret_cast<uintptr_t>(Ref()->data()); }
 
 void BindTensor(py::module_& m) {
@@ -120,6 +139,7 @@ void BindTensor(py::module_& m) {
            "__dlpack__(stream=...) does this for the stream it is given. Nothing for host tensors.")
       .def("_legacy_capsule_as", &PyTensor::LegacyCapsuleAs, py::arg("dtype"))
       .def("_numpy", &PyTensor::NumpyArray)
+      .def("_hand_over", &PyTensor::HandOver, py::arg("ttl") = py::none())
       .def_property_readonly("_data_ptr", &PyTensor::DataPtr)
       .def("release", &PyTensor::Release,
            "Drops this handle's own reference now; views made from it keep theirs.")

@@ -9,6 +9,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,11 +22,13 @@ namespace tensord::python {
 
 class PyTensor {
  public:
-  // `producer`: a tensor from empty(), which publish() publishes in place.
-  PyTensor(TensorRef ref, bool producer)
+  // `producer`: a tensor from empty(), which publish() publishes in place. `client`: the
+  // one that holds its lease (a hand-over is made there), not kept alive by the tensor.
+  PyTensor(TensorRef ref, bool producer, const std::shared_ptr<Client>& client)
       : info_(ref.info()),
         readonly_(ref.readonly()),
         producer_(producer),
+        client_(client),
         ref_(std::make_shared<TensorRef>(std::move(ref))) {}
 
   const TensorInfo& info() const { return info_; }
@@ -60,10 +63,15 @@ class PyTensor {
 
   uintptr_t DataPtr() const;
 
+  // A hand-over token for this tensor (Client::HandOver) and the socket of the broker that
+  // made it: what a pickled Tensor carries. ValueError when released or its client is closed.
+  pybind11::tuple HandOver(std::optional<double> ttl_seconds) const;
+
  private:
   TensorInfo info_;
   bool readonly_;
   bool producer_;
+  std::weak_ptr<Client> client_;
   std::shared_ptr<TensorRef> ref_;  // null once released
 };
 

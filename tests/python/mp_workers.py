@@ -16,6 +16,42 @@ def client_from_queue(clients, name, results):
     results.put(client.session_id)
 
 
+def send_tensors(client, prefix, count, results):
+    """Publishes `count` unnamed tensors, puts each in `results` (pickled: a hand-over), and
+    returns (so exits) without waiting for anyone to take them."""
+    for i in range(count):
+        t = client.empty((8,), "float32")
+        t.numpy()[:] = float(i)
+        client.publish(t, "")
+        results.put(t)
+    results.close()
+    results.join_thread()  # every token is made and sent before this process goes
+
+
+def sum_received(conn):
+    t = conn.recv()
+    conn.send(float(t.numpy().sum()))
+
+
+def as_is(item):
+    """A collate_fn that leaves an item alone (module level, so spawned workers find it)."""
+    return item
+
+
+class TensordLeases:
+    """A map-style dataset whose items are tensord Tensors: each goes back to the DataLoader's
+    main process as a hand-over, no copy."""
+
+    def __init__(self, client, names):
+        self.client, self.names = client, names
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, index):
+        return self.client.get(self.names[index])
+
+
 class TensordDataset:
     """A map-style dataset whose items are tensors in the broker: a DataLoader worker gets
     the client by pickling (spawn) and reads each item zero-copy."""

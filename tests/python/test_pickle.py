@@ -1,5 +1,6 @@
 """A Client pickles as its connection settings, for spawn and forkserver workers, queues and
-Datasets; the copy connects on its first call."""
+Datasets; the copy connects on its first call. A Tensor pickles as a hand-over token that the
+receiver redeems for a zero-copy lease of its own."""
 
 import multiprocessing
 import pickle
@@ -9,6 +10,7 @@ import pytest
 
 import mp_workers
 import tensord
+from conftest import wait_for
 
 
 def test_a_client_pickles_as_its_settings_and_connects_on_first_use(client, name):
@@ -81,10 +83,108 @@ def test_a_dataset_holding_a_client_works_in_spawned_dataloader_workers(client, 
     assert got == [float(i) for i in range(6)]
 
 
-def test_a_tensor_refuses_pickling_saying_what_to_send_instead(client, name):
+def test_a_pickled_tensor_is_a_hand_over_redeemed_as_a_lease_of_its_own(client, name):
     n = name()
-    client.put(n, np.arange(3))
+    client.put(n, np.arange(5, dtype=np.int32))
     t = client.get(n)
-    with pytest.raises(TypeError, match="Send its name or tensor_id and get\\(\\) it in the receiver"):
+    data = pickle.dumps(t)
+    assert client.status()["hand_overs_pending"] == 1
+    copy = pickle.loads(data)
+    assert isinstance(copy, tensord.Tensor)
+    assert copy.tensor_id == t.tensor_id and copy.numpy().tolist() == [0, 1, 2, 3, 4]
+    assert client.status()["hand_overs_pending"] == 0
+    with pytest.raises(tensord.NotFound, match="redeemed already"):
+        pickle.loads(data)  # a token is good once
+    readonly = pickle.loads(pickle.dumps(client.get(n, readonly=True)))
+    assert readonly.readonly
+
+
+def test_a_sender_may_let_go_at_once_the_token_holds_the_tensor(client, name):
+    n = name()
+    client.put(n, np.full(4, 3.0, dtype=np.float32))
+    t = client.take(n)  # unbound: only leases, and now the token, keep it
+    data = pickle.dumps(t)
+    t.release()
+    client.flush()
+    assert pickle.loads(data).numpy().tolist() == [3.0] * 4
+
+
+def test_a_hand_over_nobody_redeems_expires_leaving_nothing(client, name):
+    n = name()
+    client.put(n, np.zeros(1 << 20, dtype=np.float32))  # 4 MiB, a buffer of its own
+    t = client.take(n)
+    tensors = client.status()["tensors"]
+    token = client.hand_over(t, ttl=0.2)
+    t.release()
+    client.flush()
+    wait_for(lambda: client.status()["tensors"] == tensors - 1, what="the handed-over tensor dropped")
+    assert client.status()["hand_overs_pending"] == 0
+    with pytest.raises(tensord.NotFound):
+        client.redeem(token)
+
+
+def test_handing_over_needs_a_published_tensor_and_a_sane_ttl(client):
+    t = client.empty((4,), "float32")
+    with pytest.raises(tensord.Error, match="not published yet"):
         pickle.dumps(t)
-    assert pickle.loads(pickle.dumps((client, n, t.tensor_id)))[0].get(t.tensor_id).numpy().tolist() == [0, 1, 2]
+    client.publish(t, "")  # unnamed is enough
+    assert pickle.loads(pickle.dumps(t)).shape == (4,)
+    with pytest.raises(ValueError, match="ttl"):
+        client.hand_over(t, ttl=7200)
+    t.release()
+    with pytest.raises(ValueError, match="released"):
+        pickle.dumps(t)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_a_worker_sends_tensors_through_a_queue_and_exits(client, name, method):
+    ctx = multiprocessing.get_context(method)
+    results = ctx.Queue()
+    prefix = name(method) + "/"
+    child = ctx.Process(target=mp_workers.send_tensors, args=(client, prefix, 3, results))
+    child.start()
+    got = [results.get(timeout=120) for _ in range(3)]
+    child.join(60)
+    assert child.exitcode == 0  # gone: the tokens held the tensors
+    assert [t.numpy().tolist() for t in got] == [[float(i)] * 8 for i in range(3)]
+    assert all(t.name is None for t in got)  # unnamed: reachable only through the token
+    assert client.status()["hand_overs_pending"] == 0
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_taken_batch_goes_to_a_worker_through_a_pipe(client, name, method):
+    ctx = multiprocessing.get_context(method)
+    ours, theirs = ctx.Pipe()
+    n = name(method)
+    client.put(n, np.arange(10, dtype=np.float64))
+    child = ctx.Process(target=mp_workers.sum_received, args=(theirs,))
+    child.start()
+    batch = client.take(n)
+    ours.send(batch)
+    del batch  # the token holds it; nothing here does
+    assert ours.recv() == 45.0
+    child.join(60)
+    assert child.exitcode == 0
+
+
+def test_tensors_go_through_torch_multiprocessing_queues(client, name):
+    torch_mp = pytest.importorskip("torch.multiprocessing")
+    ctx = torch_mp.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=mp_workers.send_tensors, args=(client, name() + "/", 2, results))
+    child.start()
+    got = [results.get(timeout=120) for _ in range(2)]
+    child.join(60)
+    assert [t.torch().sum().item() for t in got] == [0.0, 8.0]
+
+
+def test_spawned_dataloader_workers_return_tensord_tensors(client, name):
+    torch = pytest.importorskip("torch")
+    names = [name("ds") for _ in range(4)]
+    for i, n in enumerate(names):
+        client.put(n, torch.full((2, 3), float(i)))
+    dataset = mp_workers.TensordLeases(client, names)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                         multiprocessing_context="spawn", collate_fn=mp_workers.as_is)
+    got = [t.torch()[1, 2].item() for t in loader]
+    assert got == [float(i) for i in range(4)]

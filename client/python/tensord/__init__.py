@@ -17,12 +17,19 @@ them is garbage-collected (the client may keep it cached briefly while the name 
 at it), when the process exits or is killed, or, for the handle's own reference, at once with
 release() or at the end of a with block.
 
+Other processes: a Client pickles as its connection settings, and a Tensor pickles as a
+hand-over token (Client.hand_over): put one in a multiprocessing Queue or Pipe, or return it
+from a worker, and the receiver unpickles its own zero-copy lease on the same memory. The
+broker holds the tensor for the token, so the sender may let its tensor go at once; an
+unpickled token is spent, and one never unpickled expires after 60 s, leaving nothing.
+
 Errors are tensord.Error subclasses carrying the broker's message: NotFound, Timeout,
 ResourceExhausted, PermissionDenied, InvalidArgument, Unavailable; other codes raise Error
 with .code set. Timeout is also a TimeoutError, NotFound also a LookupError.
 """
 
 from . import _convert, aio, data
+from . import _client
 from ._client import Client, Watch, connect, dtype_name
 from ._types import Device, DType
 from ._version import __version__  # the project version, written by CMake
@@ -44,15 +51,7 @@ Tensor.dtype = property(lambda t: DType(_core_dtype.fget(t)), doc=DType.__doc__)
 Tensor.device = property(lambda t: Device(_core_device.fget(t)), doc=Device.__doc__)
 
 
-def _refuse_pickling(t):
-    raise TypeError(
-        f"a tensord Tensor ({t!r}) cannot be pickled: its lease is this process's. Send its name "
-        "or tensor_id and get() it in the receiver (a Client pickles: tensord.connect() there is "
-        "not needed), or send the name of a take() queue"
-    )
-
-
-Tensor.__reduce__ = _refuse_pickling
+Tensor.__reduce__ = _client._pickled_tensor
 Tensor.numpy = _convert.to_numpy
 Tensor.torch = _convert.to_torch
 Tensor.__array__ = _convert.to_array

@@ -325,6 +325,25 @@ class Client:
         take()."""
         return self._core.take_many(name_or_prefix, max_count, timeout, pinned)
 
+    # Handing tensors to other processes.
+
+    def hand_over(self, t, ttl=None):
+        """A one-time token (a str) for tensor t, which another process redeems with
+        redeem() for its own zero-copy lease. The broker holds the tensor for the token from
+        now on, so t may be released, and this process may exit, at once. The token stays
+        redeemable for ttl seconds (None: the broker's 60 s; at most 3600); one nobody
+        redeems leaves nothing behind. t must be published (unnamed is fine). The token is a
+        bearer secret: send it only where the tensor may go. Pickling a Tensor does this
+        for you."""
+        return self._core.hand_over(t, ttl)
+
+    def redeem(self, token, readonly=False, pinned=False):
+        """The Tensor a hand_over() token stands for, as a lease of this process's own
+        (readonly and pinned as for get()). A token is spent once redeemed: NotFound when it
+        was redeemed already or its time ran out; PermissionDenied (the token stays good)
+        when this uid may not read the tensor."""
+        return self._core.redeem(token, readonly, pinned)
+
     def watch(self, prefix="", initial=False):
         """A Watch of binding changes under prefix (initial=True starts with the current
         bindings)."""
@@ -403,6 +422,32 @@ def _connect_core(socket, client_name, lease_cache, lease_cache_linger):
 
 def _unpickled_client(settings):
     return Client(None, settings)
+
+
+# The clients that unpickled Tensors redeem their hand-overs with: one per broker socket
+# in this process, connected on the first use.
+_redeemers: "dict[str, Client]" = {}
+_redeemers_lock = threading.Lock()
+
+
+def _redeemer(socket):
+    with _redeemers_lock:
+        client = _redeemers.get(socket)
+        if client is None:
+            client = _redeemers[socket] = _unpickled_client(
+                {"socket": socket, "client_name": None, "lease_cache": True, "lease_cache_linger": 2.0})
+        return client
+
+
+def _pickled_tensor(t):
+    # A pickled Tensor is a hand-over token, redeemed when it is unpickled: the receiver gets
+    # its own zero-copy lease, and the sender may let its tensor go at once.
+    token, socket = t._hand_over()
+    return (_unpickled_tensor, (socket, token, t.readonly))
+
+
+def _unpickled_tensor(socket, token, readonly):
+    return _redeemer(socket).redeem(token, readonly=readonly)
 
 
 def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0):

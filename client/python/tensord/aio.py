@@ -86,6 +86,14 @@ class AsyncClient:
         """As Client.publish."""
         return await asyncio.to_thread(lambda: self.client.publish(t, name, **kwargs))
 
+    async def hand_over(self, t, ttl=None):
+        """As Client.hand_over."""
+        return await asyncio.to_thread(self.client.hand_over, t, ttl)
+
+    async def redeem(self, token, readonly=False, pinned=False):
+        """As Client.redeem."""
+        return await asyncio.to_thread(self.client.redeem, token, readonly, pinned)
+
     async def delete(self, name, if_generation=None):
         """As Client.delete."""
         return await asyncio.to_thread(self.client.delete, name, if_generation)
