@@ -89,6 +89,22 @@ class BrokerTest : public ::testing::Test {
     return promise.get_future().get();
   }
 
+  // Releases one lease the session holds (a failure fails the test).
+  void Release(uint64_t session, uint64_t lease_id) {
+    v1::ReleaseRequest release;
+    release.add_lease_ids(lease_id);
+    auto released = broker_->Release(session, release);
+    ASSERT_TRUE(released.ok()) << released.status();
+    EXPECT_EQ(released->released(), 1u);
+  }
+
+  // Unbinds `name` (a failure fails the test).
+  void Delete(uint64_t session, const std::string& name) {
+    v1::DeleteRequest remove;
+    remove.set_name(name);
+    ASSERT_TRUE(broker_->Delete(session, remove).ok());
+  }
+
   uint64_t PublishNew(uint64_t session, const std::string& name) {
     auto allocated = Allocate(session, name.substr(0, name.find('/')), 16);
     EXPECT_TRUE(allocated.ok()) << allocated.status();

@@ -40,14 +40,6 @@ class HandOverTest : public BrokerTest {
     return promise.get_future().get();
   }
 
-  void Release(uint64_t session, uint64_t lease_id) {
-    v1::ReleaseRequest release;
-    release.add_lease_ids(lease_id);
-    auto released = broker_->Release(session, release);
-    ASSERT_TRUE(released.ok()) << released.status();
-    EXPECT_EQ(released->released(), 1u);
-  }
-
   // A tensor published as `name` and a lease on it held by a new session, which is returned.
   std::pair<uint64_t, v1::AcquireResponse> HeldBySender(const std::string& name) {
     uint64_t producer = Open();
@@ -94,11 +86,7 @@ TEST_F(HandOverTest, ATokenIsRedeemedOnceForALeaseOfTheRedeemersOwn) {
 
 TEST_F(HandOverTest, TheTokenHoldsTheTensorAfterItsMakerReleasedAndClosed) {
   auto [sender, lease] = HeldBySender("ns/batch");
-  ASSERT_TRUE(broker_->Delete(sender, [] {
-    v1::DeleteRequest d;
-    d.set_name("ns/batch");
-    return d;
-  }()).ok());  // unbound: only leases keep it now
+  Delete(sender, "ns/batch");  // unbound: only leases keep it now
   auto token = HandOver(sender, lease.lease_id());
   ASSERT_TRUE(token.ok()) << token.status();
   Release(sender, lease.lease_id());
@@ -117,11 +105,7 @@ TEST_F(HandOverTest, TheTokenHoldsTheTensorAfterItsMakerReleasedAndClosed) {
 
 TEST_F(HandOverTest, AnUnredeemedTokenExpiresAndLeavesNothing) {
   auto [sender, lease] = HeldBySender("ns/y");
-  ASSERT_TRUE(broker_->Delete(sender, [] {
-    v1::DeleteRequest d;
-    d.set_name("ns/y");
-    return d;
-  }()).ok());
+  Delete(sender, "ns/y");
   auto token = HandOver(sender, lease.lease_id(), /*ttl_ms=*/30);
   ASSERT_TRUE(token.ok()) << token.status();
   EXPECT_EQ(token->ttl_ms(), 30u);

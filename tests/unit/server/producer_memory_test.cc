@@ -164,20 +164,6 @@ class ProducerMemoryTest : public BrokerTest {
     return recorder;
   }
 
-  void Release(uint64_t session, uint64_t lease_id) {
-    v1::ReleaseRequest release;
-    release.add_lease_ids(lease_id);
-    auto released = broker_->Release(session, release);
-    ASSERT_TRUE(released.ok()) << released.status();
-    EXPECT_EQ(released->released(), 1u);
-  }
-
-  void Delete(uint64_t session, const std::string& name) {
-    v1::DeleteRequest remove;
-    remove.set_name(name);
-    ASSERT_TRUE(broker_->Delete(session, remove).ok());
-  }
-
   absl::StatusOr<std::vector<Broker::FetchedHandle>> Fetch(uint64_t session, uint64_t buffer_id) {
     v1::FetchFd fetch;
     fetch.add_buffer_ids(buffer_id);
