@@ -15,7 +15,8 @@ absl::StatusOr<HandOverToken> Session::HandOver(const LeaseView& view, std::chro
   TENSORD_RETURN_IF_ERROR(CheckOpen());
   const std::string what = "hand over tensor " + std::to_string(view.tensor_id());
   if (view.session_id() != session_id()) {
-    return absl::FailedPreconditionError(what + ": its lease was this client's earlier session's, which ended");
+    return absl::FailedPreconditionError(what + ": its lease is another session's (this client's earlier one, or "
+                                                "the parent process's before a fork): acquire it again here first");
   }
   if (ttl.count() < 0 || static_cast<uint64_t>(ttl.count()) > common::kMaxHandOverTtlMs) {
     return absl::InvalidArgumentError(what + ": a TTL of " + std::to_string(ttl.count()) + " ms; give 0 (60 s) to " +

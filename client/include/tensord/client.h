@@ -472,8 +472,9 @@ class TENSORD_EXPORT Client {
   // stays in broker memory, and a token nobody redeems in time leaves nothing behind. A
   // token made after a PublishNoWait follows that publish (one stream).
   // Errors: INVALID_ARGUMENT (an empty TensorRef, a TTL over an hour); FAILED_PRECONDITION
-  // (not published yet: publish it, unnamed if you like; a TensorRef from this client's
-  // earlier session; memory gone with its producer); RESOURCE_EXHAUSTED (this uid has
+  // (not published yet: publish it, unnamed if you like; a TensorRef whose lease is another
+  // session's: this client's earlier one, or a parent's inherited across fork(); memory
+  // gone with its producer); RESOURCE_EXHAUSTED (this uid has
   // --max-leases-per-session hand-overs pending).
   Result<HandOverToken> HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // The receiving side of HandOver: a lease on the tensor, mapped as `options` say
