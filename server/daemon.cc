@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,6 +33,8 @@
 #include "server/grpc_listener.h"
 #include "server/health_service.h"
 #include "server/reflection_service.h"
+#include "server/systemd.h"
+#include "server/unix_socket.h"
 #include "spdlog/spdlog.h"
 
 #ifndef TENSORD_VERSION
@@ -94,6 +97,24 @@ absl::Status PrepareDirectory(const std::string& socket) {
   return absl::OkStatus();
 }
 
+// The configured socket path, or under socket activation the path systemd bound, which a
+// configured path must agree with (clients and the lock file follow it).
+absl::StatusOr<std::string> SocketPath(const Config& config, const std::optional<ActivationSockets>& activated) {
+  if (!activated.has_value()) return config.socket.empty() ? common::DefaultDaemonSocketPath() : config.socket;
+  const std::string& bound = activated->grpc.path;
+  if (!config.socket.empty() && config.socket != bound) {
+    return absl::FailedPreconditionError(absl::StrCat("systemd passed a gRPC socket bound to ", bound, " but the socket ",
+                                                      "setting (", config.origins.contains("socket") ? config.origins.at("socket") : "socket",
+                                                      ") names ", config.socket, ": make them the same"));
+  }
+  if (activated->fd_channel.path != common::FdChannelPath(bound)) {
+    return absl::FailedPreconditionError(absl::StrCat("systemd passed an fd-channel socket bound to ", activated->fd_channel.path,
+                                                      ": with the gRPC socket at ", bound, " it must be ",
+                                                      common::FdChannelPath(bound)));
+  }
+  return bound;
+}
+
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   if (group.empty()) return static_cast<gid_t>(-1);  // chown leaves the group alone
   absl::StatusOr<gid_t> gid = LookUpGroup(group);
@@ -102,6 +123,13 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
                                                           gid.status().message()));
   }
   return gid;
+}
+
+// The service manager's one-line view (systemctl status).
+std::string StatusLine(const v1::StatusResponse& status) {
+  return absl::StrFormat("serving %u tensors (%u named) in %s of %s host memory; %u sessions, %u leases",
+                         status.tensors(), status.named_tensors(), common::HumanBytes(status.host_bytes_in_use()),
+                         common::HumanBytes(status.host_bytes_limit()), status.sessions(), status.leases());
 }
 
 }  // namespace
@@ -119,7 +147,8 @@ void BlockTerminationSignals() {
 absl::Status RunDaemon(const Config& config) {
   TENSORD_RETURN_IF_ERROR(common::SetLogLevel(config.log_level));
   RaiseFileLimit();
-  std::string socket = config.socket.empty() ? common::DefaultDaemonSocketPath() : config.socket;
+  TENSORD_ASSIGN_OR_RETURN(std::optional<ActivationSockets> activated, TakeActivationSockets());
+  TENSORD_ASSIGN_OR_RETURN(std::string socket, SocketPath(config, activated));
   TENSORD_RETURN_IF_ERROR(PrepareDirectory(socket));
   TENSORD_ASSIGN_OR_RETURN(gid_t group, ResolveGroup(config.socket_group));
 
@@ -199,8 +228,13 @@ absl::Status RunDaemon(const Config& config) {
   grpc_caps.total_flag = "--max-grpc-connections";
   grpc_caps.per_uid = config.max_connections_per_uid;
   grpc_caps.exempt_uids = trusted_uids;
-  if (absl::Status listening = listener.Start(socket, kSocketMode, group, server.get(), grpc_caps);
-      !listening.ok()) {
+  absl::StatusOr<ListeningSocket> grpc_socket =
+      activated ? std::move(activated->grpc) : ListenUnix(socket, SOCK_STREAM, kSocketMode, group);
+  if (!grpc_socket.ok()) {
+    stop_server();
+    return grpc_socket.status();
+  }
+  if (absl::Status listening = listener.Start(*std::move(grpc_socket), server.get(), grpc_caps); !listening.ok()) {
     stop_server();
     return listening;
   }
@@ -215,8 +249,11 @@ absl::Status RunDaemon(const Config& config) {
   fd_caps.exempt_uids = trusted_uids;
   FdServer fd_server(&broker, fd_caps, kHelloTimeout,
                      [&listener](uid_t uid) { return listener.CheckRoomFor(uid); });
-  if (absl::Status started = fd_server.Start(common::FdChannelPath(socket), kSocketMode, group);
-      !started.ok()) {
+  absl::StatusOr<ListeningSocket> fd_socket =
+      activated ? std::move(activated->fd_channel)
+                : ListenUnix(common::FdChannelPath(socket), SOCK_SEQPACKET, kSocketMode, group);
+  absl::Status started = fd_socket.ok() ? fd_server.Start(*std::move(fd_socket)) : fd_socket.status();
+  if (!started.ok()) {
     listener.Stop();
     stop_server();
     return started;
@@ -232,6 +269,7 @@ absl::Status RunDaemon(const Config& config) {
           : absl::StrCat("arenas of ", common::HumanBytes(config.arena_bytes), " for tensors up to ",
                          common::HumanBytes(config.arena_max_tensor_bytes)),
       config.config_file.empty() ? "" : absl::StrCat(", config ", config.config_file));
+  if (activated) spdlog::info("sockets passed by systemd (socket activation); they stay when tensord stops");
   const std::string huge = common::ShmemHugePages();
   spdlog::info("host memory: recycled buffers {}; transparent huge pages for tensor memory: {} "
                "(shmem_enabled {}; docs/performance.md says what to set)",
@@ -245,10 +283,13 @@ absl::Status RunDaemon(const Config& config) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  SystemdNotifier notifier;
+  notifier.Ready([&broker] { return StatusLine(broker.GetStatus()); });
   int signal_number = 0;
   while (sigwait(&set, &signal_number) != 0) {
   }
   spdlog::info("{} received: draining", strsignal(signal_number));
+  notifier.Stopping(absl::StrCat(strsignal(signal_number), ": draining"));
 
   // Stop taking new sessions, end the streams that never finish by themselves, then let
   // in-flight calls complete for up to 5 s.

@@ -160,20 +160,19 @@ bool Handle(Broker* broker, const FdServer::HelloCheck& hello_check, Connection&
 
 }  // namespace
 
-absl::Status FdServer::Start(const std::string& path, mode_t mode, gid_t group) {
-  path_ = path;
-  TENSORD_ASSIGN_OR_RETURN(listen_fd_, ListenUnix(path, SOCK_SEQPACKET, mode, group));
+absl::Status FdServer::Start(ListeningSocket socket) {
+  socket_ = std::move(socket);
+  const std::string path = socket_.path;
   // Without its loop the socket serves nobody: it goes again, so clients are told at once.
   auto abandon = [&](absl::Status status) {
-    listen_fd_.reset();
-    unlink(path.c_str());
+    socket_.Close();
     return status;
   };
   epoll_fd_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_fd_) return abandon(common::ErrnoToStatus(absl::StrCat("fd channel ", path, ": epoll_create1"), errno));
   wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_) return abandon(common::ErrnoToStatus(absl::StrCat("fd channel ", path, ": eventfd"), errno));
-  const std::pair<int, const char*> watched[] = {{listen_fd_.get(), "listening socket"},
+  const std::pair<int, const char*> watched[] = {{socket_.fd.get(), "listening socket"},
                                                  {wake_fd_.get(), "wake-up eventfd"}};
   for (const auto& [fd, what] : watched) {
     epoll_event event{};
@@ -194,8 +193,7 @@ void FdServer::Stop() {
     spdlog::warn("fd channel: cannot wake the loop: {}", std::strerror(errno));
   }
   thread_.join();
-  listen_fd_.reset();
-  unlink(path_.c_str());
+  socket_.Close();
 }
 
 void FdServer::Run() {
@@ -255,10 +253,10 @@ void FdServer::Run() {
       int fd = events[i].data.fd;
       if (fd == wake_fd_.get()) {
         running = false;
-      } else if (fd == listen_fd_.get()) {
+      } else if (fd == socket_.fd.get()) {
         while (true) {
           bool shed = false;
-          common::UniqueFd client = acceptor.Accept(listen_fd_.get(), &shed);
+          common::UniqueFd client = acceptor.Accept(socket_.fd.get(), &shed);
           if (!client) {
             if (shed) continue;
             break;

@@ -23,6 +23,7 @@
 #include "common/unique_fd.h"
 #include "server/broker.h"
 #include "server/connection_limits.h"
+#include "server/unix_socket.h"
 
 namespace tensord::server {
 
@@ -40,9 +41,9 @@ class FdServer {
   FdServer(const FdServer&) = delete;
   FdServer& operator=(const FdServer&) = delete;
 
-  // Binds and listens at `path` (an old socket file there is removed first: the caller
-  // holds the lock that proves no other daemon serves it) with `mode`, then starts the loop.
-  absl::Status Start(const std::string& path, mode_t mode, gid_t group);
+  // Serves connections on `socket` (listening: ListenUnix, or passed by systemd). On an
+  // error the socket is closed (ListeningSocket::Close), so clients are told at once.
+  absl::Status Start(ListeningSocket socket);
   // Stops accepting and closes every connection (closing their sessions).
   void Stop();
 
@@ -53,11 +54,10 @@ class FdServer {
   const ConnectionCaps caps_;
   const std::chrono::milliseconds hello_timeout_;
   const HelloCheck hello_check_;
-  common::UniqueFd listen_fd_;
+  ListeningSocket socket_;
   common::UniqueFd epoll_fd_;
   common::UniqueFd wake_fd_;  // eventfd: tells the loop to stop
   std::thread thread_;
-  std::string path_;
 };
 
 }  // namespace tensord::server

@@ -57,15 +57,13 @@ void SendGoAway(int fd, std::string_view reason) {
 
 }  // namespace
 
-absl::Status GrpcListener::Start(const std::string& path, mode_t mode, gid_t group, grpc::Server* server,
-                                 ConnectionCaps caps) {
+absl::Status GrpcListener::Start(ListeningSocket socket, grpc::Server* server, ConnectionCaps caps) {
   server_ = server;
-  path_ = path;
+  socket_ = std::move(socket);
   {
     absl::MutexLock lock(&mu_);
     limits_.emplace("gRPC socket", std::move(caps));
   }
-  TENSORD_ASSIGN_OR_RETURN(listen_fd_, ListenUnix(path, SOCK_STREAM, mode, group));
   wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_) return common::ErrnoToStatus("gRPC listener eventfd", errno);
   rlimit limit{};
@@ -87,8 +85,7 @@ void GrpcListener::Stop() {
     spdlog::warn("gRPC listener: cannot wake the accept thread: {}", std::strerror(errno));
   }
   thread_.join();
-  listen_fd_.reset();
-  unlink(path_.c_str());
+  socket_.Close();
 }
 
 std::optional<common::PeerCredentials> GrpcListener::Lookup(std::string_view peer) const {
@@ -159,7 +156,7 @@ int GrpcListener::MoveToRotatingNumber(int fd) {
 
 void GrpcListener::Run() {
   Acceptor acceptor;
-  pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+  pollfd fds[2] = {{socket_.fd.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
   while (true) {
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
@@ -169,7 +166,7 @@ void GrpcListener::Run() {
     if (fds[1].revents != 0) return;
     while (true) {
       bool shed = false;
-      common::UniqueFd connection = acceptor.Accept(listen_fd_.get(), &shed);
+      common::UniqueFd connection = acceptor.Accept(socket_.fd.get(), &shed);
       if (!connection) {
         if (shed) continue;
         break;

@@ -36,6 +36,7 @@
 #include "grpcpp/server.h"
 #include "server/broker_service.h"
 #include "server/connection_limits.h"
+#include "server/unix_socket.h"
 
 namespace tensord::server {
 
@@ -46,11 +47,11 @@ class GrpcListener final : public PeerDirectory {
   GrpcListener(const GrpcListener&) = delete;
   GrpcListener& operator=(const GrpcListener&) = delete;
 
-  // Listens at `path` (mode and group as given) and feeds connections to `server`, which
-  // must be started and outlive Stop().
-  absl::Status Start(const std::string& path, mode_t mode, gid_t group, grpc::Server* server,
-                     ConnectionCaps caps);
-  // Stops accepting and removes the socket file; connections already handed over stay.
+  // Accepts on `socket` (listening: ListenUnix, or passed by systemd) and feeds connections
+  // to `server`, which must be started and outlive Stop().
+  absl::Status Start(ListeningSocket socket, grpc::Server* server, ConnectionCaps caps);
+  // Stops accepting and closes the socket (ListeningSocket::Close); connections already
+  // handed over stay.
   void Stop();
 
   std::optional<common::PeerCredentials> Lookup(std::string_view peer) const override;
@@ -75,10 +76,9 @@ class GrpcListener final : public PeerDirectory {
   int MoveToRotatingNumber(int fd);
 
   grpc::Server* server_ = nullptr;
-  common::UniqueFd listen_fd_;
+  ListeningSocket socket_;
   common::UniqueFd wake_fd_;
   std::thread thread_;
-  std::string path_;
   // Only the accept thread touches these after Start.
   int rotate_first_ = 0, rotate_end_ = 0, rotate_next_ = 0;
 

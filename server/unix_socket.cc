@@ -15,8 +15,13 @@
 
 namespace tensord::server {
 
-absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, mode_t mode,
-                                           gid_t group) {
+void ListeningSocket::Close() {
+  fd.reset();
+  if (remove_on_close && !path.empty()) unlink(path.c_str());
+  path.clear();
+}
+
+absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path, int type, mode_t mode, gid_t group) {
   sockaddr_un address{};
   if (path.empty() || path.size() >= sizeof(address.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is ", path.size(),
@@ -37,7 +42,7 @@ absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, m
     return common::ErrnoToStatus(absl::StrCat("chown ", path, " to group ", group), errno);
   }
   if (listen(fd.get(), 512) != 0) return common::ErrnoToStatus(absl::StrCat("listen on ", path), errno);
-  return fd;
+  return ListeningSocket{std::move(fd), path, true};
 }
 
 Acceptor::Acceptor() : spare_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}

@@ -16,10 +16,21 @@
 
 namespace tensord::server {
 
+// A listening socket and its file. A socket the daemon bound itself is removed when it stops
+// listening; one the service manager passed (socket activation) is the manager's and stays,
+// so the next start of the service finds it.
+struct ListeningSocket {
+  common::UniqueFd fd;
+  std::string path;
+  bool remove_on_close = true;
+
+  // Closes the fd, then removes the file if it is ours.
+  void Close();
+};
+
 // `type` is SOCK_STREAM or SOCK_SEQPACKET. An old file at `path` is removed first: the
 // caller holds the lock that proves no other daemon serves it. group -1: unchanged.
-absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, mode_t mode,
-                                           gid_t group);
+absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path, int type, mode_t mode, gid_t group);
 
 class Acceptor {
  public:
