@@ -34,8 +34,12 @@
 #include "common/human_bytes.h"
 #include "common/names.h"
 #include "common/npy.h"
+#include "common/socket_paths.h"
 #include "common/tensor_desc.h"
 #include "common/unique_fd.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
 #include "tensord/client.h"
 
 #ifndef TENSORD_VERSION
@@ -568,6 +572,39 @@ int CmdWatch(Client& client, const Globals& g, const std::string& prefix) {
   return 0;
 }
 
+// The daemon's grpc.health.v1 answer, asked without opening a session: for probes
+// (Kubernetes' exec probe, scripts) that should neither count as clients nor be refused
+// when the daemon is at its session cap.
+int CmdHealth(const Globals& g, const std::string& service, double timeout_seconds) {
+  const std::string socket = g.socket.empty() ? common::DefaultClientSocketPath() : g.socket;
+  const std::string what = "health of " + socket;
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status rpc = grpc::health::v1::Health::NewStub(channel)->Check(&context, request, &response);
+  if (!rpc.ok()) {
+    return Fail(what, std::string(StatusCodeName(static_cast<StatusCode>(rpc.error_code()))) + ": " +
+                          rpc.error_message());
+  }
+  const std::string state = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  if (g.json) {
+    std::printf("{\"socket\":%s,\"service\":%s,\"status\":%s}\n", JsonString(socket).c_str(),
+                JsonString(service).c_str(), JsonString(state).c_str());
+  } else {
+    std::printf("%s\n", state.c_str());
+  }
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    std::fprintf(stderr, "tensorctl: %s: %s%s\n", what.c_str(), state.c_str(),
+                 service.empty() ? "" : (" (service " + service + ")").c_str());
+    return kExitError;
+  }
+  return 0;
+}
+
 // Why no command ran (the first word CLI11 did not take, or nothing given), and the commands.
 std::string NoCommandText(const CLI::App& app) {
   std::string commands;
@@ -618,6 +655,13 @@ int Run(int argc, char** argv) {
   auto* watch = app.add_subcommand("watch", "print binding changes until Ctrl-C");
   watch->add_option("PREFIX", watch_prefix, "only names under this prefix");
 
+  std::string health_service;
+  double health_timeout = 5;
+  auto* health = app.add_subcommand("health", "ask the daemon's gRPC health service (no session); exit 0 when SERVING");
+  health->add_option("--service", health_service, "a service to ask about (default: the server as a whole)");
+  health->add_option("--timeout", health_timeout, "seconds to wait for the answer (default 5)")
+      ->check(CLI::PositiveNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -628,6 +672,7 @@ int Run(int argc, char** argv) {
     return Fail("usage", std::string(e.what()) + " (see tensorctl --help)", kExitUsage);
   }
 
+  if (health->parsed()) return CmdHealth(g, health_service, health_timeout);
   Result<std::unique_ptr<Client>> client = ConnectFromFlags(g);
   if (!client.ok()) return Fail("connect", client.status());
   Client& c = **client;
