@@ -20,6 +20,8 @@ packages=(
   python3-venv python3-pip python3-setuptools python3-wheel python3-build
   # the gRPC bytes-copy peer of the comparative benchmark (tests/bench/compare.py)
   python3-grpcio
+  # YAML of the container and Kubernetes files (tests/deploy/check_deploy.py)
+  python3-yaml
   libze-dev clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.
