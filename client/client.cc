@@ -181,8 +181,8 @@ Result<TensorStat> Client::Stat(TensorId id) {
   return Guard("stat", [&] { return core_->Stat(id.value); });
 }
 
-Result<BrokerStatus> Client::GetStatus() {
-  return Guard("status", [&] { return core_->GetStatus(); });
+Result<BrokerStatus> Client::GetStatus(const StatusOptions& options) {
+  return Guard("status", [&] { return core_->GetStatus(options); });
 }
 
 Result<std::unique_ptr<Watcher>> Client::Watch(std::string_view prefix, bool initial) {

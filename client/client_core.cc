@@ -484,9 +484,10 @@ Result<TensorStat> ClientCore::Stat(const Session::Target& target) {
   return out;
 }
 
-Result<BrokerStatus> ClientCore::GetStatus() {
+Result<BrokerStatus> ClientCore::GetStatus(const StatusOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
   tensord::v1::StatusRequest request;
+  request.set_include_sessions(options.sessions);
   tensord::v1::StatusResponse response;
   {
     TENSORD_CALL_OR_RETURN(call, session);

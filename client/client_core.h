@@ -64,7 +64,7 @@ class ClientCore {
   Status Delete(std::string_view name, uint64_t if_generation);
   Result<std::vector<TensorInfo>> List(std::string_view prefix);
   Result<TensorStat> Stat(const Session::Target& target);
-  Result<BrokerStatus> GetStatus();
+  Result<BrokerStatus> GetStatus(const StatusOptions& options = {});
   Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial);
   Status Flush();
 

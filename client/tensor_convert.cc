@@ -3,6 +3,7 @@
 #include "common/memory/backends.h"
 #include "common/memory/device_names.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/status.h"
@@ -127,6 +128,25 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   out.host_bytes_pooled = status.host_bytes_pooled();
   out.pooled_buffers = status.pooled_buffers();
   out.hand_overs_pending = status.hand_overs_pending();
+  out.leases_reclaimed = status.leases_reclaimed();
+  for (const tensord::v1::SessionUsage& usage : status.session_usage()) {
+    SessionUsage session;
+    session.id = usage.id();
+    session.pid = usage.pid();
+    session.uid = usage.uid();
+    session.gid = usage.gid();
+    session.client_name = usage.client_name();
+    session.opened_unix_ms = usage.opened_unix_ms();
+    session.leases = usage.leases();
+    session.bytes_leased = usage.bytes_leased();
+    session.tensors_produced = usage.tensors_produced();
+    session.bytes_produced = usage.bytes_produced();
+    session.leases_granted = usage.leases_granted();
+    session.publishes = usage.publishes();
+    out.session_usage.push_back(std::move(session));
+  }
+  std::sort(out.session_usage.begin(), out.session_usage.end(),
+            [](const SessionUsage& a, const SessionUsage& b) { return a.id < b.id; });
   for (const tensord::v1::BackendStatus& backend : status.backends()) {
     BackendInfo info;
     info.name = backend.name();

@@ -182,6 +182,7 @@ void Broker::CloseSession(uint64_t session_id) {
       DropLeaseLocked(*lease, session->creds.uid, effects);
       ++released;
     }
+    leases_reclaimed_ += released;
     for (Waiter& waiter : waiters_.RemoveSession(session_id)) {
       effects.cancel_timers.push_back(waiter.timer_id);
       effects.completions.emplace_back(std::move(waiter.done), absl::CancelledError("the session closed"));
@@ -333,6 +334,7 @@ void Broker::DetachSink(uint64_t session_id, const PushSink* sink) {
 v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool by_name) {
   uint64_t lease_id = leases_.Add(session.id, tensor.id);
   session.leases.insert(lease_id);
+  ++session.leases_granted;
   uid_quota_.Add(session.creds.uid, UidResource::kMetadataBytes, kLeaseEntryBytes);
   ++tensor.holders[session.id];
   if (by_name) tensor.name_holders.insert(session.id);
@@ -923,6 +925,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       tensor->layout = *std::move(new_layout);
     }
     tensor->state = v1::TENSOR_STATE_SEALED;
+    ++session->publishes;
     tensor->ns = std::string(ns);
     if (merged_tags) tensor->tags = *std::move(merged_tags);
     if (!request.ready_fence().empty()) {

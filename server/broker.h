@@ -163,7 +163,10 @@ class Broker {
                                                  const tensord::v1::ListRequest& request);
   absl::StatusOr<tensord::v1::StatResponse> Stat(uint64_t session_id,
                                                  const tensord::v1::StatRequest& request);
-  tensord::v1::StatusResponse GetStatus();
+  // Counts, memory and backends; with request.include_sessions the sessions `session_id`'s
+  // uid may see (every one for root and the daemon's uid, else its own uid's; session 0:
+  // the daemon itself, which sees all), with include_namespaces what each namespace holds.
+  tensord::v1::StatusResponse GetStatus(const tensord::v1::StatusRequest& request = {}, uint64_t session_id = 0);
 
   // Registers a watcher; returns its id for RemoveWatcher.
   absl::StatusOr<uint64_t> AddWatcher(uint64_t session_id, const tensord::v1::WatchRequest& request,
@@ -304,6 +307,10 @@ class Broker {
   void Deliver(Effects& effects);
 
   absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetStatus's optional parts (broker_reads.cc).
+  void DescribeSessionsLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DescribeNamespacesLocked(tensord::v1::StatusResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const BrokerOptions options_;
@@ -324,6 +331,7 @@ class Broker {
   MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
   BufferPool pool_ ABSL_GUARDED_BY(mu_);
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t leases_reclaimed_ ABSL_GUARDED_BY(mu_) = 0;  // held by sessions when they closed
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   // Declared last: their threads stop first, while everything above is still alive.

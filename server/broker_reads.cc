@@ -352,7 +352,7 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
   return response;
 }
 
-v1::StatusResponse Broker::GetStatus() {
+v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t session_id) {
   v1::StatusResponse response;
   response.set_version(options_.version);
   response.set_instance_nonce(instance_nonce_);
@@ -375,6 +375,9 @@ v1::StatusResponse Broker::GetStatus() {
   response.set_host_bytes_pooled(pool_.bytes());
   response.set_pooled_buffers(pool_.size());
   response.set_hand_overs_pending(hand_overs_.size());
+  response.set_leases_reclaimed(leases_reclaimed_);
+  if (request.include_sessions()) DescribeSessionsLocked(session_id, response);
+  if (request.include_namespaces()) DescribeNamespacesLocked(response);
   for (v1::BackendStatus& backend : backends_->Describe()) {
     for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
       const std::string key = common::DeviceKey(usage.device());
@@ -384,6 +387,68 @@ v1::StatusResponse Broker::GetStatus() {
     *response.add_backends() = std::move(backend);
   }
   return response;
+}
+
+void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& response) {
+  std::optional<uid_t> only_uid;  // nullopt: every session
+  if (session_id != 0) {
+    const Session* caller = sessions_.Find(session_id);
+    if (caller == nullptr) return;
+    const uid_t uid = caller->creds.uid;
+    if (uid != 0 && uid != options_.daemon_uid) only_uid = uid;
+  }
+  struct Produced {
+    uint64_t tensors = 0, bytes = 0;
+  };
+  absl::flat_hash_map<uint64_t, Produced> produced;
+  for (const auto& [id, tensor] : registry_.tensors()) {
+    if (tensor.producer_session == 0) continue;
+    Produced& p = produced[tensor.producer_session];
+    ++p.tensors;
+    p.bytes += tensor.layout.nbytes;
+  }
+  for (const auto& [id, session] : sessions_.sessions()) {
+    if (only_uid && session.creds.uid != *only_uid) continue;
+    v1::SessionUsage& usage = *response.add_session_usage();
+    usage.set_id(id);
+    usage.set_pid(static_cast<uint32_t>(session.creds.pid));
+    usage.set_uid(session.creds.uid);
+    usage.set_gid(session.creds.gid);
+    usage.set_client_name(session.client_name);
+    usage.set_opened_unix_ms(session.opened_unix_ms);
+    usage.set_leases(session.leases.size());
+    // A tensor leased twice holds its bytes once.
+    absl::flat_hash_set<uint64_t> leased;
+    uint64_t bytes = 0;
+    for (uint64_t lease_id : session.leases) {
+      const Lease* lease = leases_.Find(lease_id, id);
+      if (lease == nullptr || !leased.insert(lease->tensor_id).second) continue;
+      if (const Tensor* tensor = registry_.Find(lease->tensor_id)) bytes += tensor->layout.nbytes;
+    }
+    usage.set_bytes_leased(bytes);
+    if (auto it = produced.find(id); it != produced.end()) {
+      usage.set_tensors_produced(it->second.tensors);
+      usage.set_bytes_produced(it->second.bytes);
+    }
+    usage.set_leases_granted(session.leases_granted);
+    usage.set_publishes(session.publishes);
+  }
+}
+
+void Broker::DescribeNamespacesLocked(v1::StatusResponse& response) {
+  std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> usage;  // sorted output
+  for (const auto& [id, tensor] : registry_.tensors()) {
+    auto& [tensors, bytes] = usage[{tensor.ns, tensor.device == nullptr ? std::string("host") : tensor.device->key}];
+    ++tensors;
+    bytes += tensor.layout.nbytes;
+  }
+  for (const auto& [key, value] : usage) {
+    v1::NamespaceUsage& entry = *response.add_namespace_usage();
+    entry.set_namespace_(key.first);
+    entry.set_device(key.second);
+    entry.set_tensors(value.first);
+    entry.set_bytes(value.second);
+  }
 }
 
 absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::WatchRequest& request,

@@ -143,7 +143,8 @@ void BrokerService::Register(AsyncServer* server) {
       server, "HandOver",
       [broker](uint64_t session, const v1::HandOverRequest& request) { return broker->HandOver(session, request); });
   UnaryNow<v1::StatusRequest, v1::StatusResponse>(
-      server, "Status", [broker](uint64_t, const v1::StatusRequest&) { return broker->GetStatus(); });
+      server, "Status",
+      [broker](uint64_t session, const v1::StatusRequest& request) { return broker->GetStatus(request, session); });
 }
 
 }  // namespace tensord::server

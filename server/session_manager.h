@@ -50,6 +50,9 @@ struct Session {
   absl::flat_hash_set<uint64_t> ready_fenced_tensors;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
+  // Since it opened, for tensorctl top's rates.
+  uint64_t leases_granted = 0;
+  uint64_t publishes = 0;
 };
 
 class SessionManager {

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -26,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -338,21 +340,98 @@ double Percent(uint64_t part, uint64_t whole) {
   return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
+// Per-session rates between two samples of the same sessions (top), by session id.
+struct SessionRates {
+  double leases_per_s = 0, publishes_per_s = 0;
+};
+using RateMap = std::map<uint64_t, SessionRates>;
+
+std::string SessionsJson(const std::vector<SessionUsage>& sessions, const RateMap* rates) {
+  std::string out = "[";
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const SessionUsage& u = sessions[i];
+    char line[640];
+    std::snprintf(line, sizeof(line),
+                  "%s{\"id\":%" PRIu64 ",\"pid\":%u,\"uid\":%u,\"gid\":%u,\"client_name\":%s,\"opened\":%s"
+                  ",\"leases\":%" PRIu64 ",\"bytes_leased\":%" PRIu64 ",\"tensors_produced\":%" PRIu64
+                  ",\"bytes_produced\":%" PRIu64 ",\"leases_granted\":%" PRIu64 ",\"publishes\":%" PRIu64,
+                  i == 0 ? "" : ",", u.id, u.pid, u.uid, u.gid, JsonString(u.client_name).c_str(),
+                  SecondsJson(u.opened_unix_ms).c_str(), u.leases, u.bytes_leased, u.tensors_produced,
+                  u.bytes_produced, u.leases_granted, u.publishes);
+    out += line;
+    if (rates != nullptr) {
+      auto it = rates->find(u.id);
+      const SessionRates r = it == rates->end() ? SessionRates{} : it->second;
+      std::snprintf(line, sizeof(line), ",\"leases_per_s\":%.3f,\"publishes_per_s\":%.3f", r.leases_per_s,
+                    r.publishes_per_s);
+      out += line;
+    }
+    out += "}";
+  }
+  return out + "]";
+}
+
+std::string StatusJson(const BrokerStatus& s, const RateMap* rates) {
+  char head[1024];
+  std::snprintf(head, sizeof(head),
+                "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime\":%s,\"host_bytes_in_use\":%" PRIu64
+                ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
+                ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
+                ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"host_bytes_pooled\":%" PRIu64
+                ",\"pooled_buffers\":%" PRIu64 ",\"hand_overs_pending\":%" PRIu64 ",\"leases_reclaimed\":%" PRIu64,
+                JsonString(s.version).c_str(), s.pid, s.uid, SecondsJson(s.uptime_ms).c_str(), s.host_bytes_in_use,
+                s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
+                JsonString(s.socket).c_str(), s.releases_not_found, s.host_bytes_pooled, s.pooled_buffers,
+                s.hand_overs_pending, s.leases_reclaimed);
+  return std::string(head) + ",\"backends\":" + BackendsJson(s.backends) +
+         ",\"session_usage\":" + SessionsJson(s.session_usage, rates) + "}";
+}
+
+// Memory a session keeps in the daemon: what it leases and what it made, each tensor once
+// per role. The sort key of both views.
+uint64_t BytesHeld(const SessionUsage& u) { return u.bytes_leased + u.bytes_produced; }
+
+// The sessions table of `status` and `top`, the heaviest first; rates only in top.
+void PrintSessions(const BrokerStatus& s, const RateMap* rates, size_t max_rows) {
+  std::vector<const SessionUsage*> rows;
+  for (const SessionUsage& u : s.session_usage) rows.push_back(&u);
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const SessionUsage* a, const SessionUsage* b) { return BytesHeld(*a) > BytesHeld(*b); });
+  if (rows.size() < s.sessions) {
+    std::printf("(%zu of %" PRIu64 " sessions shown: only root and the daemon's uid see every uid's)\n", rows.size(),
+                s.sessions);
+  }
+  std::printf("%8s %8s %6s %-16s %8s %10s %8s %10s %9s", "PID", "SESSION", "UID", "CLIENT", "LEASES", "LEASED",
+              "MADE", "MADE BYTES", "AGE");
+  if (rates != nullptr) std::printf(" %9s %9s", "LEASES/S", "PUBS/S");
+  std::printf("\n");
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  for (size_t i = 0; i < rows.size() && i < max_rows; ++i) {
+    const SessionUsage& u = *rows[i];
+    std::string name = u.client_name.substr(0, 16);
+    std::printf("%8u %8" PRIu64 " %6u %-16s %8" PRIu64 " %10s %8" PRIu64 " %10s %8.0fs", u.pid, u.id, u.uid,
+                name.c_str(), u.leases, BytesText(u.bytes_leased).c_str(), u.tensors_produced,
+                BytesText(u.bytes_produced).c_str(), static_cast<double>(now_ms - u.opened_unix_ms) / 1000.0);
+    if (rates != nullptr) {
+      auto it = rates->find(u.id);
+      const SessionRates r = it == rates->end() ? SessionRates{} : it->second;
+      std::printf(" %9.1f %9.1f", r.leases_per_s, r.publishes_per_s);
+    }
+    std::printf("\n");
+  }
+  if (rows.size() > max_rows) std::printf("... %zu more\n", rows.size() - max_rows);
+}
+
 int CmdStatus(Client& client, const Globals& g) {
-  Result<BrokerStatus> st = client.GetStatus();
+  StatusOptions options;
+  options.sessions = true;
+  Result<BrokerStatus> st = client.GetStatus(options);
   if (!st.ok()) return Fail("status", st.status());
   const BrokerStatus& s = *st;
   if (g.json) {
-    std::printf(
-        "{\"version\":%s,\"pid\":%u,\"uid\":%u,\"uptime\":%s,\"host_bytes_in_use\":%" PRIu64
-        ",\"host_bytes_limit\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"named_tensors\":%" PRIu64
-        ",\"buffers\":%" PRIu64 ",\"leases\":%" PRIu64 ",\"sessions\":%" PRIu64
-        ",\"socket\":%s,\"releases_not_found\":%" PRIu64 ",\"host_bytes_pooled\":%" PRIu64
-        ",\"pooled_buffers\":%" PRIu64 ",\"hand_overs_pending\":%" PRIu64 ",\"backends\":%s}\n",
-        JsonString(s.version).c_str(), s.pid, s.uid, SecondsJson(s.uptime_ms).c_str(), s.host_bytes_in_use,
-        s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
-        JsonString(s.socket).c_str(), s.releases_not_found, s.host_bytes_pooled, s.pooled_buffers,
-        s.hand_overs_pending, BackendsJson(s.backends).c_str());
+    std::printf("%s\n", StatusJson(s, nullptr).c_str());
     return 0;
   }
   double pct = s.host_bytes_limit ? 100.0 * static_cast<double>(s.host_bytes_in_use) /
@@ -367,8 +446,9 @@ int CmdStatus(Client& client, const Globals& g) {
   std::printf("tensors      %" PRIu64 " (%" PRIu64 " named), %" PRIu64 " buffers\n", s.tensors,
               s.named_tensors, s.buffers);
   std::printf("leases       %" PRIu64 " in %" PRIu64 " sessions (%" PRIu64
-              " releases of unheld leases), %" PRIu64 " hand-overs pending\n",
-              s.leases, s.sessions, s.releases_not_found, s.hand_overs_pending);
+              " releases of unheld leases), %" PRIu64 " hand-overs pending, %" PRIu64
+              " reclaimed from ended sessions\n",
+              s.leases, s.sessions, s.releases_not_found, s.hand_overs_pending, s.leases_reclaimed);
   // Every other backend, and by device what the broker holds there (host memory is above).
   for (const BackendInfo& b : s.backends) {
     if (b.name == "host") continue;
@@ -383,6 +463,64 @@ int CmdStatus(Client& client, const Globals& g) {
                   BytesText(d.bytes_in_use).c_str(), BytesText(d.bytes_limit).c_str(),
                   Percent(d.bytes_in_use, d.bytes_limit));
     }
+  }
+  std::printf("\n");
+  PrintSessions(s, nullptr, SIZE_MAX);
+  return 0;
+}
+
+// A live view: every `interval` the broker's figures and its sessions, heaviest first,
+// with their lease and publish rates since the last refresh; until Ctrl-C, or `iterations`.
+int CmdTop(Client& client, const Globals& g, double interval, uint64_t iterations) {
+  struct sigaction sa {};
+  sa.sa_handler = &OnSigint;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const bool screen = !g.json && ::isatty(STDOUT_FILENO) != 0;
+  StatusOptions options;
+  options.sessions = true;
+  std::map<uint64_t, SessionUsage> previous;
+  auto previous_at = std::chrono::steady_clock::now();
+  for (uint64_t round = 0; !interrupted.load() && (iterations == 0 || round < iterations); ++round) {
+    if (round > 0) {
+      // Sleep in small steps so Ctrl-C ends it at once.
+      const auto until = previous_at + std::chrono::duration<double>(interval);
+      while (!interrupted.load() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (interrupted.load()) break;
+    }
+    Result<BrokerStatus> st = client.GetStatus(options);
+    if (!st.ok()) return Fail("top", st.status());
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - previous_at).count();
+    RateMap rates;
+    for (const SessionUsage& u : st->session_usage) {
+      auto it = previous.find(u.id);
+      if (it == previous.end() || round == 0 || seconds <= 0) continue;
+      rates[u.id] = {static_cast<double>(u.leases_granted - it->second.leases_granted) / seconds,
+                     static_cast<double>(u.publishes - it->second.publishes) / seconds};
+    }
+    previous.clear();
+    for (const SessionUsage& u : st->session_usage) previous[u.id] = u;
+    previous_at = now;
+    if (g.json) {
+      std::printf("%s\n", StatusJson(*st, &rates).c_str());
+      continue;
+    }
+    if (screen) std::printf("\033[H\033[2J");  // home, clear
+    const BrokerStatus& s = *st;
+    std::printf("tensord %s pid %u on %s, up %.0f s; refresh %.1f s (Ctrl-C ends)\n", s.version.c_str(), s.pid,
+                s.socket.c_str(), static_cast<double>(s.uptime_ms) / 1000.0, interval);
+    std::printf("host memory %s of %s, %s pooled; %" PRIu64 " tensors (%" PRIu64 " named); %" PRIu64
+                " leases in %" PRIu64 " sessions; %" PRIu64 " leases reclaimed from ended sessions\n\n",
+                BytesText(s.host_bytes_in_use).c_str(), BytesText(s.host_bytes_limit).c_str(),
+                BytesText(s.host_bytes_pooled).c_str(), s.tensors, s.named_tensors, s.leases, s.sessions,
+                s.leases_reclaimed);
+    PrintSessions(s, round == 0 ? nullptr : &rates, screen ? 40 : SIZE_MAX);
+    if (!screen) std::printf("\n");
   }
   return 0;
 }
@@ -655,6 +793,11 @@ int Run(int argc, char** argv) {
   auto* watch = app.add_subcommand("watch", "print binding changes until Ctrl-C");
   watch->add_option("PREFIX", watch_prefix, "only names under this prefix");
 
+  double top_interval = 1;
+  uint64_t top_iterations = 0;
+  auto* top = app.add_subcommand("top", "live view of the broker and its sessions by memory held, with rates");
+  top->add_option("-d,--interval", top_interval, "seconds between refreshes (default 1)")->check(CLI::PositiveNumber);
+  top->add_option("-n,--iterations", top_iterations, "stop after N refreshes (default: until Ctrl-C)");
   std::string health_service;
   double health_timeout = 5;
   auto* health = app.add_subcommand("health", "ask the daemon's gRPC health service (no session); exit 0 when SERVING");
@@ -683,6 +826,7 @@ int Run(int argc, char** argv) {
   if (get->parsed()) return CmdGet(c, g, get_name, get_out, get_wait);
   if (rm->parsed()) return CmdRm(c, g, rm_name);
   if (watch->parsed()) return CmdWatch(c, g, watch_prefix);
+  if (top->parsed()) return CmdTop(c, g, top_interval, top_iterations);
   return Fail("usage", "no command given (see tensorctl --help)", kExitUsage);
 }
 

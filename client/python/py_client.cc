@@ -408,9 +408,11 @@ class PyClient {
     return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(TensorId{id}); })));
   }
 
-  py::dict BrokerStatusDict() {
+  py::dict BrokerStatusDict(bool sessions) {
     std::shared_ptr<Client> client = Core();
-    return StatusToDict(Unwrap(WithoutGil([&] { return client->GetStatus(); })));
+    StatusOptions options;
+    options.sessions = sessions;
+    return StatusToDict(Unwrap(WithoutGil([&] { return client->GetStatus(options); })), sessions);
   }
 
   std::unique_ptr<PyWatcher> Watch(const std::string& prefix, bool initial) {
@@ -504,7 +506,7 @@ void BindClient(py::module_& m) {
       .def("list", &PyClient::List, py::arg("prefix") = "")
       .def("stat", &PyClient::Stat, py::arg("name"))
       .def("stat_by_id", &PyClient::StatById, py::arg("tensor_id"))
-      .def("status", &PyClient::BrokerStatusDict)
+      .def("status", &PyClient::BrokerStatusDict, py::arg("sessions") = false)
       .def("watch", &PyClient::Watch, py::arg("prefix") = "", py::arg("initial") = false)
       .def("flush", &PyClient::Flush)
       .def("close", &PyClient::Close)

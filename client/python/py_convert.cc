@@ -159,7 +159,7 @@ py::dict StatToDict(const TensorStat& stat) {
   return d;
 }
 
-py::dict StatusToDict(const BrokerStatus& s) {
+py::dict StatusToDict(const BrokerStatus& s, bool sessions) {
   py::dict d;
   d["version"] = s.version;
   d["pid"] = s.pid;
@@ -177,6 +177,27 @@ py::dict StatusToDict(const BrokerStatus& s) {
   d["host_bytes_pooled"] = s.host_bytes_pooled;
   d["pooled_buffers"] = s.pooled_buffers;
   d["hand_overs_pending"] = s.hand_overs_pending;
+  d["leases_reclaimed"] = s.leases_reclaimed;
+  if (sessions) {
+    py::list list;
+    for (const SessionUsage& u : s.session_usage) {
+      py::dict e;
+      e["id"] = u.id;
+      e["pid"] = u.pid;
+      e["uid"] = u.uid;
+      e["gid"] = u.gid;
+      e["client_name"] = u.client_name;
+      e["opened"] = static_cast<double>(u.opened_unix_ms) / 1000.0;  // Unix time in seconds
+      e["leases"] = u.leases;
+      e["bytes_leased"] = u.bytes_leased;
+      e["tensors_produced"] = u.tensors_produced;
+      e["bytes_produced"] = u.bytes_produced;
+      e["leases_granted"] = u.leases_granted;
+      e["publishes"] = u.publishes;
+      list.append(e);
+    }
+    d["session_usage"] = list;
+  }
   py::list backends;
   for (const BackendInfo& backend : s.backends) {
     py::dict b;

@@ -24,7 +24,8 @@ size_t ItemSize(DLDataType dtype);
 
 pybind11::dict InfoToDict(const TensorInfo& info);
 pybind11::dict StatToDict(const TensorStat& stat);
-pybind11::dict StatusToDict(const BrokerStatus& status);
+// "session_usage" only with `sessions` (the status was asked for them).
+pybind11::dict StatusToDict(const BrokerStatus& status, bool sessions);
 pybind11::dict EventToDict(const WatchEvent& event);
 
 }  // namespace tensord::python

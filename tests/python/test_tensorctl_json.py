@@ -36,12 +36,60 @@ def test_stat_and_ls_are_python_dicts(broker, client, name):
 
 
 def test_status_is_the_python_dict_with_the_same_units(broker, client):
-    from_ctl, from_py = json.loads(ctl(broker, "status")), as_json(client.status())
+    from_ctl, from_py = json.loads(ctl(broker, "status")), as_json(client.status(sessions=True))
     assert from_ctl.keys() == from_py.keys()
-    volatile = {"uptime", "sessions", "leases", "releases_not_found"}  # two calls apart
+    # Two calls apart: tensorctl's own session comes and goes.
+    volatile = {"uptime", "sessions", "leases", "releases_not_found", "leases_reclaimed", "session_usage"}
     assert {k: v for k, v in from_ctl.items() if k not in volatile} == \
         {k: v for k, v in from_py.items() if k not in volatile}
     assert abs(from_ctl["uptime"] - from_py["uptime"]) < 30  # seconds in both
+    mine = [s for s in from_py["session_usage"] if s["pid"] == os.getpid()]
+    assert len(mine) == 1
+    assert [s for s in from_ctl["session_usage"] if s["id"] == mine[0]["id"]][0].keys() == mine[0].keys()
+    assert "session_usage" not in client.status()  # only when asked for
+
+
+def test_status_and_top_trace_memory_to_the_process_holding_it(broker, client, name):
+    n = name()
+    client.put(n, np.zeros((256, 1024), np.float32))  # 1 MiB
+    held = client.get(n)
+    status = json.loads(ctl(broker, "status"))
+    mine = [s for s in status["session_usage"] if s["pid"] == os.getpid()]
+    assert len(mine) == 1, status["session_usage"]
+    assert mine[0]["bytes_leased"] >= 1 << 20 and mine[0]["leases"] >= 1 and mine[0]["publishes"] >= 1
+    assert mine[0]["client_name"] and mine[0]["uid"] == os.getuid()
+    ctl_sessions = [s for s in status["session_usage"] if s["client_name"] == "tensorctl"]
+    assert len(ctl_sessions) == 1  # tensorctl's own, while it asked
+
+    # Two refreshes 0.2 s apart, one JSON line each; the second has rates over that span,
+    # while this process publishes all along.
+    import threading
+    import time
+    done = threading.Event()
+
+    def publish_meanwhile():
+        i = 0
+        while not done.is_set():
+            client.put(f"{n}-{i % 4}", np.zeros(16, np.float32))
+            i += 1
+            time.sleep(0.005)
+
+    worker = threading.Thread(target=publish_meanwhile)
+    worker.start()
+    try:
+        lines = ctl(broker, "top", "-n", "2", "-d", "0.2").splitlines()
+    finally:
+        done.set()
+        worker.join()
+    assert len(lines) == 2
+    first = [s for s in json.loads(lines[0])["session_usage"] if s["pid"] == os.getpid()][0]
+    second = [s for s in json.loads(lines[1])["session_usage"] if s["pid"] == os.getpid()][0]
+    assert second["publishes"] > first["publishes"]
+    assert second["publishes_per_s"] > 0 and second["leases_per_s"] >= 0
+    human = subprocess.run([TENSORCTL, "--socket", broker.socket, "status"], capture_output=True, text=True,
+                           timeout=30).stdout
+    assert f"{os.getpid():>8} " in human and "LEASED" in human
+    del held
 
 
 def test_watch_events_are_python_dicts(broker, client, name):

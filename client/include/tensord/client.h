@@ -169,6 +169,29 @@ struct BackendInfo {
   std::vector<DeviceUsage> devices;
 };
 
+// One connected client, as GetStatus({.sessions = true}) lists it: what it holds, so that
+// memory can be traced to a process.
+struct SessionUsage {
+  uint64_t id = 0;
+  uint32_t pid = 0;  // the kernel's word (SO_PEERCRED) at connect
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string client_name;
+  int64_t opened_unix_ms = 0;
+  uint64_t leases = 0;            // held now
+  uint64_t bytes_leased = 0;      // of the tensors it holds leases on, each counted once
+  uint64_t tensors_produced = 0;  // tensors it made that still exist
+  uint64_t bytes_produced = 0;
+  uint64_t leases_granted = 0;    // since it connected: acquires, takes, allocations, redeems
+  uint64_t publishes = 0;         // since it connected
+};
+
+struct StatusOptions {
+  // List sessions too: every session for root and the daemon's own uid, else only those of
+  // the caller's uid.
+  bool sessions = false;
+};
+
 struct BrokerStatus {
   std::string version;
   uint32_t pid = 0;
@@ -188,7 +211,11 @@ struct BrokerStatus {
   uint64_t host_bytes_pooled = 0;
   uint64_t pooled_buffers = 0;
   uint64_t hand_overs_pending = 0;  // hand-over tokens neither redeemed nor expired
+  // Leases still held by sessions when they ended (exited, killed, or closed without
+  // releasing), released by the broker, since it started.
+  uint64_t leases_reclaimed = 0;
   std::vector<BackendInfo> backends;  // host first
+  std::vector<SessionUsage> session_usage;  // with StatusOptions::sessions; by id
 };
 
 struct WatchEvent {
@@ -489,7 +516,7 @@ class TENSORD_EXPORT Client {
   Result<std::vector<TensorInfo>> List(std::string_view prefix = "");
   Result<TensorStat> Stat(std::string_view name);
   Result<TensorStat> Stat(TensorId id);
-  Result<BrokerStatus> GetStatus();
+  Result<BrokerStatus> GetStatus(const StatusOptions& options = {});
   Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial = false);
 
   // Sends queued releases now and waits until the broker has them. Fails when a

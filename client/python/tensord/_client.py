@@ -367,9 +367,11 @@ class Client:
             return self._core.stat_by_id(name)
         return self._core.stat(name)
 
-    def status(self):
-        """The broker's status as a dict."""
-        return self._core.status()
+    def status(self, sessions=False):
+        """The broker's status as a dict; with sessions=True also "session_usage", the
+        sessions this uid may see (all of them for root and the daemon's uid) and what each
+        holds."""
+        return self._core.status(sessions)
 
     def flush(self):
         """Sends queued lease releases now and waits until the broker has them. Raises the

@@ -106,9 +106,9 @@ class AsyncClient:
         """As Client.stat."""
         return await asyncio.to_thread(self.client.stat, name)
 
-    async def status(self):
+    async def status(self, sessions=False):
         """As Client.status."""
-        return await asyncio.to_thread(self.client.status)
+        return await asyncio.to_thread(self.client.status, sessions)
 
     async def flush(self):
         """As Client.flush."""

@@ -1,0 +1,113 @@
+// What Broker::GetStatus tells about sessions and namespaces (tensorctl status and top, the
+// metrics endpoint): who holds what, who may see whom, and leases reclaimed from sessions
+// that ended holding them.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "gtest/gtest.h"
+#include "tests/unit/server/broker_fixture.h"
+
+namespace tensord::server {
+namespace {
+
+namespace v1 = tensord::v1;
+using testing::BrokerTest;
+
+constexpr uid_t kOther = 4242;
+constexpr uint64_t kTensorBytes = 16 * 4;  // PublishNew's float32[16]
+
+class StatusTest : public BrokerTest {
+ protected:
+  v1::StatusResponse Status(uint64_t caller, bool sessions, bool namespaces) {
+    v1::StatusRequest request;
+    request.set_include_sessions(sessions);
+    request.set_include_namespaces(namespaces);
+    return broker_->GetStatus(request, caller);
+  }
+
+  static const v1::SessionUsage* Find(const v1::StatusResponse& status, uint64_t session) {
+    for (const v1::SessionUsage& usage : status.session_usage()) {
+      if (usage.id() == session) return &usage;
+    }
+    return nullptr;
+  }
+};
+
+TEST_F(StatusTest, SessionsAreListedOnlyWhenAskedFor) {
+  uint64_t session = Open();
+  EXPECT_EQ(Status(session, false, false).session_usage_size(), 0);
+  EXPECT_EQ(Status(session, false, false).namespace_usage_size(), 0);
+  EXPECT_EQ(Status(session, true, false).session_usage_size(), 1);
+}
+
+TEST_F(StatusTest, EachSessionShowsWhatItHoldsAndMade) {
+  uint64_t producer = Open();
+  PublishNew(producer, "ns/x");
+  uint64_t reader = Open();
+  auto first = Acquire(reader, "ns/x");
+  auto second = Acquire(reader, "ns/x");
+  ASSERT_TRUE(first.ok() && second.ok());
+
+  v1::StatusResponse status = Status(0, true, false);
+  const v1::SessionUsage* made = Find(status, producer);
+  const v1::SessionUsage* held = Find(status, reader);
+  ASSERT_NE(made, nullptr);
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(made->pid(), static_cast<uint32_t>(getpid()));
+  EXPECT_EQ(made->uid(), getuid());
+  EXPECT_EQ(made->client_name(), "test");
+  EXPECT_EQ(made->tensors_produced(), 1u);
+  EXPECT_EQ(made->bytes_produced(), kTensorBytes);
+  EXPECT_EQ(made->publishes(), 1u);
+  EXPECT_EQ(made->leases_granted(), 1u);  // its allocation's lease, released since
+  EXPECT_EQ(made->leases(), 0u);
+  EXPECT_EQ(held->leases(), 2u);
+  EXPECT_EQ(held->bytes_leased(), kTensorBytes);  // one tensor, leased twice: its bytes once
+  EXPECT_EQ(held->leases_granted(), 2u);
+  EXPECT_EQ(held->tensors_produced(), 0u);
+  EXPECT_GT(held->opened_unix_ms(), 0);
+}
+
+TEST_F(StatusTest, AnotherUidSeesOnlyItsOwnSessionsTheDaemonsUidSeesAll) {
+  uint64_t mine = Open();
+  uint64_t theirs = Open(kOther);
+  uint64_t theirs_too = Open(kOther);
+  v1::StatusResponse seen_by_other = Status(theirs, true, false);
+  ASSERT_EQ(seen_by_other.session_usage_size(), 2);
+  for (const v1::SessionUsage& usage : seen_by_other.session_usage()) EXPECT_EQ(usage.uid(), kOther);
+  EXPECT_NE(Find(seen_by_other, theirs_too), nullptr);
+  EXPECT_EQ(seen_by_other.sessions(), 3u);  // the count is everyone's
+  EXPECT_EQ(Status(mine, true, false).session_usage_size(), 3);
+}
+
+TEST_F(StatusTest, NamespacesAddUpTheirTensorsByDevice) {
+  uint64_t producer = Open();
+  PublishNew(producer, "a/x");
+  PublishNew(producer, "a/y");
+  PublishNew(producer, "b/z");
+  v1::StatusResponse status = Status(0, false, true);
+  ASSERT_EQ(status.namespace_usage_size(), 2);
+  EXPECT_EQ(status.namespace_usage(0).namespace_(), "a");
+  EXPECT_EQ(status.namespace_usage(0).device(), "host");
+  EXPECT_EQ(status.namespace_usage(0).tensors(), 2u);
+  EXPECT_EQ(status.namespace_usage(0).bytes(), 2 * kTensorBytes);
+  EXPECT_EQ(status.namespace_usage(1).namespace_(), "b");
+  EXPECT_EQ(status.namespace_usage(1).tensors(), 1u);
+}
+
+TEST_F(StatusTest, LeasesHeldWhenASessionEndsAreCountedAsReclaimed) {
+  uint64_t producer = Open();
+  PublishNew(producer, "ns/x");
+  uint64_t reader = Open();
+  ASSERT_TRUE(Acquire(reader, "ns/x").ok());
+  ASSERT_TRUE(Acquire(reader, "ns/x").ok());
+  EXPECT_EQ(broker_->GetStatus().leases_reclaimed(), 0u);
+  broker_->CloseSession(reader);
+  EXPECT_EQ(broker_->GetStatus().leases_reclaimed(), 2u);
+  broker_->CloseSession(producer);  // held none
+  EXPECT_EQ(broker_->GetStatus().leases_reclaimed(), 2u);
+}
+
+}  // namespace
+}  // namespace tensord::server
