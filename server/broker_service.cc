@@ -27,15 +27,17 @@ constexpr char kMethodPrefix[] = "/tensord.v1.Broker/";
 template <typename Request, typename Response, typename Handler>
 class BrokerUnaryCall final : public UnaryServerCall {
  public:
-  BrokerUnaryCall(Broker* broker, absl::StatusOr<uint64_t> session, const Handler& handler)
-      : broker_(broker), session_(std::move(session)), handler_(handler) {}
+  BrokerUnaryCall(Broker* broker, absl::StatusOr<uint64_t> session, const Handler& handler, RpcMetrics* metrics,
+                  RpcMethod method)
+      : broker_(broker), session_(std::move(session)), handler_(handler), metrics_(metrics), method_(method) {}
 
  private:
   void OnRequest(const grpc::ByteBuffer& bytes) override {
+    timer_ = RpcMetrics::Start(metrics_, method_, RpcTransport::kUnary);
     Request request;
     absl::Status parsed = ParseRequest(bytes, &request);
-    if (!parsed.ok()) return Respond(ToGrpcStatus(parsed));
-    if (!session_.ok()) return Respond(ToGrpcStatus(session_.status()));
+    if (!parsed.ok()) return Fail(parsed);
+    if (!session_.ok()) return Fail(session_.status());
     // The Broker reads the request before it returns; `request` may go with this frame.
     wait_id_ = handler_(*session_, request, Completion<Response>([this](absl::StatusOr<Response> result) {
                           Complete(std::move(result));
@@ -49,17 +51,24 @@ class BrokerUnaryCall final : public UnaryServerCall {
   }
 
   void Complete(absl::StatusOr<Response> result) {
-    if (!result.ok()) return Respond(ToGrpcStatus(result.status()));
+    if (!result.ok()) return Fail(result.status());
     grpc::ByteBuffer bytes;
-    if (absl::Status serialized = SerializeResponse(*result, &bytes); !serialized.ok()) {
-      return Respond(ToGrpcStatus(serialized));
-    }
+    if (absl::Status serialized = SerializeResponse(*result, &bytes); !serialized.ok()) return Fail(serialized);
+    timer_.Done(absl::StatusCode::kOk);
     Respond(bytes);
+  }
+
+  void Fail(const absl::Status& status) {
+    timer_.Done(status.code());
+    Respond(ToGrpcStatus(status));
   }
 
   Broker* const broker_;
   const absl::StatusOr<uint64_t> session_;
   const Handler handler_;
+  RpcMetrics* const metrics_;
+  const RpcMethod method_;
+  RpcMetrics::Timer timer_;
   uint64_t wait_id_ = 0;
   bool cancelled_ = false;
 };
@@ -83,14 +92,16 @@ absl::StatusOr<uint64_t> BrokerService::Authenticate(const grpc::ServerContextBa
 }
 
 template <typename Request, typename Response, typename Handler>
-void BrokerService::Unary(AsyncServer* server, const char* method, Handler handler) {
-  server->Handle(absl::StrCat(kMethodPrefix, method), [this, handler](const grpc::GenericServerContext& context) {
-    return std::make_unique<BrokerUnaryCall<Request, Response, Handler>>(broker_, Authenticate(context), handler);
-  });
+void BrokerService::Unary(AsyncServer* server, RpcMethod method, Handler handler) {
+  server->Handle(absl::StrCat(kMethodPrefix, RpcMethodName(method)),
+                 [this, handler, method](const grpc::GenericServerContext& context) {
+                   return std::make_unique<BrokerUnaryCall<Request, Response, Handler>>(
+                       broker_, Authenticate(context), handler, metrics_, method);
+                 });
 }
 
 template <typename Request, typename Response, typename Answer>
-void BrokerService::UnaryNow(AsyncServer* server, const char* method, Answer answer) {
+void BrokerService::UnaryNow(AsyncServer* server, RpcMethod method, Answer answer) {
   Unary<Request, Response>(server, method,
                            [answer](uint64_t session, const Request& request, Completion<Response> done) {
                              std::move(done)(absl::StatusOr<Response>(answer(session, request)));
@@ -101,49 +112,49 @@ void BrokerService::UnaryNow(AsyncServer* server, const char* method, Answer ans
 void BrokerService::Register(AsyncServer* server) {
   Broker* broker = broker_;
   server->Handle(absl::StrCat(kMethodPrefix, "Session"), [this, broker](const grpc::GenericServerContext& context) {
-    return NewSessionStream(broker, Authenticate(context));
+    return NewSessionStream(broker, Authenticate(context), metrics_);
   });
   server->Handle(absl::StrCat(kMethodPrefix, "Watch"), [this, broker](const grpc::GenericServerContext& context) {
     return NewWatchStream(broker, Authenticate(context));
   });
   Unary<v1::AllocateRequest, v1::AllocateResponse>(
-      server, "Allocate",
+      server, RpcMethod::kAllocate,
       [broker](uint64_t session, const v1::AllocateRequest& request, Completion<v1::AllocateResponse> done) {
         broker->Allocate(session, request, std::move(done));
         return uint64_t{0};
       });
   Unary<v1::AcquireRequest, v1::AcquireResponse>(
-      server, "Acquire",
+      server, RpcMethod::kAcquire,
       [broker](uint64_t session, const v1::AcquireRequest& request, Completion<v1::AcquireResponse> done) {
         return broker->Acquire(session, request, std::move(done));
       });
   Unary<v1::TakeRequest, v1::AcquireResponse>(
-      server, "Take", [broker](uint64_t session, const v1::TakeRequest& request, Completion<v1::AcquireResponse> done) {
+      server, RpcMethod::kTake, [broker](uint64_t session, const v1::TakeRequest& request, Completion<v1::AcquireResponse> done) {
         return broker->Take(session, request, std::move(done));
       });
   UnaryNow<v1::ExportRequest, v1::AllocateResponse>(
-      server, "Export",
+      server, RpcMethod::kExport,
       [broker](uint64_t session, const v1::ExportRequest& request) { return broker->Export(session, request); });
   UnaryNow<v1::PublishRequest, v1::PublishResponse>(
-      server, "Publish",
+      server, RpcMethod::kPublish,
       [broker](uint64_t session, const v1::PublishRequest& request) { return broker->Publish(session, request); });
   UnaryNow<v1::ReleaseRequest, v1::ReleaseResponse>(
-      server, "Release",
+      server, RpcMethod::kRelease,
       [broker](uint64_t session, const v1::ReleaseRequest& request) { return broker->Release(session, request); });
   UnaryNow<v1::DeleteRequest, v1::DeleteResponse>(
-      server, "Delete",
+      server, RpcMethod::kDelete,
       [broker](uint64_t session, const v1::DeleteRequest& request) { return broker->Delete(session, request); });
   UnaryNow<v1::ListRequest, v1::ListResponse>(
-      server, "List",
+      server, RpcMethod::kList,
       [broker](uint64_t session, const v1::ListRequest& request) { return broker->List(session, request); });
   UnaryNow<v1::StatRequest, v1::StatResponse>(
-      server, "Stat",
+      server, RpcMethod::kStat,
       [broker](uint64_t session, const v1::StatRequest& request) { return broker->Stat(session, request); });
   UnaryNow<v1::HandOverRequest, v1::HandOverResponse>(
-      server, "HandOver",
+      server, RpcMethod::kHandOver,
       [broker](uint64_t session, const v1::HandOverRequest& request) { return broker->HandOver(session, request); });
   UnaryNow<v1::StatusRequest, v1::StatusResponse>(
-      server, "Status",
+      server, RpcMethod::kStatus,
       [broker](uint64_t session, const v1::StatusRequest& request) { return broker->GetStatus(request, session); });
 }
 

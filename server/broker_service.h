@@ -15,6 +15,7 @@
 #include "common/fd_channel.h"
 #include "server/async_server.h"
 #include "server/broker.h"
+#include "server/rpc_metrics.h"
 
 namespace tensord::server {
 
@@ -28,8 +29,9 @@ class PeerDirectory {
 
 class BrokerService final {
  public:
-  // Both must outlive the service.
-  BrokerService(Broker* broker, const PeerDirectory* peers) : broker_(broker), peers_(peers) {}
+  // All must outlive the service; `metrics` may be null (nothing is counted).
+  BrokerService(Broker* broker, const PeerDirectory* peers, RpcMetrics* metrics = nullptr)
+      : broker_(broker), peers_(peers), metrics_(metrics) {}
 
   // Routes every tensord.v1.Broker method on `server` to this service.
   void Register(AsyncServer* server);
@@ -42,13 +44,14 @@ class BrokerService final {
   // handler(session, request, done), which calls done(StatusOr<Response>) exactly once and
   // returns a wait id to cancel when the client cancels (0: nothing to cancel).
   template <typename Request, typename Response, typename Handler>
-  void Unary(AsyncServer* server, const char* method, Handler handler);
+  void Unary(AsyncServer* server, RpcMethod method, Handler handler);
   // The same for a handler that answers at once: answer(session, request) -> StatusOr<Response>.
   template <typename Request, typename Response, typename Answer>
-  void UnaryNow(AsyncServer* server, const char* method, Answer answer);
+  void UnaryNow(AsyncServer* server, RpcMethod method, Answer answer);
 
   Broker* const broker_;
   const PeerDirectory* const peers_;
+  RpcMetrics* const metrics_;
 };
 
 }  // namespace tensord::server

@@ -1,4 +1,5 @@
 #include "server/config.h"
+#include "server/metrics_endpoint.h"
 
 #include <grp.h>
 #include <unistd.h>
@@ -308,6 +309,9 @@ const std::vector<Setting>& Settings() {
       {"max_device_bytes", Kind::kText, &Config::max_device_bytes, nullptr, "LIMITS",
        "GPU memory quota: one SIZE for every device, or DEVICE=SIZE entries separated by commas, a device named "
        "by its UUID (GPU-...) or as cuda:N, e.g. 8GiB,GPU-3f1c...=20GiB (default: each device's own memory)"},
+      {"metrics_address", Kind::kText, &Config::metrics_address, nullptr, "ADDRESS",
+       "serve Prometheus metrics at http://ADDRESS/metrics: HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464) or "
+       "unix:PATH (default: off)"},
       {"log_level", Kind::kText, &Config::log_level, nullptr, "LEVEL",
        "trace, debug, info, warn, error, critical or off"},
   };
@@ -458,6 +462,15 @@ absl::Status FinishDeviceLimits(const std::map<std::string, std::string>& origin
   config.device_limits = *std::move(limits);
   config.device_limits.source = where;
   return absl::OkStatus();
+}
+
+absl::Status CheckMetricsAddress(const Config& config, const std::map<std::string, std::string>& origins) {
+  if (config.metrics_address.empty()) return absl::OkStatus();
+  absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(config.metrics_address);
+  if (address.ok()) return absl::OkStatus();
+  auto origin = origins.find("metrics_address");
+  return Invalid(absl::StrCat(origin != origins.end() ? origin->second : "metrics_address", " ",
+                              common::QuoteForError(config.metrics_address), ": ", address.status().message()));
 }
 
 // Checked when the configuration loads, where it is known where the group came from; the
@@ -722,6 +735,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   TENSORD_RETURN_IF_ERROR(CheckSocketGroup(config, origins));
   TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
   TENSORD_RETURN_IF_ERROR(FinishDeviceLimits(origins, config));
+  TENSORD_RETURN_IF_ERROR(CheckMetricsAddress(config, origins));
   config.origins = std::move(origins);
   if (print_config) {
     std::cout << PrintedConfig(config);

@@ -1,7 +1,8 @@
 // Daemon configuration: built-in defaults < TOML file (--config) < TENSORD_* environment
 // variables < command-line flags. The same keys everywhere: socket, socket_group,
 // max_host_bytes, max_sessions, max_leases_per_session, max_waits_per_session, the per-uid
-// limits and max_grpc_connections below, arena_bytes, arena_max_tensor, log_level,
+// limits and max_grpc_connections below, arena_bytes, arena_max_tensor, the recycling caps,
+// max_device_bytes, metrics_address, log_level,
 // [acl.<namespace>] tables (config only). LoadConfig resolves every default, so a Config it
 // returns holds the final numbers.
 //
@@ -103,6 +104,8 @@ struct Config {
   uint64_t recycle_bytes_per_session = kDefaultRecycleBytesPerSession;
   std::string max_device_bytes;  // as written; LoadConfig parses it into device_limits
   DeviceLimits device_limits;
+  // Prometheus text endpoint: "HOST:PORT" or "unix:PATH" (metrics_endpoint.h); empty: off.
+  std::string metrics_address;
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log

@@ -32,7 +32,10 @@
 #include "server/fd_server.h"
 #include "server/grpc_listener.h"
 #include "server/health_service.h"
+#include "server/metrics_endpoint.h"
+#include "server/metrics_text.h"
 #include "server/reflection_service.h"
+#include "server/rpc_metrics.h"
 #include "server/systemd.h"
 #include "server/unix_socket.h"
 #include "spdlog/spdlog.h"
@@ -203,7 +206,8 @@ absl::Status RunDaemon(const Config& config) {
   // Every method, health and reflection included, is served by AsyncServer's one thread.
   GrpcListener listener;
   AsyncServer async_server;
-  BrokerService service(&broker, &listener);
+  RpcMetrics rpc_metrics;
+  BrokerService service(&broker, &listener, &rpc_metrics);
   service.Register(&async_server);
   HealthService health({"tensord.v1.Broker"});
   health.Register(&async_server);
@@ -283,6 +287,25 @@ absl::Status RunDaemon(const Config& config) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  // Metrics come last: a scrape only reads what serving has built.
+  MetricsEndpoint metrics;
+  if (!config.metrics_address.empty()) {
+    absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(config.metrics_address);  // checked by LoadConfig
+    absl::StatusOr<std::string> where =
+        !address.ok() ? absl::StatusOr<std::string>(address.status())
+                      : metrics.Start(*address, kSocketMode, group, [&broker, &rpc_metrics] {
+                          v1::StatusRequest request;
+                          request.set_include_namespaces(true);
+                          return PrometheusText(broker.GetStatus(request), rpc_metrics);
+                        });
+    if (!where.ok()) {
+      fd_server.Stop();
+      listener.Stop();
+      stop_server();
+      return absl::Status(where.status().code(), absl::StrCat("metrics endpoint: ", where.status().message()));
+    }
+    spdlog::info("metrics: GET /metrics at {}", *where);
+  }
   SystemdNotifier notifier;
   notifier.Ready([&broker] { return StatusLine(broker.GetStatus()); });
   int signal_number = 0;
@@ -294,6 +317,7 @@ absl::Status RunDaemon(const Config& config) {
   // Stop taking new sessions, end the streams that never finish by themselves, then let
   // in-flight calls complete for up to 5 s.
   listener.Stop();
+  metrics.Stop();
   health.SetNotServing();
   broker.Shutdown();
   async_server.Shutdown(std::chrono::seconds(5));

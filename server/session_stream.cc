@@ -124,7 +124,8 @@ class StreamOutbox final : public PushSink {
 
 class SessionStream final : public ServerCall {
  public:
-  SessionStream(Broker* broker, absl::StatusOr<uint64_t> session) : broker_(broker), session_(std::move(session)) {}
+  SessionStream(Broker* broker, absl::StatusOr<uint64_t> session, RpcMetrics* metrics)
+      : broker_(broker), session_(std::move(session)), metrics_(metrics) {}
 
   void OnStart() override {
     if (!session_.ok()) {
@@ -189,7 +190,9 @@ class SessionStream final : public ServerCall {
       case v1::SessionRequest::kTake: {
         bool take = request.op_case() == v1::SessionRequest::kTake;
         outbox->ExpectReply();
-        auto done = [outbox, seq, take](absl::StatusOr<v1::AcquireResponse> result) {
+        auto done = [outbox, seq, take, timer = Start(take ? RpcMethod::kTake : RpcMethod::kAcquire)](
+                        absl::StatusOr<v1::AcquireResponse> result) {
+          timer.Done(result.status().code());
           outbox->RespondOwed(Reply(seq, std::move(result), [take](v1::SessionResponse& r) {
             return take ? r.mutable_take() : r.mutable_acquire();
           }));
@@ -203,7 +206,9 @@ class SessionStream final : public ServerCall {
         break;
       }
       case v1::SessionRequest::kRelease: {
+        RpcMetrics::Timer timer = Start(RpcMethod::kRelease);
         absl::StatusOr<v1::ReleaseResponse> released = broker_->Release(session_id_, request.release());
+        timer.Done(released.status().code());
         if (seq != 0) {
           outbox->Respond(Reply(seq, std::move(released),
                                 [](v1::SessionResponse& r) { return r.mutable_release(); }));
@@ -214,7 +219,9 @@ class SessionStream final : public ServerCall {
         break;
       }
       case v1::SessionRequest::kPublish: {
+        RpcMetrics::Timer timer = Start(RpcMethod::kPublish);
         absl::StatusOr<v1::PublishResponse> published = broker_->Publish(session_id_, request.publish());
+        timer.Done(published.status().code());
         // A quiet publish is answered only when it fails; its client counts a later
         // reply as the word that it worked.
         if (published.ok() && request.publish().quiet()) break;
@@ -222,15 +229,19 @@ class SessionStream final : public ServerCall {
                               [](v1::SessionResponse& r) { return r.mutable_publish(); }));
         break;
       }
-      case v1::SessionRequest::kHandOver:
-        outbox->Respond(Reply(seq, broker_->HandOver(session_id_, request.hand_over()),
-                              [](v1::SessionResponse& r) { return r.mutable_hand_over(); }));
+      case v1::SessionRequest::kHandOver: {
+        RpcMetrics::Timer timer = Start(RpcMethod::kHandOver);
+        absl::StatusOr<v1::HandOverResponse> handed = broker_->HandOver(session_id_, request.hand_over());
+        timer.Done(handed.status().code());
+        outbox->Respond(Reply(seq, std::move(handed), [](v1::SessionResponse& r) { return r.mutable_hand_over(); }));
         break;
+      }
       case v1::SessionRequest::kAllocate: {
         // Completes on the broker's executor when a new buffer must be made.
         outbox->ExpectReply();
         broker_->Allocate(session_id_, request.allocate(),
-                          [outbox, seq](absl::StatusOr<v1::AllocateResponse> result) {
+                          [outbox, seq, timer = Start(RpcMethod::kAllocate)](absl::StatusOr<v1::AllocateResponse> result) {
+                            timer.Done(result.status().code());
                             outbox->RespondOwed(Reply(seq, std::move(result), [](v1::SessionResponse& r) {
                               return r.mutable_allocate();
                             }));
@@ -265,6 +276,8 @@ class SessionStream final : public ServerCall {
     }
   }
 
+  RpcMetrics::Timer Start(RpcMethod method) const { return RpcMetrics::Start(metrics_, method, RpcTransport::kSession); }
+
   void CancelWaits() {
     absl::flat_hash_set<uint64_t> waits;
     {
@@ -276,6 +289,7 @@ class SessionStream final : public ServerCall {
 
   Broker* const broker_;
   const absl::StatusOr<uint64_t> session_;
+  RpcMetrics* const metrics_;
   uint64_t session_id_ = 0;
   std::shared_ptr<StreamOutbox> outbox_;
   grpc::ByteBuffer request_bytes_;
@@ -466,8 +480,8 @@ void StreamOutbox::Deliver(const Effects& effects) {
 
 }  // namespace
 
-std::unique_ptr<ServerCall> NewSessionStream(Broker* broker, absl::StatusOr<uint64_t> session) {
-  return std::make_unique<SessionStream>(broker, std::move(session));
+std::unique_ptr<ServerCall> NewSessionStream(Broker* broker, absl::StatusOr<uint64_t> session, RpcMetrics* metrics) {
+  return std::make_unique<SessionStream>(broker, std::move(session), metrics);
 }
 
 }  // namespace tensord::server

@@ -19,11 +19,13 @@
 #include "absl/status/statusor.h"
 #include "server/async_server.h"
 #include "server/broker.h"
+#include "server/rpc_metrics.h"
 
 namespace tensord::server {
 
 // One Session call, carried as raw bytes; `session` is the authenticated session or why
-// there is none.
-std::unique_ptr<ServerCall> NewSessionStream(Broker* broker, absl::StatusOr<uint64_t> session);
+// there is none. Its requests are counted in `metrics` (may be null).
+std::unique_ptr<ServerCall> NewSessionStream(Broker* broker, absl::StatusOr<uint64_t> session,
+                                             RpcMetrics* metrics = nullptr);
 
 }  // namespace tensord::server

@@ -154,12 +154,12 @@ void SystemdNotifier::Ready(StatusText status) {
                                                       : absl::FromChrono(kStatusPeriodWithoutWatchdog);
   const bool watchdog = watchdog_.count() > 0;
   heartbeat_ = std::thread([this, status = std::move(status), period, watchdog] {
-    absl::MutexLock lock(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-      mu_.Unlock();
-      std::string line = absl::StrCat("STATUS=", status(), watchdog ? "\nWATCHDOG=1" : "");
-      Send(line);
-      mu_.Lock();
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) return;
+      }
+      Send(absl::StrCat("STATUS=", status(), watchdog ? "\nWATCHDOG=1" : ""));
     }
   });
 }

@@ -703,5 +703,29 @@ TEST(DeviceLimits, TheFlagTheVariableAndTheFileAreNamedInErrors) {
   EXPECT_THAT(file->device_limits.source, HasSubstr(path + ":1"));
 }
 
+TEST(Config, MetricsAddressComesFromFlagsEnvironmentAndFileAndBadOnesNameTheirSource) {
+  auto off = Load({});
+  ASSERT_THAT(off, IsOk());
+  EXPECT_EQ(off->metrics_address, "");
+  auto flag = Load({"--metrics-address", "127.0.0.1:9464"});
+  ASSERT_THAT(flag, IsOk());
+  EXPECT_EQ(flag->metrics_address, "127.0.0.1:9464");
+  EXPECT_THAT(Load({"--metrics-address", "9464"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--metrics-address '9464': expected HOST:PORT")));
+  {
+    ScopedEnv env("TENSORD_METRICS_ADDRESS", "unix:");
+    EXPECT_THAT(Load({}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("environment TENSORD_METRICS_ADDRESS (--metrics-address) 'unix:'")));
+  }
+  std::string good = WriteToml("log_level = \"info\"\nmetrics_address = \"unix:/run/tensord/metrics.sock\"\n");
+  auto file = Load({"--config", good});
+  ASSERT_THAT(file, IsOk());
+  EXPECT_EQ(file->metrics_address, "unix:/run/tensord/metrics.sock");
+  std::string bad = WriteToml("log_level = \"info\"\nmetrics_address = \"[::1]:99999\"\n");
+  EXPECT_THAT(Load({"--config", bad}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(bad + ":2")));
+  EXPECT_THAT(PrintedConfig(*flag), HasSubstr("metrics_address = \"127.0.0.1:9464\"  # --metrics-address"));
+}
+
 }  // namespace
 }  // namespace tensord::server

@@ -1,0 +1,17 @@
+// The daemon's metrics in Prometheus' text exposition format (version 0.0.4), every name
+// prefixed tensord_: the broker's counts, memory by device and by namespace, leases
+// reclaimed from clients that ended without releasing, and the RPC counts and latencies.
+// docs/deployment.md lists them.
+#pragma once
+
+#include <string>
+
+#include "server/rpc_metrics.h"
+#include "tensord/v1/broker.pb.h"
+
+namespace tensord::server {
+
+// `status` as Broker::GetStatus answers a request with include_namespaces.
+std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcMetrics& rpcs);
+
+}  // namespace tensord::server
