@@ -867,6 +867,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
   {
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    TENSORD_RETURN_IF_ERROR(CheckNamesMayChangeLocked());
     Tensor* tensor = registry_.Find(request.tensor_id());
     if (tensor == nullptr || tensor->producer_session != session_id || !tensor->holders.contains(session_id)) {
       return absl::NotFoundError(absl::StrCat("tensor ", request.tensor_id(),
@@ -983,6 +984,7 @@ void Broker::ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) {
   ttl_ms = std::min(ttl_ms, common::kMaxDurationMs);
   uint64_t id = tensor.id;
   uint64_t generation = tensor.generation;
+  tensor.ttl_deadline_unix_ms = NowUnixMs() + static_cast<int64_t>(ttl_ms);
   tensor.ttl_timer = timers_.Schedule(
       TimerQueue::Clock::now() + std::chrono::milliseconds(ttl_ms),
       [this, id, generation] { ExpireTtl(id, generation); });

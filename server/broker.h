@@ -61,6 +61,7 @@
 #include "server/hand_over_table.h"
 #include "server/lease_table.h"
 #include "server/memory_quota.h"
+#include "tensord/v1/registry_snapshot.pb.h"
 #include "server/session_manager.h"
 #include "server/tensor_registry.h"
 #include "server/timer_queue.h"
@@ -167,6 +168,26 @@ class Broker {
   // uid may see (every one for root and the daemon's uid, else its own uid's; session 0:
   // the daemon itself, which sees all), with include_namespaces what each namespace holds.
   tensord::v1::StatusResponse GetStatus(const tensord::v1::StatusRequest& request = {}, uint64_t session_id = 0);
+
+  // Hand-over to a new daemon (tensord --take-over; broker_snapshot.cc).
+  struct Snapshot {
+    tensord::v1::RegistrySnapshot registry;
+    std::vector<common::UniqueFd> fds;  // SnapshotBuffer.first_fd indexes these
+    uint64_t dropped = 0;               // named tensors whose memory cannot be carried (logged)
+  };
+  // Freezes the names (publish, delete and take answer UNAVAILABLE: a new daemon is taking
+  // over, try again there) and snapshots every bound tensor with the memory behind it.
+  // Reads go on. Unfreeze() lifts the freeze when the hand-over fails.
+  Snapshot FreezeAndSnapshot();
+  void Unfreeze();
+  struct RestoreReport {
+    uint64_t tensors = 0, buffers = 0, bytes = 0;
+    uint64_t refused = 0;  // entries not taken, each logged with its reason
+  };
+  // Takes the bound tensors of another daemon's snapshot, before this broker serves anyone.
+  // Every entry is checked (name, description, that it fits its buffer, the buffer's fd and
+  // size, quotas); one that fails is refused with a logged reason and the rest go on.
+  RestoreReport Restore(const tensord::v1::RegistrySnapshot& snapshot, std::vector<common::UniqueFd> fds);
 
   // Registers a watcher; returns its id for RemoveWatcher.
   absl::StatusOr<uint64_t> AddWatcher(uint64_t session_id, const tensord::v1::WatchRequest& request,
@@ -307,6 +328,8 @@ class Broker {
   void Deliver(Effects& effects);
 
   absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE while FreezeAndSnapshot's freeze holds.
+  absl::Status CheckNamesMayChangeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetStatus's optional parts (broker_reads.cc).
   void DescribeSessionsLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -333,6 +356,7 @@ class Broker {
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leases_reclaimed_ ABSL_GUARDED_BY(mu_) = 0;  // held by sessions when they closed
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;  // names are being handed to a new daemon
 
   // Declared last: their threads stop first, while everything above is still alive.
   TimerQueue timers_;

@@ -190,6 +190,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
     absl::StatusOr<Session*> session = SessionLocked(session_id);
     absl::Status access = session.ok() ? access_.CheckAccess((*session)->creds, common::NamespaceOf(target), true)
                                        : session.status();
+    if (access.ok()) access = CheckNamesMayChangeLocked();  // a take unbinds
     if (!access.ok()) {
       result = access;
     } else {
@@ -280,6 +281,7 @@ absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1:
     absl::MutexLock lock(&mu_);
     TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
     TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), true));
+    TENSORD_RETURN_IF_ERROR(CheckNamesMayChangeLocked());
     Tensor* tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));

@@ -695,6 +695,10 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
     }
     flags[i] = app.add_option(settings[i].Flag(), flag_values[i], help)->type_name(settings[i].type_name);
   }
+  bool take_over = false;
+  app.add_flag("--take-over", take_over,
+               "take the sockets and named tensors of the tensord serving the same socket, then serve them "
+               "(it exits once this one serves; docs/deployment.md)");
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print the effective configuration (each value and where it came from) as TOML, and exit");
@@ -713,6 +717,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   }
 
   Config config;
+  config.take_over = take_over;
   // key -> where its value came from, as errors and the log name it.
   std::map<std::string, std::string> origins;
   if (config_file.empty()) {

@@ -109,6 +109,8 @@ struct Config {
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log
+  // --take-over: an action for this start, not a setting (no key, no variable).
+  bool take_over = false;
   // Key -> where its value came from ("--max-sessions", "environment TENSORD_...",
   // "config FILE:LINE: key"); a key not here has its default.
   std::map<std::string, std::string> origins;

@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,7 +39,9 @@
 #include "server/metrics_text.h"
 #include "server/reflection_service.h"
 #include "server/rpc_metrics.h"
+#include "server/registry_snapshot.h"
 #include "server/systemd.h"
+#include "server/take_over.h"
 #include "server/unix_socket.h"
 #include "spdlog/spdlog.h"
 
@@ -118,6 +123,21 @@ absl::StatusOr<std::string> SocketPath(const Config& config, const std::optional
   return bound;
 }
 
+// Takes `lock` once the daemon that holds it has gone: a take-over's old daemon exits once
+// this one serves. Gives up after the old daemon's longest drain and then some.
+absl::Status AwaitLock(int lock, const std::string& lock_path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return common::ErrnoToStatus(absl::StrCat("lock ", lock_path), errno);
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("take-over: the old daemon still holds ", lock_path,
+                                                      " after 30 s; serving without it"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   if (group.empty()) return static_cast<gid_t>(-1);  // chown leaves the group alone
   absl::StatusOr<gid_t> gid = LookUpGroup(group);
@@ -155,16 +175,29 @@ absl::Status RunDaemon(const Config& config) {
   TENSORD_RETURN_IF_ERROR(PrepareDirectory(socket));
   TENSORD_ASSIGN_OR_RETURN(gid_t group, ResolveGroup(config.socket_group));
 
-  // The lock proves we own the socket paths; a second daemon refuses instead of stealing them.
+  // The lock proves we own the socket paths; a second daemon refuses instead of stealing
+  // them, unless it takes over: then it takes the lock once the old daemon has gone.
   std::string lock_path = common::LockPath(socket);
   common::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock) return common::ErrnoToStatus(absl::StrCat("open lock file ", lock_path), errno);
-  if (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (!config.take_over && flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return absl::AlreadyExistsError(absl::StrCat("another tensord is already serving ", socket,
-                                                   " (", lock_path, " is locked)"));
+      return absl::AlreadyExistsError(absl::StrCat("another tensord is already serving ", socket, " (", lock_path,
+                                                   " is locked); to replace it keeping its tensors, start this "
+                                                   "one with --take-over"));
     }
     return common::ErrnoToStatus(absl::StrCat("lock ", lock_path), errno);
+  }
+  std::optional<TakenOver> taken;
+  if (config.take_over) {
+    if (activated) return absl::FailedPreconditionError("--take-over and socket activation: use one or the other");
+    TENSORD_ASSIGN_OR_RETURN(taken, TakeOverFrom(socket));
+    if (taken->grpc.path != socket || taken->fd_channel.path != common::FdChannelPath(socket)) {
+      return absl::FailedPreconditionError(absl::StrCat("--take-over: the running tensord's sockets are ",
+                                                        taken->grpc.path, " and ", taken->fd_channel.path));
+    }
+    spdlog::info("taking over from tensord pid {}: {} named tensors, {} buffers", taken->state.pid(),
+                 taken->snapshot.tensors_size(), taken->snapshot.buffers_size());
   }
 
   BrokerOptions options;
@@ -200,6 +233,13 @@ absl::Status RunDaemon(const Config& config) {
     }
   }
   Broker broker(std::move(options), std::move(backends));
+  if (taken) {
+    Broker::RestoreReport restored = broker.Restore(taken->snapshot, std::move(taken->buffer_fds));
+    spdlog::info("took over {} named tensors in {} buffers ({}){}", restored.tensors, restored.buffers,
+                 common::HumanBytes(restored.bytes),
+                 restored.refused == 0 ? std::string()
+                                       : absl::StrCat("; refused ", restored.refused, " entries (logged above)"));
+  }
 
   // The server listens on no port of its own: GrpcListener accepts, notes each connection's
   // credentials and hands it over.
@@ -232,8 +272,9 @@ absl::Status RunDaemon(const Config& config) {
   grpc_caps.total_flag = "--max-grpc-connections";
   grpc_caps.per_uid = config.max_connections_per_uid;
   grpc_caps.exempt_uids = trusted_uids;
-  absl::StatusOr<ListeningSocket> grpc_socket =
-      activated ? std::move(activated->grpc) : ListenUnix(socket, SOCK_STREAM, kSocketMode, group);
+  absl::StatusOr<ListeningSocket> grpc_socket = activated ? std::move(activated->grpc)
+                                               : taken   ? std::move(taken->grpc)
+                                                         : ListenUnix(socket, SOCK_STREAM, kSocketMode, group);
   if (!grpc_socket.ok()) {
     stop_server();
     return grpc_socket.status();
@@ -255,6 +296,7 @@ absl::Status RunDaemon(const Config& config) {
                      [&listener](uid_t uid) { return listener.CheckRoomFor(uid); });
   absl::StatusOr<ListeningSocket> fd_socket =
       activated ? std::move(activated->fd_channel)
+      : taken   ? std::move(taken->fd_channel)
                 : ListenUnix(common::FdChannelPath(socket), SOCK_SEQPACKET, kSocketMode, group);
   absl::Status started = fd_socket.ok() ? fd_server.Start(*std::move(fd_socket)) : fd_socket.status();
   if (!started.ok()) {
@@ -287,9 +329,11 @@ absl::Status RunDaemon(const Config& config) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
-  // Metrics come last: a scrape only reads what serving has built.
+  // Metrics come last: a scrape only reads what serving has built. A daemon that takes over
+  // starts them once the old one has gone, which may hold the same address.
   MetricsEndpoint metrics;
-  if (!config.metrics_address.empty()) {
+  auto start_metrics = [&]() -> absl::Status {
+    if (config.metrics_address.empty()) return absl::OkStatus();
     absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(config.metrics_address);  // checked by LoadConfig
     absl::StatusOr<std::string> where =
         !address.ok() ? absl::StatusOr<std::string>(address.status())
@@ -298,21 +342,81 @@ absl::Status RunDaemon(const Config& config) {
                           request.set_include_namespaces(true);
                           return PrometheusText(broker.GetStatus(request), rpc_metrics);
                         });
-    if (!where.ok()) {
-      fd_server.Stop();
-      listener.Stop();
-      stop_server();
-      return absl::Status(where.status().code(), absl::StrCat("metrics endpoint: ", where.status().message()));
-    }
+    if (!where.ok()) return absl::Status(where.status().code(), absl::StrCat("metrics endpoint: ", where.status().message()));
     spdlog::info("metrics: GET /metrics at {}", *where);
+    return absl::OkStatus();
+  };
+  if (taken) {
+    // Serving: the old daemon ends its sessions and exits, and its lock comes free.
+    if (absl::Status told = taken->Serving(); !told.ok()) {
+      spdlog::warn("take-over: cannot tell the old daemon that this one serves: {}", told.ToString());
+    }
+    if (absl::Status locked = AwaitLock(lock.get(), lock_path); !locked.ok()) {
+      spdlog::error("{}", locked.ToString());
+    }
+  }
+  if (absl::Status started_metrics = start_metrics(); !started_metrics.ok()) {
+    fd_server.Stop();
+    listener.Stop();
+    stop_server();
+    return started_metrics;
+  }
+  // This daemon can be taken over in turn. The handler runs on the listener's thread; the
+  // drain below stops that thread before it touches what the handler uses.
+  std::atomic<bool> handed_over{false};
+  TakeOverListener take_over_listener;
+  auto hand_over = [&](common::UniqueFd connection) {
+    HandOverSession session(std::move(connection));
+    if (absl::Status asked = session.ReadRequest(); !asked.ok()) {
+      spdlog::warn("take-over refused: {}", asked.ToString());
+      return;
+    }
+    // From here new connections wait in the sockets' backlogs for the new daemon.
+    ListeningSocket grpc_listening = listener.Release();
+    absl::Status status = fd_server.PauseAccepting();
+    Broker::Snapshot snapshot = broker.FreezeAndSnapshot();
+    absl::StatusOr<common::UniqueFd> memfd =
+        status.ok() ? WriteSnapshotMemfd(snapshot.registry) : absl::StatusOr<common::UniqueFd>(status);
+    v1::TakeOverState state;
+    state.set_socket(socket);
+    state.set_pid(static_cast<uint32_t>(getpid()));
+    status = memfd.ok() ? session.Send(state, memfd->get(), grpc_listening.fd.get(), fd_server.listening_fd(),
+                                       snapshot.fds)
+                        : memfd.status();
+    if (status.ok()) status = session.AwaitServing();
+    if (status.ok()) {
+      spdlog::info("handed {} named tensors over to the new daemon ({} not carried); ending sessions",
+                   snapshot.registry.tensors_size(), snapshot.dropped);
+      // The socket files are the new daemon's now.
+      grpc_listening.remove_on_close = false;
+      fd_server.KeepSocketFile();
+      take_over_listener.KeepFile();
+      handed_over = true;
+      kill(getpid(), SIGTERM);  // the main thread's sigwait drains and exits
+      return;
+    }
+    spdlog::error("take-over failed: {}; this daemon serves on", status.ToString());
+    broker.Unfreeze();
+    if (absl::Status resumed = listener.Start(std::move(grpc_listening), server.get(), grpc_caps); !resumed.ok()) {
+      spdlog::error("gRPC socket: {}", resumed.ToString());
+    }
+    if (absl::Status resumed = fd_server.ResumeAccepting(); !resumed.ok()) spdlog::error("{}", resumed.ToString());
+  };
+  if (absl::Status listening = take_over_listener.Start(socket, hand_over); !listening.ok()) {
+    spdlog::warn("take-over socket {}: {}; this daemon cannot be taken over", TakeOverPath(socket),
+                 listening.ToString());
   }
   SystemdNotifier notifier;
   notifier.Ready([&broker] { return StatusLine(broker.GetStatus()); });
   int signal_number = 0;
   while (sigwait(&set, &signal_number) != 0) {
   }
-  spdlog::info("{} received: draining", strsignal(signal_number));
-  notifier.Stopping(absl::StrCat(strsignal(signal_number), ": draining"));
+  // Before anything a hand-over uses goes: waits for one in progress.
+  take_over_listener.Stop();
+  const std::string why = handed_over ? std::string("handed over to a new daemon")
+                                      : absl::StrCat(strsignal(signal_number), " received");
+  spdlog::info("{}: draining", why);
+  notifier.Stopping(absl::StrCat(why, ": draining"));
 
   // Stop taking new sessions, end the streams that never finish by themselves, then let
   // in-flight calls complete for up to 5 s.

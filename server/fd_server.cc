@@ -186,6 +186,23 @@ absl::Status FdServer::Start(ListeningSocket socket) {
   return absl::OkStatus();
 }
 
+absl::Status FdServer::PauseAccepting() {
+  if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, socket_.fd.get(), nullptr) != 0) {
+    return common::ErrnoToStatus("fd channel: stop accepting (epoll_ctl DEL)", errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FdServer::ResumeAccepting() {
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = socket_.fd.get();
+  if (epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, socket_.fd.get(), &event) != 0) {
+    return common::ErrnoToStatus("fd channel: accept again (epoll_ctl ADD)", errno);
+  }
+  return absl::OkStatus();
+}
+
 void FdServer::Stop() {
   if (!thread_.joinable()) return;
   uint64_t one = 1;

@@ -46,6 +46,12 @@ class FdServer {
   absl::Status Start(ListeningSocket socket);
   // Stops accepting and closes every connection (closing their sessions).
   void Stop();
+  // Stops and starts accepting new connections; sessions go on (a take-over in progress).
+  absl::Status PauseAccepting();
+  absl::Status ResumeAccepting();
+  int listening_fd() const { return socket_.fd.get(); }
+  // Stop leaves the socket file in place (it is the new daemon's after a take-over).
+  void KeepSocketFile() { socket_.remove_on_close = false; }
 
  private:
   void Run();

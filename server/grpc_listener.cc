@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -79,13 +80,18 @@ absl::Status GrpcListener::Start(ListeningSocket socket, grpc::Server* server, C
 }
 
 void GrpcListener::Stop() {
-  if (!thread_.joinable()) return;
+  ListeningSocket socket = Release();
+  socket.Close();
+}
+
+ListeningSocket GrpcListener::Release() {
+  if (!thread_.joinable()) return {};
   uint64_t one = 1;
   if (write(wake_fd_.get(), &one, sizeof(one)) < 0) {
     spdlog::warn("gRPC listener: cannot wake the accept thread: {}", std::strerror(errno));
   }
   thread_.join();
-  socket_.Close();
+  return std::exchange(socket_, ListeningSocket{});
 }
 
 std::optional<common::PeerCredentials> GrpcListener::Lookup(std::string_view peer) const {

@@ -53,6 +53,9 @@ class GrpcListener final : public PeerDirectory {
   // Stops accepting and closes the socket (ListeningSocket::Close); connections already
   // handed over stay.
   void Stop();
+  // Stops accepting and hands the socket back open, its file in place: a take-over passes
+  // it on, or Start takes it again when the take-over fails.
+  ListeningSocket Release();
 
   std::optional<common::PeerCredentials> Lookup(std::string_view peer) const override;
   // RESOURCE_EXHAUSTED when a new connection of `uid` would be over a cap now.

@@ -5,6 +5,7 @@
 // Not thread-safe: the Broker guards it with its mutex.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -74,6 +75,7 @@ struct Tensor {
   // only they hear that it retired (a take's or a producer's lease is never cached).
   absl::flat_hash_set<uint64_t> name_holders;
   uint64_t ttl_timer = 0;  // pending TTL unbind, 0 when none
+  int64_t ttl_deadline_unix_ms = 0;  // when that unbind is due (carried by a take-over)
   // The producer's ready fence from Publish (opaque); cleared when its session closes.
   std::string ready_fence;
   // Allocate only: the producer asked for a recyclable buffer (AllocateRequest.recyclable).
@@ -85,6 +87,9 @@ class TensorRegistry {
   uint64_t NextTensorId() { return ++last_tensor_id_; }
   uint64_t NextBufferId() { return ++last_buffer_id_; }
   uint64_t NextGeneration() { return ++last_generation_; }
+  uint64_t last_generation() const { return last_generation_; }
+  // Generations continue after `generation` (a registry carried from another daemon).
+  void ContinueGenerationsAfter(uint64_t generation) { last_generation_ = std::max(last_generation_, generation); }
 
   Tensor& AddTensor(Tensor tensor);
   // `buffer.id` is NextBufferId()'s, or a recycled buffer's own id again.

@@ -78,6 +78,17 @@ class MemoryBackend {
   // when the handle cannot be shared safely or is malformed.
   virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> Adopt(const BackendDevice& device, MemoryHandle handle,
                                                                uint64_t size, const std::string& what) = 0;
+  // A published buffer of `size` bytes that another daemon held, carried here as the
+  // handle its Export gave (tensord --take-over). The buffer must be fit for readers as it
+  // is (host: a memfd of that size with the reader seals). By default a backend's memory
+  // cannot be carried: FAILED_PRECONDITION naming `what`, and the broker drops its tensors
+  // saying why.
+  virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> Restore(const BackendDevice& device, MemoryHandle handle,
+                                                                 uint64_t size, const std::string& what) {
+    (void)device, (void)handle, (void)size;
+    return absl::FailedPreconditionError(what + ": " + std::string(name()) +
+                                         " memory cannot be carried to a new daemon");
+  }
 };
 
 }  // namespace tensord::common

@@ -54,4 +54,22 @@ absl::StatusOr<std::unique_ptr<BackendBuffer>> HostBackend::Adopt(const BackendD
   return std::make_unique<HostBuffer>(std::move(handle.fds[0]), actual, /*made_here=*/false);
 }
 
+absl::StatusOr<std::unique_ptr<BackendBuffer>> HostBackend::Restore(const BackendDevice& /*device*/,
+                                                                    MemoryHandle handle, uint64_t size,
+                                                                    const std::string& what) {
+  if (handle.fds.size() != 1 || !handle.data.empty()) {
+    return absl::FailedPreconditionError(what + ": a host buffer is one memfd and no handle bytes, not " +
+                                         std::to_string(handle.fds.size()) + " fds and " +
+                                         std::to_string(handle.data.size()) + " bytes");
+  }
+  TENSORD_RETURN_IF_ERROR(CheckReaderSeals(handle.fds[0].get(), what));
+  TENSORD_ASSIGN_OR_RETURN(uint64_t actual, FdSize(handle.fds[0].get(), what));
+  if (actual != size) {
+    return absl::FailedPreconditionError(what + ": the memfd holds " + std::to_string(actual) + " bytes, not the " +
+                                         std::to_string(size) + " its entry says");
+  }
+  // Not recyclable: no producer keeps a writable mapping of it any more.
+  return std::make_unique<HostBuffer>(std::move(handle.fds[0]), size, /*made_here=*/false);
+}
+
 }  // namespace tensord::common

@@ -40,6 +40,9 @@ class HostBackend final : public MemoryBackend {
   uint64_t RoundUp(const BackendDevice& device, uint64_t size) const override;
   absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(const BackendDevice& device, uint64_t size,
                                                           const std::string& debug_name) override;
+  // The memfd, checked: its size is `size` and it carries the reader seals.
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> Restore(const BackendDevice& device, MemoryHandle handle,
+                                                         uint64_t size, const std::string& what) override;
   // `handle.fds` holds one staged memfd and no data; it is sealed against shrinking and
   // growing here. `size` is ignored: the buffer's size is the memfd's own.
   absl::StatusOr<std::unique_ptr<BackendBuffer>> Adopt(const BackendDevice& device, MemoryHandle handle,
