@@ -468,6 +468,7 @@ void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& 
 }
 
 void Broker::UnbindLocked(Tensor& tensor, Effects& effects) {
+  names_version_.fetch_add(1, std::memory_order_release);
   std::string old_name = tensor.name;
   registry_.Unbind(tensor);
   RetireLocked(tensor, old_name, effects);
@@ -482,6 +483,7 @@ void Broker::UnbindLocked(Tensor& tensor, Effects& effects) {
 }
 
 void Broker::BindLocked(Tensor& tensor, const std::string& name, Effects& effects) {
+  names_version_.fetch_add(1, std::memory_order_release);
   uint64_t previous = registry_.Bind(name, tensor, registry_.NextGeneration());
   if (previous != 0) {
     Tensor* old = registry_.Find(previous);

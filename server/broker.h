@@ -41,6 +41,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -180,6 +181,11 @@ class Broker {
   // Reads go on. Unfreeze() lifts the freeze when the hand-over fails.
   Snapshot FreezeAndSnapshot();
   void Unfreeze();
+  // The same without the freeze, for systemd's fd store (fd_store.h): buffers in `stored`
+  // come without fds (fd_count 0); every buffer names its fds (SnapshotBuffer.fd_names).
+  Snapshot SnapshotForStore(const std::set<uint64_t>& stored);
+  // Changes whenever a name is bound or unbound.
+  uint64_t names_version() const { return names_version_.load(std::memory_order_acquire); }
   struct RestoreReport {
     uint64_t tensors = 0, buffers = 0, bytes = 0;
     uint64_t refused = 0;  // entries not taken, each logged with its reason
@@ -328,6 +334,7 @@ class Broker {
   void Deliver(Effects& effects);
 
   absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot SnapshotLocked(const std::set<uint64_t>* stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // UNAVAILABLE while FreezeAndSnapshot's freeze holds.
   absl::Status CheckNamesMayChangeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetStatus's optional parts (broker_reads.cc).
@@ -357,6 +364,7 @@ class Broker {
   uint64_t leases_reclaimed_ ABSL_GUARDED_BY(mu_) = 0;  // held by sessions when they closed
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool frozen_ ABSL_GUARDED_BY(mu_) = false;  // names are being handed to a new daemon
+  std::atomic<uint64_t> names_version_{0};     // bumped under mu_ by every bind and unbind
 
   // Declared last: their threads stop first, while everything above is still alive.
   TimerQueue timers_;

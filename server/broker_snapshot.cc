@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "common/tensor_desc.h"
 #include "server/broker.h"
+#include "server/fd_store.h"
 #include "spdlog/spdlog.h"
 
 namespace tensord::server {
@@ -36,9 +37,18 @@ absl::Status Broker::CheckNamesMayChangeLocked() const {
 }
 
 Broker::Snapshot Broker::FreezeAndSnapshot() {
-  Snapshot out;
   absl::MutexLock lock(&mu_);
   frozen_ = true;
+  return SnapshotLocked(nullptr);
+}
+
+Broker::Snapshot Broker::SnapshotForStore(const std::set<uint64_t>& stored) {
+  absl::MutexLock lock(&mu_);
+  return SnapshotLocked(&stored);
+}
+
+Broker::Snapshot Broker::SnapshotLocked(const std::set<uint64_t>* stored) {
+  Snapshot out;
   out.registry.set_last_generation(registry_.last_generation());
   out.registry.set_taken_unix_ms(NowMs());
   std::map<uint64_t, uint64_t> carried;  // buffer id -> its SnapshotBuffer.id (the same id)
@@ -53,6 +63,10 @@ Broker::Snapshot Broker::FreezeAndSnapshot() {
         why = "its buffer is gone";
       } else if (!buffer->producer_exited.empty() || buffer->memory->OwnedByProducer()) {
         why = "its memory is its producer's, not the daemon's";
+      } else if (!buffer->device->backend->Restorable()) {
+        why = absl::StrCat(std::string(buffer->device->backend->name()), " memory cannot be carried to a new daemon");
+      } else if (stored != nullptr && stored->contains(buffer->id)) {
+        handle = common::MemoryHandle{};  // its fds are in the store already
       } else if (handle = buffer->memory->Export(); !handle.ok()) {
         why = std::string(handle.status().message());
       }
@@ -69,6 +83,9 @@ Broker::Snapshot Broker::FreezeAndSnapshot() {
       entry.set_handle(handle->data);
       entry.set_first_fd(static_cast<uint32_t>(out.fds.size()));
       entry.set_fd_count(static_cast<uint32_t>(handle->fds.size()));
+      // A host buffer has one fd; names for every fd its backend's handle may hold.
+      const size_t fd_names = stored != nullptr && stored->contains(buffer->id) ? 1 : handle->fds.size();
+      for (size_t i = 0; i < fd_names; ++i) entry.add_fd_names(StoredFdName(buffer->id, i));
       for (common::UniqueFd& fd : handle->fds) out.fds.push_back(std::move(fd));
       carried.emplace(buffer->id, buffer->id);
     }
@@ -230,6 +247,7 @@ Broker::RestoreReport Broker::Restore(const v1::RegistrySnapshot& snapshot, std:
       tensor.name.clear();  // Bind sets it
       Tensor& added = registry_.AddTensor(std::move(tensor));
       registry_.Bind(entry->name(), added, entry->generation());
+      names_version_.fetch_add(1, std::memory_order_release);
       if (entry->expires_unix_ms() != 0) {
         ScheduleTtlLocked(added, static_cast<uint64_t>(std::max<int64_t>(1, entry->expires_unix_ms() - now)));
       }

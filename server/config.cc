@@ -312,6 +312,9 @@ const std::vector<Setting>& Settings() {
       {"metrics_address", Kind::kText, &Config::metrics_address, nullptr, "ADDRESS",
        "serve Prometheus metrics at http://ADDRESS/metrics: HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464) or "
        "unix:PATH (default: off)"},
+      {"fd_store", Kind::kText, &Config::fd_store, nullptr, "on|off",
+       "under systemd, keep the named tensors in its file-descriptor store, so a restart or a crash keeps them "
+       "(the unit needs FileDescriptorStoreMax=; default off)"},
       {"log_level", Kind::kText, &Config::log_level, nullptr, "LEVEL",
        "trace, debug, info, warn, error, critical or off"},
   };
@@ -462,6 +465,13 @@ absl::Status FinishDeviceLimits(const std::map<std::string, std::string>& origin
   config.device_limits = *std::move(limits);
   config.device_limits.source = where;
   return absl::OkStatus();
+}
+
+absl::Status CheckFdStore(const Config& config, const std::map<std::string, std::string>& origins) {
+  if (config.fd_store == "on" || config.fd_store == "off") return absl::OkStatus();
+  auto origin = origins.find("fd_store");
+  return Invalid(absl::StrCat(origin != origins.end() ? origin->second : "fd_store", " ",
+                              common::QuoteForError(config.fd_store), ": must be on or off"));
 }
 
 absl::Status CheckMetricsAddress(const Config& config, const std::map<std::string, std::string>& origins) {
@@ -741,6 +751,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   TENSORD_RETURN_IF_ERROR(FinishHostBytes(origins, config));
   TENSORD_RETURN_IF_ERROR(FinishDeviceLimits(origins, config));
   TENSORD_RETURN_IF_ERROR(CheckMetricsAddress(config, origins));
+  TENSORD_RETURN_IF_ERROR(CheckFdStore(config, origins));
   config.origins = std::move(origins);
   if (print_config) {
     std::cout << PrintedConfig(config);

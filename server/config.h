@@ -106,6 +106,8 @@ struct Config {
   DeviceLimits device_limits;
   // Prometheus text endpoint: "HOST:PORT" or "unix:PATH" (metrics_endpoint.h); empty: off.
   std::string metrics_address;
+  // "on": keep the named tensors in systemd's fd store (fd_store.h); "off" (the default).
+  std::string fd_store = "off";
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +35,7 @@
 #include "server/broker.h"
 #include "server/broker_service.h"
 #include "server/fd_server.h"
+#include "server/fd_store.h"
 #include "server/grpc_listener.h"
 #include "server/health_service.h"
 #include "server/metrics_endpoint.h"
@@ -170,7 +173,8 @@ void BlockTerminationSignals() {
 absl::Status RunDaemon(const Config& config) {
   TENSORD_RETURN_IF_ERROR(common::SetLogLevel(config.log_level));
   RaiseFileLimit();
-  TENSORD_ASSIGN_OR_RETURN(std::optional<ActivationSockets> activated, TakeActivationSockets());
+  TENSORD_ASSIGN_OR_RETURN(PassedFds passed, TakePassedFds());
+  std::optional<ActivationSockets>& activated = passed.sockets;
   TENSORD_ASSIGN_OR_RETURN(std::string socket, SocketPath(config, activated));
   TENSORD_RETURN_IF_ERROR(PrepareDirectory(socket));
   TENSORD_ASSIGN_OR_RETURN(gid_t group, ResolveGroup(config.socket_group));
@@ -233,8 +237,30 @@ absl::Status RunDaemon(const Config& config) {
     }
   }
   Broker broker(std::move(options), std::move(backends));
+  // What systemd kept for this service (fd_store.h): every name goes from the store once
+  // restored; the fd store, when on, stores what this daemon holds under its own ids.
+  StartedWith started_with;
+  std::set<std::string> stored_names;
+  for (const auto& [name, fds] : passed.stored) stored_names.insert(name);
+  if (!passed.stored.empty()) {
+    absl::StatusOr<std::optional<RecoveredState>> recovered = RecoverFromStore(passed.stored);
+    if (!recovered.ok()) {
+      spdlog::error("systemd's fd store: {}; starting empty", recovered.status().ToString());
+    } else if (!recovered->has_value()) {
+      spdlog::warn("systemd passed {} stored fds but no registry; starting empty", stored_names.size());
+    } else {
+      Broker::RestoreReport restored = broker.Restore((*recovered)->snapshot, std::move((*recovered)->fds));
+      started_with = {"fd-store", restored.tensors, restored.refused};
+      spdlog::info("restored {} named tensors in {} buffers ({}) from systemd's fd store ({}){}", restored.tensors,
+                   restored.buffers, common::HumanBytes(restored.bytes), (*recovered)->registry_name,
+                   restored.refused == 0 ? std::string()
+                                         : absl::StrCat("; refused ", restored.refused, " entries (logged above)"));
+    }
+    passed.stored.clear();  // what Restore did not take is closed here
+  }
   if (taken) {
     Broker::RestoreReport restored = broker.Restore(taken->snapshot, std::move(taken->buffer_fds));
+    started_with = {"take-over", restored.tensors, restored.refused};
     spdlog::info("took over {} named tensors in {} buffers ({}){}", restored.tensors, restored.buffers,
                  common::HumanBytes(restored.bytes),
                  restored.refused == 0 ? std::string()
@@ -337,10 +363,10 @@ absl::Status RunDaemon(const Config& config) {
     absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(config.metrics_address);  // checked by LoadConfig
     absl::StatusOr<std::string> where =
         !address.ok() ? absl::StatusOr<std::string>(address.status())
-                      : metrics.Start(*address, kSocketMode, group, [&broker, &rpc_metrics] {
+                      : metrics.Start(*address, kSocketMode, group, [&broker, &rpc_metrics, &started_with] {
                           v1::StatusRequest request;
                           request.set_include_namespaces(true);
-                          return PrometheusText(broker.GetStatus(request), rpc_metrics);
+                          return PrometheusText(broker.GetStatus(request), rpc_metrics, started_with);
                         });
     if (!where.ok()) return absl::Status(where.status().code(), absl::StrCat("metrics endpoint: ", where.status().message()));
     spdlog::info("metrics: GET /metrics at {}", *where);
@@ -406,13 +432,23 @@ absl::Status RunDaemon(const Config& config) {
     spdlog::warn("take-over socket {}: {}; this daemon cannot be taken over", TakeOverPath(socket),
                  listening.ToString());
   }
+  FdStore fd_store(&broker);
   SystemdNotifier notifier;
+  if (config.fd_store == "on" && notifier.enabled()) {
+    fd_store.Start(stored_names);
+    spdlog::info("named tensors are kept in systemd's fd store, synced every {} ms", kFdStoreSyncPeriod.count());
+  } else {
+    if (config.fd_store == "on") spdlog::warn("fd_store is on but no service manager listens (NOTIFY_SOCKET): off");
+    // Names systemd passed back that no fd store will replace.
+    for (const std::string& name : stored_names) sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name.c_str());
+  }
   notifier.Ready([&broker] { return StatusLine(broker.GetStatus()); });
   int signal_number = 0;
   while (sigwait(&set, &signal_number) != 0) {
   }
   // Before anything a hand-over uses goes: waits for one in progress.
   take_over_listener.Stop();
+  fd_store.Stop();
   const std::string why = handed_over ? std::string("handed over to a new daemon")
                                       : absl::StrCat(strsignal(signal_number), " received");
   spdlog::info("{}: draining", why);

@@ -29,7 +29,8 @@ void Sample(std::string& out, const char* name, uint64_t value, const std::strin
 
 }  // namespace
 
-std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcMetrics& rpcs) {
+std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcMetrics& rpcs,
+                           const StartedWith& started) {
   std::string out;
   Family(out, "tensord_info", "gauge", "The daemon's version (always 1).");
   absl::StrAppend(&out, "tensord_info{version=\"", Label(status.version()), "\"} 1\n");
@@ -89,6 +90,15 @@ std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcM
   Family(out, "tensord_namespace_bytes", "gauge",
          "Bytes of the tensors by namespace and device (their own bytes; an arena's free room is not counted).");
   out += bytes;
+
+  Family(out, "tensord_restart_tensors_kept", "gauge",
+         "Named tensors this daemon took over when it started, by where from (take-over, fd-store); 0: it started empty.");
+  absl::StrAppend(&out, "tensord_restart_tensors_kept{from=\"", Label(started.from.empty() ? "none" : started.from),
+                  "\"} ", started.tensors, "\n");
+  Family(out, "tensord_restart_entries_refused", "gauge",
+         "Entries of the state it was handed that this daemon refused at start (each logged with its reason).");
+  absl::StrAppend(&out, "tensord_restart_entries_refused{from=\"", Label(started.from.empty() ? "none" : started.from),
+                  "\"} ", started.refused, "\n");
 
   rpcs.AppendPrometheus(out);
   return out;

@@ -11,7 +11,14 @@
 
 namespace tensord::server {
 
+// What this daemon took over when it started (a take-over or systemd's fd store).
+struct StartedWith {
+  std::string from;  // "take-over", "fd-store", or empty: it started empty
+  uint64_t tensors = 0, refused = 0;
+};
+
 // `status` as Broker::GetStatus answers a request with include_namespaces.
-std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcMetrics& rpcs);
+std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcMetrics& rpcs,
+                           const StartedWith& started = {});
 
 }  // namespace tensord::server

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/names.h"
 #include "common/status.h"
+#include "server/fd_store.h"
 #include "spdlog/spdlog.h"
 
 namespace tensord::server {
@@ -66,7 +67,7 @@ absl::StatusOr<ListeningSocket> CheckPassedSocket(common::UniqueFd fd, const std
 
 }  // namespace
 
-absl::StatusOr<std::optional<ActivationSockets>> TakeActivationSockets() {
+absl::StatusOr<PassedFds> TakePassedFds() {
   // absl::StrCat takes absl::string_view, which Debian's abseil does not alias to std's.
   const std::string kGrpcName(kGrpcSocketName), kFdChannelName(kFdChannelSocketName);
   char** raw_names = nullptr;
@@ -84,7 +85,8 @@ absl::StatusOr<std::optional<ActivationSockets>> TakeActivationSockets() {
     return absl::FailedPreconditionError(
         absl::StrCat("socket activation: LISTEN_FDS cannot be used: ", std::strerror(-count)));
   }
-  if (count == 0) return std::nullopt;
+  PassedFds passed;
+  if (count == 0) return passed;
   // Own every fd first, so that each is closed whatever is wrong with another.
   std::vector<common::UniqueFd> fds;
   for (int i = 0; i < count; ++i) fds.emplace_back(SD_LISTEN_FDS_START + i);
@@ -95,6 +97,10 @@ absl::StatusOr<std::optional<ActivationSockets>> TakeActivationSockets() {
     const std::string name = i < static_cast<int>(names.size()) ? names[i] : "";
     const std::string what = absl::StrCat("socket-activation fd ", fd,
                                           name.empty() ? std::string() : absl::StrCat(" (", common::QuoteForError(name), ")"));
+    if (IsStoredStateName(name)) {
+      passed.stored[name].push_back(std::move(fds[i]));
+      continue;
+    }
     const int type = SocketOption(fd, SO_TYPE);
     std::string role;
     if (name == kGrpcSocketName || name == kFdChannelSocketName) {
@@ -122,13 +128,15 @@ absl::StatusOr<std::optional<ActivationSockets>> TakeActivationSockets() {
     TENSORD_ASSIGN_OR_RETURN(ListeningSocket socket, CheckPassedSocket(std::move(fds[i]), what));
     slot = std::move(socket);
   }
+  if (!grpc.has_value() && !fd_channel.has_value()) return passed;  // the fd store's only
   if (!grpc.has_value() || !fd_channel.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "socket activation passed ", count, " socket(s) but no '", !grpc ? kGrpcName : kFdChannelName,
         "' socket: tensord needs both, the gRPC socket (SOCK_STREAM) and the fd channel (SOCK_SEQPACKET); "
         "deploy/systemd has units that pass both"));
   }
-  return ActivationSockets{std::move(*grpc), std::move(*fd_channel)};
+  passed.sockets = ActivationSockets{std::move(*grpc), std::move(*fd_channel)};
+  return passed;
 }
 
 SystemdNotifier::SystemdNotifier() {

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
+#include <vector>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,15 +28,23 @@ struct ActivationSockets {
   ListeningSocket fd_channel;  // SOCK_SEQPACKET
 };
 
+// What systemd passed this process (LISTEN_FDS and LISTEN_PID naming it): the sockets, and
+// the fds the daemon kept in the fd store (fd_store.h), by name.
+struct PassedFds {
+  std::optional<ActivationSockets> sockets;
+  std::map<std::string, std::vector<common::UniqueFd>> stored;
+};
+
 // The sockets systemd passed this process (LISTEN_FDS and LISTEN_PID naming it), taken by
 // name: kGrpcSocketName and kFdChannelSocketName. Unnamed ones ("unknown", as a unit without
 // FileDescriptorName= or a test harness passes them) are told apart by type. Each must be a
 // listening AF_UNIX socket bound to a path, of its role's type; the fds become non-blocking
 // and close-on-exec, and the LISTEN_* variables are unset so no child inherits them. The
 // sockets' files are systemd's and stay when the daemon stops (remove_on_close false).
-// nullopt when the daemon was not socket-activated. FAILED_PRECONDITION naming the fd and
+// `sockets` is nullopt when the daemon was not socket-activated. Fds with the fd store's
+// names (IsStoredStateName) go to `stored`, untouched. FAILED_PRECONDITION naming the fd and
 // what is wrong with it otherwise; every passed fd is closed then.
-absl::StatusOr<std::optional<ActivationSockets>> TakeActivationSockets();
+absl::StatusOr<PassedFds> TakePassedFds();
 
 // Tells the service manager (NOTIFY_SOCKET) how the daemon is doing. Every call does nothing
 // when the daemon does not run under a manager that listens. Thread-safe.

@@ -83,6 +83,9 @@ class MemoryBackend {
   // is (host: a memfd of that size with the reader seals). By default a backend's memory
   // cannot be carried: FAILED_PRECONDITION naming `what`, and the broker drops its tensors
   // saying why.
+  // Whether Restore can take this backend's buffers: a snapshot leaves the others out, so
+  // that no device memory is kept alive by a handle nobody can use.
+  virtual bool Restorable() const { return false; }
   virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> Restore(const BackendDevice& device, MemoryHandle handle,
                                                                  uint64_t size, const std::string& what) {
     (void)device, (void)handle, (void)size;

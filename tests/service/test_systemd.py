@@ -11,6 +11,8 @@ Environment: TENSORD_BIN (the daemon), TENSORCTL_BIN (the CLI), TENSORD_UNITS_DI
 (deploy/systemd). ctest sets all three (tests/service/CMakeLists.txt).
 """
 
+import array
+import fcntl
 import json
 import os
 import shutil
@@ -47,11 +49,17 @@ class Manager:
         self.notify.bind(self.notify_path)
         self.proc = None
         self.log_path = os.path.join(directory, "tensord.log")
+        self.store = {}  # the fd store: name -> [fd, ...], as FDSTORE=1 / FDSTOREREMOVE=1 leave it
 
     def start(self, fds=None, names="grpc:fd-channel", args=(), env=None):
-        """Starts tensord with `fds` (default: both sockets) as fds 3, 4, ..."""
-        fds = [self.grpc, self.fd_channel] if fds is None else fds
-        numbers = [f.fileno() for f in fds]
+        """Starts tensord with `fds` (default: both sockets, then the fd store's fds under
+        their names, as systemd passes them) as fds 3, 4, ..."""
+        if fds is None:
+            fds = [self.grpc, self.fd_channel]
+            for name, stored in sorted(self.store.items()):
+                fds += stored
+                names += ":" + ":".join([name] * len(stored))
+        numbers = [f if isinstance(f, int) else f.fileno() for f in fds]
         environment = dict(os.environ)
         environment.update({"LISTEN_FDS": str(len(numbers)), "NOTIFY_SOCKET": self.notify_path})
         if names is not None:
@@ -89,13 +97,41 @@ class Manager:
                 raise AssertionError(f"no {until}= from tensord within {timeout} s; got {got}; log: {self.log()}")
             self.notify.settimeout(left)
             try:
-                data = self.notify.recv(4096).decode()
+                fields = self.receive()
             except socket.timeout:
                 continue
-            fields = dict(line.split("=", 1) for line in data.splitlines() if "=" in line)
             got.append(fields)
             if until in fields:
                 return got
+
+    def receive(self):
+        """One notification; FDSTORE=1 and FDSTOREREMOVE=1 change self.store as systemd does."""
+        data, ancdata, _, _ = self.notify.recvmsg(4096, socket.CMSG_SPACE(64 * 4))
+        fds = []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", payload[: len(payload) - len(payload) % 4]).tolist()
+        fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+        name = fields.get("FDNAME", "stored")
+        if fields.get("FDSTORE") == "1":
+            self.store.setdefault(name, []).extend(fds)
+        else:
+            for fd in fds:
+                os.close(fd)
+        if fields.get("FDSTOREREMOVE") == "1":
+            for fd in self.store.pop(name, []):
+                os.close(fd)
+        return fields
+
+    def drain(self, seconds):
+        """Takes every notification for `seconds`."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.notify.settimeout(left)
+            try:
+                self.receive()
+            except socket.timeout:
+                pass
 
     def log(self):
         try:
@@ -116,6 +152,9 @@ class Manager:
         self.grpc.close()
         self.fd_channel.close()
         self.notify.close()
+        for fds in self.store.values():
+            for fd in fds:
+                os.close(fd)
 
 
 @pytest.fixture
@@ -257,7 +296,8 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
         result.returncode, result.stdout, result.stderr)
     service = open(os.path.join(UNITS, "tensord.service")).read()
     for line in ["Type=notify", "WatchdogSec=", "Sockets=tensord.socket tensord-fd.socket", "User=tensord",
-                 "RuntimeDirectory=tensord", "RuntimeDirectoryPreserve=yes", "LimitNOFILE="]:
+                 "RuntimeDirectory=tensord", "RuntimeDirectoryPreserve=yes", "LimitNOFILE=",
+                 "FileDescriptorStoreMax=", "Environment=TENSORD_FD_STORE=on"]:
         assert line in service, line
     assert "FileDescriptorName=grpc" in open(os.path.join(UNITS, "tensord.socket")).read()
     assert "FileDescriptorName=fd-channel" in open(os.path.join(UNITS, "tensord-fd.socket")).read()
@@ -268,3 +308,66 @@ def test_example_config_is_accepted(tmp_path):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert 'socket = "/run/tensord/tensord.sock"' in result.stdout
+
+
+def stored_buffers(manager):
+    return sorted(n for n in manager.store if n.startswith("b"))
+
+
+def test_fd_store_keeps_named_tensors_across_a_kill_9(manager):
+    on = {"TENSORD_FD_STORE": "on"}
+    manager.start(env=on)
+    manager.messages("READY")
+    put_array(manager, "keep/a", [1.0, 2.0, 3.0])
+    put_array(manager, "keep/a", [4.0, 5.0, 6.0])  # generation 2
+    put_array(manager, "keep/gone", [7.0])
+    tensorctl(manager.socket_path, "rm", "keep/gone")
+    manager.drain(1.5)  # three sync periods
+    assert {"registry-a", "registry-b"} & set(manager.store), manager.store
+    assert len([n for n in manager.store if n.startswith("registry")]) == 1
+    manager.proc.kill()  # a crash: no drain, no goodbye
+    manager.proc.wait()
+
+    manager.start(env=on)
+    manager.messages("READY")
+    assert "restored 1 named tensors" in manager.log(), manager.log()
+    assert get_array(manager, "keep/a") == [4.0, 5.0, 6.0]
+    stat = json.loads(tensorctl(manager.socket_path, "stat", "keep/a", "--json").stdout)
+    assert stat["generation"] == 2
+    assert tensorctl(manager.socket_path, "stat", "keep/gone", check=False).returncode != 0
+    # The store now holds this daemon's own state: one registry, the one buffer it needs.
+    manager.drain(1.5)
+    assert len([n for n in manager.store if n.startswith("registry")]) == 1, manager.store
+    assert len(stored_buffers(manager)) == 1, manager.store
+    put_array(manager, "keep/a", [9.0])  # generations go on after keep/gone's 3
+    stat = json.loads(tensorctl(manager.socket_path, "stat", "keep/a", "--json").stdout)
+    assert stat["generation"] == 4
+
+
+def test_a_corrupt_stored_registry_starts_empty_saying_why(manager):
+    on = {"TENSORD_FD_STORE": "on"}
+    manager.start(env=on)
+    manager.messages("READY")
+    put_array(manager, "keep/a", [1.0])
+    manager.drain(1.5)
+    manager.proc.kill()
+    manager.proc.wait()
+    name = [n for n in manager.store if n.startswith("registry")][0]
+    bad = os.memfd_create("bad", os.MFD_ALLOW_SEALING)
+    os.write(bad, b"TNSDSNAP" + b"\x01" + b"\x00" * 40)
+    fcntl.fcntl(bad, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    for fd in manager.store[name]:
+        os.close(fd)
+    manager.store[name] = [bad]
+    manager.start(env=on)
+    manager.messages("READY")
+    assert "the fd store's registry cannot be used" in manager.log(), manager.log()
+    assert json.loads(tensorctl(manager.socket_path, "status", "--json").stdout)["named_tensors"] == 0
+    manager.drain(1.5)  # the passed names are removed, the daemon's own stored
+    assert stored_buffers(manager) == [], manager.store
+
+
+def test_a_bad_fd_store_setting_is_refused():
+    result = subprocess.run([TENSORD, "--fd-store", "maybe", "--print-config"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2 and "--fd-store 'maybe': must be on or off" in result.stderr, result.stderr

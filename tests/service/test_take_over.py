@@ -165,3 +165,23 @@ def test_another_uid_may_not_take_over(tmp_path, old):
                             timeout=30, user=65534, group=65534)
     assert result.returncode != 0
     assert old.proc.poll() is None, "the old daemon must go on"
+
+
+def test_metrics_say_what_a_restart_kept(tmp_path, old):
+    from test_metrics import UnixHTTPConnection, get, parse, value
+
+    c = tensord.connect(old.socket)
+    for i in range(3):
+        c.put(f"m/{i}", np.zeros(8, np.float32))
+    metrics = str(tmp_path / "metrics.sock")
+    new = Daemon(str(tmp_path), "new", "--take-over", "--metrics-address", "unix:" + metrics)
+    try:
+        assert old.proc.wait(timeout=30) == 0
+        new.wait_serving("metrics: GET /metrics at")
+        status, _, body = get(UnixHTTPConnection(metrics))
+        assert status == 200
+        _, samples = parse(body)
+        assert value(samples, "tensord_restart_tensors_kept", **{"from": "take-over"}) == 3
+        assert value(samples, "tensord_restart_entries_refused", **{"from": "take-over"}) == 0
+    finally:
+        new.stop()

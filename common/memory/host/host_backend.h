@@ -40,6 +40,7 @@ class HostBackend final : public MemoryBackend {
   uint64_t RoundUp(const BackendDevice& device, uint64_t size) const override;
   absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(const BackendDevice& device, uint64_t size,
                                                           const std::string& debug_name) override;
+  bool Restorable() const override { return true; }
   // The memfd, checked: its size is `size` and it carries the reader seals.
   absl::StatusOr<std::unique_ptr<BackendBuffer>> Restore(const BackendDevice& device, MemoryHandle handle,
                                                          uint64_t size, const std::string& what) override;
