@@ -3,7 +3,9 @@
 The harness does what systemd does for deploy/systemd's units: it binds and listens on the
 two sockets itself, passes them to the daemon as fds 3 and 4 with LISTEN_FDS, LISTEN_PID
 and LISTEN_FDNAMES (sd_listen_fds(3)), and listens on a NOTIFY_SOCKET datagram socket for
-READY=1, STATUS=, WATCHDOG=1 and STOPPING=1 (sd_notify(3)). The units themselves are checked
+READY=1, STATUS=, WATCHDOG=1 and STOPPING=1 (sd_notify(3)). It keeps a file-descriptor
+store as systemd does (FDSTORE=1 and FDSTOREREMOVE=1 with their fds) and passes the stored
+fds back, with their names, when it starts the daemon again. The units themselves are checked
 with `systemd-analyze verify`; no test starts them under a real systemd (the project's
 machines have none as PID 1).
 
