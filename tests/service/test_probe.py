@@ -47,3 +47,14 @@ def test_no_daemon_fails_naming_the_socket(tmp_path):
     result = health(path, "--timeout", "2")
     assert result.returncode == 1
     assert f"health of {path}: UNAVAILABLE" in result.stderr, result.stderr
+
+
+def test_both_binaries_say_their_version():
+    import re
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "CMakeLists.txt")) as f:
+        version = re.search(r"project\(tensord VERSION (\S+)", f.read()).group(1)
+    for binary, name in ((TENSORD, "tensord"), (TENSORCTL, "tensorctl")):
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0 and result.stdout == f"{name} {version}\n", result
