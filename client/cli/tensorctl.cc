@@ -58,6 +58,17 @@ std::atomic<bool> interrupted{false};
 
 void OnSigint(int) { interrupted.store(true); }
 
+// For commands that run until Ctrl-C (watch, top): SIGINT and SIGTERM end them cleanly, and
+// each line goes out as it is printed.
+void EndOnSignal() {
+  struct sigaction sa {};
+  sa.sa_handler = &OnSigint;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+}
+
 // A failure of one step: "<what>: <status message>".
 struct Failure {
   std::string what;
@@ -472,12 +483,7 @@ int CmdStatus(Client& client, const Globals& g) {
 // A live view: every `interval` the broker's figures and its sessions, heaviest first,
 // with their lease and publish rates since the last refresh; until Ctrl-C, or `iterations`.
 int CmdTop(Client& client, const Globals& g, double interval, uint64_t iterations) {
-  struct sigaction sa {};
-  sa.sa_handler = &OnSigint;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  EndOnSignal();
   const bool screen = !g.json && ::isatty(STDOUT_FILENO) != 0;
   StatusOptions options;
   options.sessions = true;
@@ -679,12 +685,7 @@ int CmdWatch(Client& client, const Globals& g, const std::string& prefix) {
   const std::string what = "watch " + (prefix.empty() ? std::string("''") : prefix);
   Result<std::unique_ptr<Watcher>> watcher = client.Watch(prefix, false);
   if (!watcher.ok()) return Fail(what, watcher.status());
-  struct sigaction sa {};
-  sa.sa_handler = &OnSigint;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  EndOnSignal();
   while (!interrupted.load()) {
     Result<std::optional<WatchEvent>> next = (*watcher)->Next(std::chrono::milliseconds(200));
     if (!next.ok()) return Fail(what, next.status());
