@@ -31,12 +31,6 @@ namespace {
 
 constexpr size_t kMaxFetchBatch = common::kMaxFdsPerMessage;
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string NewInstanceNonce() {
   std::string nonce(16, '\0');
   // A nonce, not a secret: a short read only makes it less unique, never unsafe.
@@ -84,6 +78,12 @@ absl::Status ValidateTags(const TagMap& tags) {
 }
 
 }  // namespace
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 Broker::Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends)
     : options_(std::move(options)),

@@ -74,6 +74,9 @@
 
 namespace tensord::server {
 
+// Wall-clock milliseconds since the epoch: what the broker stamps and compares deadlines with.
+int64_t NowUnixMs();
+
 struct BrokerOptions {
   uint64_t max_host_bytes = 0;
   DeviceLimits device_limits;  // --max-device-bytes

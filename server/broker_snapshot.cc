@@ -21,15 +21,6 @@ namespace tensord::server {
 
 namespace v1 = tensord::v1;
 
-namespace {
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 absl::Status Broker::CheckNamesMayChangeLocked() const {
   if (!frozen_) return absl::OkStatus();
   return absl::UnavailableError(
@@ -50,8 +41,8 @@ Broker::Snapshot Broker::SnapshotForStore(const std::set<uint64_t>& stored) {
 Broker::Snapshot Broker::SnapshotLocked(const std::set<uint64_t>* stored) {
   Snapshot out;
   out.registry.set_last_generation(registry_.last_generation());
-  out.registry.set_taken_unix_ms(NowMs());
-  std::map<uint64_t, uint64_t> carried;  // buffer id -> its SnapshotBuffer.id (the same id)
+  out.registry.set_taken_unix_ms(NowUnixMs());
+  std::set<uint64_t> carried;  // buffers already in the snapshot
   for (const auto& [name, tensor_id] : registry_.names()) {
     const Tensor* tensor = registry_.Find(tensor_id);
     if (tensor == nullptr || tensor->state != v1::TENSOR_STATE_SEALED) continue;
@@ -87,7 +78,7 @@ Broker::Snapshot Broker::SnapshotLocked(const std::set<uint64_t>* stored) {
       const size_t fd_names = stored != nullptr && stored->contains(buffer->id) ? 1 : handle->fds.size();
       for (size_t i = 0; i < fd_names; ++i) entry.add_fd_names(StoredFdName(buffer->id, i));
       for (common::UniqueFd& fd : handle->fds) out.fds.push_back(std::move(fd));
-      carried.emplace(buffer->id, buffer->id);
+      carried.insert(buffer->id);
     }
     v1::SnapshotTensor& entry = *out.registry.add_tensors();
     entry.set_name(name);
@@ -110,7 +101,7 @@ void Broker::Unfreeze() {
 
 Broker::RestoreReport Broker::Restore(const v1::RegistrySnapshot& snapshot, std::vector<common::UniqueFd> fds) {
   RestoreReport report;
-  const int64_t now = NowMs();
+  const int64_t now = NowUnixMs();
   auto refuse = [&](const std::string& what, const auto& why) {
     spdlog::warn("take-over: {} refused: {}", what, std::string(why));
     ++report.refused;

@@ -38,33 +38,6 @@ const char* TypeName(int type) {
   }
 }
 
-// One passed fd, checked: a listening AF_UNIX socket bound to a path.
-absl::StatusOr<ListeningSocket> CheckPassedSocket(common::UniqueFd fd, const std::string& what) {
-  if (SocketOption(fd.get(), SO_DOMAIN) != AF_UNIX) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " is not a Unix socket"));
-  }
-  if (SocketOption(fd.get(), SO_ACCEPTCONN) != 1) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " is not listening"));
-  }
-  sockaddr_un address{};
-  socklen_t size = sizeof(address);
-  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &size) != 0) {
-    return common::ErrnoToStatus(absl::StrCat("getsockname of ", what), errno);
-  }
-  const size_t path_bytes = size > offsetof(sockaddr_un, sun_path) ? size - offsetof(sockaddr_un, sun_path) : 0;
-  if (path_bytes == 0 || address.sun_path[0] == '\0') {
-    // Clients find the daemon by a path; an abstract or unbound socket has none.
-    return absl::FailedPreconditionError(absl::StrCat(what, " is not bound to a path"));
-  }
-  std::string path(address.sun_path, strnlen(address.sun_path, path_bytes));
-  int flags = fcntl(fd.get(), F_GETFL);
-  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0 ||
-      fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
-    return common::ErrnoToStatus(absl::StrCat("set ", what, " non-blocking and close-on-exec"), errno);
-  }
-  return ListeningSocket{std::move(fd), std::move(path), /*remove_on_close=*/false};
-}
-
 }  // namespace
 
 absl::StatusOr<PassedFds> TakePassedFds() {
@@ -125,7 +98,8 @@ absl::StatusOr<PassedFds> TakePassedFds() {
     if (slot.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat(what, ": a second '", role, "' socket"));
     }
-    TENSORD_ASSIGN_OR_RETURN(ListeningSocket socket, CheckPassedSocket(std::move(fds[i]), what));
+    // The socket files are systemd's: they stay when the daemon stops.
+    TENSORD_ASSIGN_OR_RETURN(ListeningSocket socket, AdoptListening(std::move(fds[i]), want, what, false));
     slot = std::move(socket);
   }
   if (!grpc.has_value() && !fd_channel.has_value()) return passed;  // the fd store's only

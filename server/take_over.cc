@@ -46,27 +46,6 @@ absl::StatusOr<common::ReceivedMessage> Receive(int socket, size_t max_fds, v1::
   return received;
 }
 
-// A passed listening socket: its path and non-blocking mode, as ListenUnix makes them.
-absl::StatusOr<ListeningSocket> Listening(common::UniqueFd fd, int type, const char* what) {
-  int actual = -1;
-  socklen_t size = sizeof(actual);
-  if (getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &actual, &size) != 0 || actual != type) {
-    return absl::FailedPreconditionError(absl::StrCat("take-over: the ", what, " socket is of the wrong type"));
-  }
-  sockaddr_un address{};
-  socklen_t length = sizeof(address);
-  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return common::ErrnoToStatus(absl::StrCat("take-over: getsockname of the ", what, " socket"), errno);
-  }
-  const size_t path_bytes = length > offsetof(sockaddr_un, sun_path) ? length - offsetof(sockaddr_un, sun_path) : 0;
-  std::string path(address.sun_path, strnlen(address.sun_path, path_bytes));
-  int flags = fcntl(fd.get(), F_GETFL);
-  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
-    return common::ErrnoToStatus(absl::StrCat("take-over: make the ", what, " socket non-blocking"), errno);
-  }
-  return ListeningSocket{std::move(fd), std::move(path), true};
-}
-
 }  // namespace
 
 std::string TakeOverPath(const std::string& socket) { return socket + ".takeover"; }
@@ -101,8 +80,11 @@ absl::StatusOr<TakenOver> TakeOverFrom(const std::string& socket) {
   }
   out.state = message.state();
   TENSORD_ASSIGN_OR_RETURN(out.snapshot, ReadSnapshotMemfd(first.fds[0].get()));
-  TENSORD_ASSIGN_OR_RETURN(out.grpc, Listening(std::move(first.fds[1]), SOCK_STREAM, "gRPC"));
-  TENSORD_ASSIGN_OR_RETURN(out.fd_channel, Listening(std::move(first.fds[2]), SOCK_SEQPACKET, "fd-channel"));
+  // The socket files are this daemon's from now on.
+  TENSORD_ASSIGN_OR_RETURN(out.grpc, AdoptListening(std::move(first.fds[1]), SOCK_STREAM,
+                                                    "take-over: the gRPC socket", true));
+  TENSORD_ASSIGN_OR_RETURN(out.fd_channel, AdoptListening(std::move(first.fds[2]), SOCK_SEQPACKET,
+                                                          "take-over: the fd-channel socket", true));
   while (true) {
     TENSORD_ASSIGN_OR_RETURN(common::ReceivedMessage next, Receive(fd, kFdsPerMessage, &message));
     if (message.has_end()) break;

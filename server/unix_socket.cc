@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,45 @@ absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path, int type, mo
   }
   if (listen(fd.get(), 512) != 0) return common::ErrnoToStatus(absl::StrCat("listen on ", path), errno);
   return ListeningSocket{std::move(fd), path, true};
+}
+
+namespace {
+
+int SocketOption(int fd, int option) {
+  int value = -1;
+  socklen_t size = sizeof(value);
+  return getsockopt(fd, SOL_SOCKET, option, &value, &size) == 0 ? value : -1;
+}
+
+}  // namespace
+
+absl::StatusOr<ListeningSocket> AdoptListening(common::UniqueFd fd, int type, const std::string& what,
+                                               bool remove_on_close) {
+  if (SocketOption(fd.get(), SO_DOMAIN) != AF_UNIX) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not a Unix socket"));
+  }
+  if (SocketOption(fd.get(), SO_TYPE) != type) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is of the wrong type"));
+  }
+  if (SocketOption(fd.get(), SO_ACCEPTCONN) != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not listening"));
+  }
+  sockaddr_un address{};
+  socklen_t size = sizeof(address);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+    return common::ErrnoToStatus(absl::StrCat("getsockname of ", what), errno);
+  }
+  const size_t path_bytes = size > offsetof(sockaddr_un, sun_path) ? size - offsetof(sockaddr_un, sun_path) : 0;
+  if (path_bytes == 0 || address.sun_path[0] == '\0') {
+    // Clients find the daemon by a path; an abstract or unbound socket has none.
+    return absl::FailedPreconditionError(absl::StrCat(what, " is not bound to a path"));
+  }
+  std::string path(address.sun_path, strnlen(address.sun_path, path_bytes));
+  int flags = fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0 || fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
+    return common::ErrnoToStatus(absl::StrCat("set ", what, " non-blocking and close-on-exec"), errno);
+  }
+  return ListeningSocket{std::move(fd), std::move(path), remove_on_close};
 }
 
 Acceptor::Acceptor() : spare_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}

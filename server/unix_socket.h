@@ -32,6 +32,12 @@ struct ListeningSocket {
 // caller holds the lock that proves no other daemon serves it. group -1: unchanged.
 absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path, int type, mode_t mode, gid_t group);
 
+// A listening socket this process was given (by systemd, or by a daemon it takes over
+// from): checked to be a listening AF_UNIX socket of `type` bound to a path, and made
+// non-blocking and close-on-exec, as ListenUnix's are. FAILED_PRECONDITION naming `what`.
+absl::StatusOr<ListeningSocket> AdoptListening(common::UniqueFd fd, int type, const std::string& what,
+                                               bool remove_on_close);
+
 class Acceptor {
  public:
   Acceptor();
