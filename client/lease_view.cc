@@ -36,7 +36,8 @@ ViewKind ConsumerViewKind(const AcquireOptions& options) {
 }
 
 ViewKind ConsumerViewKind(const TakeOptions& options) {
-  return options.pinned ? ViewKind::kPinned : ViewKind::kPrivate;
+  if (options.pinned) return ViewKind::kPinned;
+  return options.readonly ? ViewKind::kReadOnly : ViewKind::kPrivate;
 }
 
 LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)

@@ -350,20 +350,21 @@ class PyClient {
   }
 
   std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
-                                 std::optional<double> timeout, bool pinned) {
+                                 std::optional<double> timeout, bool pinned, bool readonly) {
     std::shared_ptr<Client> client = Core();
     TensorRef ref = WaitLoop<TensorRef>("'" + name_or_prefix + "'", timeout, [&](Wait wait) {
-      return client->Take(name_or_prefix, TakeOptions{.wait = wait, .pinned = pinned});
+      return client->Take(name_or_prefix, TakeOptions{.wait = wait, .pinned = pinned, .readonly = readonly});
     });
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
   py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout,
-                    bool pinned) {
+                    bool pinned, bool readonly) {
     std::shared_ptr<Client> client = Core();
     std::vector<TensorRef> refs = WaitLoop<std::vector<TensorRef>>(
         "'" + name_or_prefix + "'", timeout, [&](Wait wait) {
-          return client->TakeMany(name_or_prefix, max_count, TakeOptions{.wait = wait, .pinned = pinned});
+          return client->TakeMany(name_or_prefix, max_count,
+                                  TakeOptions{.wait = wait, .pinned = pinned, .readonly = readonly});
         });
     py::list out;
     for (TensorRef& ref : refs) {
@@ -497,9 +498,9 @@ void BindClient(py::module_& m) {
       .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false,
            py::arg("pinned") = false)
       .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0,
-           py::arg("pinned") = false)
+           py::arg("pinned") = false, py::arg("readonly") = false)
       .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
-           py::arg("timeout") = 0.0, py::arg("pinned") = false)
+           py::arg("timeout") = 0.0, py::arg("pinned") = false, py::arg("readonly") = false)
       .def("hand_over", &PyClient::HandOver, py::arg("tensor"), py::arg("ttl") = py::none())
       .def("redeem", &PyClient::Redeem, py::arg("token"), py::arg("readonly") = false, py::arg("pinned") = false)
       .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())

@@ -118,6 +118,43 @@ TEST(RecycleTest, ABufferComesBackOnlyOnceItsLastLeaseIsGone) {
   EXPECT_TRUE(Holds(*other, 2.0f));
 }
 
+TEST(RecycleTest, AReadOnlyTakeSeesEachTensorOfARecycledBuffer) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  auto consumer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  ASSERT_NE(consumer, nullptr);
+  TakeOptions readonly{.wait = Wait::For(5s), .readonly = true};
+
+  const TensorInfo first = Produce(*producer, "r/q/1", 1.0f);
+  ASSERT_TRUE(first.recyclable);
+  auto taken = consumer->Take("r/q/", readonly);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_TRUE(taken->readonly());
+  EXPECT_EQ(taken->mutable_data(), nullptr);
+  DLManagedTensorVersioned* view = taken->ToDLPackVersioned();
+  EXPECT_NE(view->flags & kDLFlagBitMaskReadOnly, 0u);
+  view->deleter(view);
+  EXPECT_TRUE(Holds(*taken, 1.0f));
+  taken->Release();
+  ASSERT_TRUE(consumer->Flush().ok());
+  ASSERT_TRUE(AwaitStatus(*producer, [](const BrokerStatus& s) { return s.pooled_buffers == 1; }));
+
+  // The same memory carries the next tensor; the reader's kept read-only mapping shows it.
+  const TensorInfo second = Produce(*producer, "r/q/2", 2.0f);
+  ASSERT_EQ(second.buffer_id, first.buffer_id);
+  auto batch = consumer->TakeMany("r/q/", 4, readonly);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->size(), 1u);
+  EXPECT_TRUE((*batch)[0].readonly());
+  EXPECT_TRUE(Holds((*batch)[0], 2.0f));
+
+  // While the reader holds it, the buffer is not the producer's to reuse.
+  const TensorInfo third = Produce(*producer, "r/q/3", 3.0f);
+  EXPECT_NE(third.buffer_id, first.buffer_id);
+  EXPECT_TRUE(Holds((*batch)[0], 2.0f));
+}
+
 TEST(RecycleTest, OnlyTheSameNamespaceAndSessionReuseABuffer) {
   DaemonProcess daemon;
   auto producer = Connect(daemon);

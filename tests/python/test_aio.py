@@ -87,7 +87,8 @@ def test_async_for_over_a_work_queue_and_a_watch(broker, client, name):
                     break
             assert kinds == [("bound", f"{q}{i:02d}") for i in range(3)]
             taken = []
-            async for t in aclient.queue(q):
+            async for t in aclient.queue(q, readonly=True):
+                assert t.readonly
                 taken.append(int(t.numpy()[0]))
                 if len(taken) == 3:
                     break

@@ -49,3 +49,28 @@ def test_put_recycles_in_the_names_namespace(client, other, name):
     again = client.put(name("p"), np.full(BIG, 7, np.uint8))
     assert again["buffer_id"] == info["buffer_id"]
     assert np.all(other.get(again["name"]).numpy() == 7)
+
+
+def test_a_readonly_take_of_a_recycled_buffer_sees_each_batch(client, other, name):
+    prefix = name("ro") + "/"
+    t = client.empty((BIG,), "uint8", ns="py")
+    t.numpy().fill(1)
+    first = client.publish(t, prefix + "1")
+    t.release()
+
+    got = other.take(prefix, timeout=5.0, readonly=True)
+    assert got.readonly
+    a = got.numpy()
+    assert not a.flags.writeable and int(a[::4096].min()) == 1 and int(a.max()) == 1
+    del a
+    got.release()
+    other.flush()
+    wait_for(lambda: client.status()["pooled_buffers"] == 1, what="the buffer pooled")
+
+    u = client.empty((BIG,), "uint8", ns="py")
+    u.numpy().fill(2)
+    second = client.publish(u, prefix + "2")
+    u.release()
+    assert second["buffer_id"] == first["buffer_id"]
+    (again,) = other.take_many(prefix, 4, timeout=5.0, readonly=True)
+    assert again.readonly and np.all(again.numpy() == 2)

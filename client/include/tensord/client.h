@@ -255,8 +255,10 @@ struct AcquireOptions {
   uintptr_t stream = kLegacyDefaultStream;
 };
 
-// Take and TakeMany: how long to wait, and whether host tensors are mapped pinned (as
-// AcquireOptions::pinned: a trainer that takes host batches and copies them to a GPU).
+// Take and TakeMany: how long to wait, and how host tensors are mapped: shared read-only
+// (as AcquireOptions::readonly: a consumer that only reads, which also spares the release
+// of a recycled buffer its check for private pages) or pinned (as AcquireOptions::pinned: a
+// trainer that takes host batches and copies them to a GPU).
 // A take cannot be undone, so a pinned take fails before anything is unbound where this
 // process cannot pin (no driver: UNAVAILABLE), and the broker refuses a tensor that is not
 // host memory (INVALID_ARGUMENT, "it stays bound"). A mapping that fails after the take
@@ -264,6 +266,7 @@ struct AcquireOptions {
 struct TakeOptions {
   Wait wait;
   bool pinned = false;
+  bool readonly = false;
 };
 
 struct PublishOptions {

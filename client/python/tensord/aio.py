@@ -61,13 +61,14 @@ class AsyncClient:
         return await _waiting(lambda t: self.client.get_many(names, t, min_generation, readonly, pinned),
                               f"the batch of {len(names)} names", timeout)
 
-    async def take(self, name_or_prefix, timeout=0.0, pinned=False):
+    async def take(self, name_or_prefix, timeout=0.0, pinned=False, readonly=False):
         """As Client.take: a cancelled take takes nothing after it stops waiting."""
-        return await _waiting(lambda t: self.client.take(name_or_prefix, t, pinned), repr(name_or_prefix), timeout)
+        return await _waiting(lambda t: self.client.take(name_or_prefix, t, pinned, readonly), repr(name_or_prefix),
+                              timeout)
 
-    async def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False):
+    async def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False, readonly=False):
         """As Client.take_many."""
-        return await _waiting(lambda t: self.client.take_many(name_or_prefix, max_count, t, pinned),
+        return await _waiting(lambda t: self.client.take_many(name_or_prefix, max_count, t, pinned, readonly),
                               repr(name_or_prefix), timeout)
 
     async def put(self, name, obj, **kwargs):
@@ -122,11 +123,12 @@ class AsyncClient:
         """An AsyncWatch of binding changes under prefix: `async for event in ...`."""
         return AsyncWatch(self.client.watch(prefix, initial))
 
-    async def queue(self, prefix, pinned=False):
+    async def queue(self, prefix, pinned=False, readonly=False):
         """Takes the tensors published under prefix, oldest first, as they come: an async
-        iterator that waits for each (break out of it to stop)."""
+        iterator that waits for each (break out of it to stop). pinned and readonly as for
+        take()."""
         while True:
-            yield await self.take(prefix, timeout=None, pinned=pinned)
+            yield await self.take(prefix, timeout=None, pinned=pinned, readonly=readonly)
 
     async def __aenter__(self):
         return self
