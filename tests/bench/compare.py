@@ -21,6 +21,7 @@ docs/performance.md says what each row measures and how to read the targets.
 """
 
 import argparse
+import inspect
 import json
 import mmap
 import multiprocessing
@@ -235,6 +236,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
            "producers": producers, "consumers": consumers, "per_producer": per_producer,
            "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
            "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True),
+           "readonly": peer.get("readonly", False),
            # Large tensors: a window of them before the clock, as a producer that has been
            # running has handed over (peers.py, warm-up).
            "warm": window if size > 64 * KIB else 1, "warm_size": size if size > 64 * KIB else peers.WARM_SIZE}
@@ -349,6 +351,8 @@ FLOOR = "floor: fill + read of mapped memory"
 HANDOFF_PEERS = [
     {"label": "tensord single (ns)", "kind": "tensord-single", "ns": "h"},
     {"label": "tensord single nowait (ns)", "kind": "tensord-single", "ns": "n", "wait": False},
+    {"label": "tensord single, readonly take (ns)", "kind": "tensord-single", "ns": "r", "readonly": True,
+     "large_only": True},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
     {"label": "tensord batched take (ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
     {"label": "tensord batched take (own memfd)", "kind": "tensord-batched", "ns": None, "via": "take_many",
@@ -368,6 +372,8 @@ def via(peer):
     if kind == "tensord-single":
         if not peer.get("wait", True):
             return "empty(ns) + fill in place + publish(wait=False), flush() at the end -> take(prefix)"
+        if peer.get("readonly"):
+            return "empty(ns) + fill in place + publish -> take(prefix, readonly=True)"
         return "empty(ns) + fill in place + publish -> take(prefix)"
     if kind == "tensord-batched":
         consumer = ("take_many(prefix, batch)" if peer["via"] == "take_many"
@@ -395,6 +401,7 @@ def run_python(runner, log):
     import tensord
 
     has_take_many = hasattr(tensord.Client, "take_many")
+    has_readonly_take = "readonly" in inspect.signature(tensord.Client.take).parameters
     handoffs = []
     for producers, consumers in args.pairs:
         for size in (small, large):
@@ -405,6 +412,9 @@ def run_python(runner, log):
                     continue
                 if peer.get("via") == "take_many" and not has_take_many:
                     log(f"skipped {peer['label']}: this build's client has no take_many")
+                    continue
+                if peer.get("readonly") and not has_readonly_take:
+                    log(f"skipped {peer['label']}: this build's take() has no readonly")
                     continue
                 group.append(peer)
             runs = {peer["label"]: [] for peer in group}

@@ -128,7 +128,7 @@ def tensord_single_consumer(cfg, index, slots):
         def timed(start):
             checksum = 0
             for _ in range(count):
-                t = client.take(prefix, timeout=60.0)
+                t = client.take(prefix, timeout=60.0, readonly=cfg["readonly"])
                 a = t.numpy()
                 checksum += touch_pages(a)
                 del a
