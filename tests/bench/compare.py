@@ -559,6 +559,8 @@ def build_targets(cpp, first_acquire, handoffs, repeats, args):
         versus(f"fresh {size_label(handoff_large)} handoffs/s {n_m}: tensord single vs the floor",
                "tensord single (ns)", row(FLOOR, producers, consumers, handoff_large),
                1 / 1.5, f"{1 / 1.5:.2f}x (within 1.5x of the floor)")
+        versus(f"(info) fresh {size_label(handoff_large)} handoffs/s {n_m}: read-only takes vs the floor",
+               "tensord single, readonly take (ns)", row(FLOOR, producers, consumers, handoff_large), None)
 
     for kind in ("acquire_unmapped", "acquire_first", "acquire_repeated"):
         suffix = "/cache:0" if kind == "acquire_repeated" else ""
