@@ -172,7 +172,14 @@ std::string ResolveSocketPath(const ClientOptions& options) {
   return options.socket_path.empty() ? common::DefaultClientSocketPath() : options.socket_path;
 }
 
-Result<std::shared_ptr<ClientCore>> ClientCore::Create(const ClientOptions& options) {
+Result<std::shared_ptr<ClientCore>> ClientCore::Create(const ClientOptions& given) {
+  ClientOptions options = given;
+  // Kept with the core, so a session opened again (after a fork) trusts the same uids.
+  if (options.trusted_daemon_uids.empty()) {
+    absl::StatusOr<std::vector<uint32_t>> from_environment = common::TrustedDaemonUidsFromEnvironment();
+    if (!from_environment.ok()) return FromAbsl(from_environment.status());
+    options.trusted_daemon_uids = *std::move(from_environment);
+  }
   std::shared_ptr<ClientCore> core(new ClientCore(options, ResolveSocketPath(options)));
   absl::StatusOr<std::shared_ptr<Session>> session = Session::Open(options, core->socket_path_);
   if (!session.ok()) return FromAbsl(session.status());

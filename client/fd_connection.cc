@@ -24,7 +24,7 @@ absl::Status CheckDaemonUid(uid_t daemon_uid, uid_t our_uid, std::span<const uin
   return absl::PermissionDeniedError(
       "the daemon at " + path + " runs as uid " + std::to_string(daemon_uid) +
       ", which is neither root, our uid " + std::to_string(our_uid) +
-      ", nor in trusted_daemon_uids");
+      ", nor in trusted_daemon_uids ($TENSORD_TRUSTED_DAEMON_UIDS)");
 }
 
 namespace {

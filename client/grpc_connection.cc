@@ -62,7 +62,7 @@ absl::Status CheckGrpcPeer(const common::PeerCredentials& peer,
     return absl::PermissionDeniedError(absl::StrCat(
         "the gRPC socket ", socket_path, " is served by uid ", peer.uid, " (", Pid(peer.pid),
         "), which is neither root, our uid ", our_uid,
-        ", nor in trusted_daemon_uids: refusing to send the session token"));
+        ", nor in trusted_daemon_uids ($TENSORD_TRUSTED_DAEMON_UIDS): refusing to send the session token"));
   }
   return absl::OkStatus();
 }

@@ -53,6 +53,47 @@ std::string DefaultClientSocketPath() {
 
 namespace {
 
+std::string_view TrimSpaces(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint32_t>> ParseUidList(std::string_view text, std::string_view what) {
+  std::vector<uint32_t> uids;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string_view entry =
+        TrimSpaces(text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    // Decimal digits only, below 2^32 - 1 ((uid_t)-1 means "no uid" to the kernel).
+    uint64_t uid = 0;
+    bool valid = !entry.empty() && entry.size() <= 10;
+    for (char c : entry) {
+      valid = valid && c >= '0' && c <= '9';
+      if (valid) uid = uid * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (!valid || uid >= UINT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": '", std::string(entry),
+                                                     "' is not a uid (expected uids as decimal numbers "
+                                                     "separated by commas, such as 10001,10002)"));
+    }
+    uids.push_back(static_cast<uint32_t>(uid));
+    if (comma == std::string_view::npos) return uids;
+    start = comma + 1;
+  }
+}
+
+absl::StatusOr<std::vector<uint32_t>> TrustedDaemonUidsFromEnvironment() {
+  const std::string_view env = Env(kTrustedDaemonUidsEnv);
+  if (TrimSpaces(env).empty()) return std::vector<uint32_t>{};
+  return ParseUidList(env, std::string("$") + kTrustedDaemonUidsEnv);
+}
+
+namespace {
+
 bool Trusted(uid_t owner, uid_t our_uid, std::span<const uint32_t> trusted_uids) {
   if (owner == 0 || owner == our_uid) return true;
   for (uint32_t uid : trusted_uids) {
@@ -93,6 +134,10 @@ absl::Status CheckSocketDirectoryInfo(const std::string& dir, const std::string&
                            "like /tmp",
                            our_uid);
     remedy = "fix its owner or mode, or use another socket path";
+    if (is_dir && !Trusted(owner, our_uid, trusted_uids)) {
+      remedy += absl::StrFormat(
+          "; if uid %u runs the daemon, trust it (trusted_daemon_uids, $%s)", owner, kTrustedDaemonUidsEnv);
+    }
   }
   return absl::PermissionDeniedError(absl::StrFormat(
       "socket directory %s is %s owned by uid %u with mode %04o: refusing to connect to %s (%s); "

@@ -17,13 +17,26 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tensord::common {
 
 std::string DefaultDaemonSocketPath();
 std::string DefaultClientSocketPath();
+
+// The uids a client trusts as its daemon besides root and its own when it is given none
+// (ClientOptions::trusted_daemon_uids empty): $TENSORD_TRUSTED_DAEMON_UIDS, decimal uids
+// separated by commas (spaces around them allowed); none when it is unset or empty. Like
+// $TENSORD_SOCKET, it is the client's own environment, so it trusts no one the client's
+// user did not choose. INVALID_ARGUMENT naming the variable and the bad entry.
+inline constexpr char kTrustedDaemonUidsEnv[] = "TENSORD_TRUSTED_DAEMON_UIDS";
+absl::StatusOr<std::vector<uint32_t>> TrustedDaemonUidsFromEnvironment();
+// The list itself: `text` as that variable holds it; `what` names it in errors.
+absl::StatusOr<std::vector<uint32_t>> ParseUidList(std::string_view text, std::string_view what);
 // The per-user path ($XDG_RUNTIME_DIR/... or /tmp/tensord-$UID/...), ignoring root.
 std::string PerUserSocketPath();
 inline std::string FdChannelPath(const std::string& socket) { return socket + ".fd"; }

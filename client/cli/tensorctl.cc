@@ -314,12 +314,14 @@ Status WriteCOrder(int fd, const TensorInfo& t, const uint8_t* base, uint64_t it
 
 struct Globals {
   std::string socket;
+  std::vector<uint32_t> trusted_daemon_uids;
   bool json = false;
 };
 
 Result<std::unique_ptr<Client>> ConnectFromFlags(const Globals& g) {
   ClientOptions options;
   options.socket_path = g.socket;
+  options.trusted_daemon_uids = g.trusted_daemon_uids;
   options.client_name = "tensorctl";
   options.lease_cache = false;  // one-shot process: release at once
   return Client::Connect(options);
@@ -765,6 +767,10 @@ int Run(int argc, char** argv) {
   Globals g;
   app.add_option("--socket", g.socket, "broker socket (default: $TENSORD_SOCKET, the per-user "
                                        "socket, or /run/tensord/tensord.sock)");
+  app.add_option("--trusted-daemon-uid", g.trusted_daemon_uids,
+                 "a uid besides root and yours that the daemon may run as (repeatable; default: "
+                 "$TENSORD_TRUSTED_DAEMON_UIDS)")
+      ->check(CLI::Range(uint32_t{0}, uint32_t{UINT32_MAX - 1}));
   app.add_flag("--json", g.json, "machine-readable output");
   app.set_version_flag("--version", "tensorctl " TENSORD_VERSION, "print the version and exit");
   app.require_subcommand(1, 1);

@@ -308,6 +308,8 @@ struct ClientOptions {
   std::string socket_path;
   std::string client_name;  // shown by the broker; default: the program's name
   // uids besides root and our own that the daemon may run as (and own its socket directory).
+  // Empty: $TENSORD_TRUSTED_DAEMON_UIDS (uids separated by commas, such as 10001) if set;
+  // Connect answers INVALID_ARGUMENT naming the variable when it holds something else.
   std::vector<uint32_t> trusted_daemon_uids;
   // Keep a lease after its last local view goes, while the tensor is still the current
   // binding of the name it was acquired by, so a repeated Acquire needs no round trip.

@@ -423,8 +423,29 @@ class Client:
         return f"<tensord.Client socket={self.socket!r} session={self.session_id}>"
 
 
-def _connect_core(socket, client_name, lease_cache, lease_cache_linger):
-    return _tensord._Client.connect(socket, client_name, lease_cache, lease_cache_linger)
+def _connect_core(socket, client_name, lease_cache, lease_cache_linger, trusted_daemon_uids=()):
+    core = _tensord._Client.connect(socket, client_name, lease_cache, lease_cache_linger,
+                                    list(trusted_daemon_uids or ()))
+    if trusted_daemon_uids:
+        with _redeemers_lock:
+            _trusted_by_socket[core.socket] = tuple(trusted_daemon_uids)
+    return core
+
+
+def _uid_list(uids):
+    """trusted_daemon_uids as connect() takes it: None, or an iterable of uids (ints)."""
+    if uids is None:
+        return None
+    if isinstance(uids, (str, bytes)):
+        raise TypeError("trusted_daemon_uids: an iterable of uids (ints), not a string")
+    out = []
+    for uid in uids:
+        if isinstance(uid, bool) or not isinstance(uid, int):
+            raise TypeError(f"trusted_daemon_uids: {uid!r} is not a uid (an int)")
+        if not 0 <= uid < 2**32 - 1:
+            raise ValueError(f"trusted_daemon_uids: {uid} is not a uid (0 to 4294967294)")
+        out.append(uid)
+    return tuple(out)
 
 
 def _unpickled_client(settings):
@@ -432,17 +453,21 @@ def _unpickled_client(settings):
 
 
 # The clients that unpickled Tensors redeem their hand-overs with: one per broker socket
-# in this process, connected on the first use.
-_redeemers: "dict[str, Client]" = {}
+# (and the uids trusted as its daemon) in this process, connected on the first use.
+_redeemers: "dict[tuple, Client]" = {}
 _redeemers_lock = threading.Lock()
+# The daemon uids a client of this process was told to trust, by socket: a tensor pickled
+# here carries them, so its receiver trusts the daemon its sender did.
+_trusted_by_socket: "dict[str, tuple]" = {}
 
 
-def _redeemer(socket):
+def _redeemer(socket, trusted=()):
     with _redeemers_lock:
-        client = _redeemers.get(socket)
+        client = _redeemers.get((socket, trusted))
         if client is None:
-            client = _redeemers[socket] = _unpickled_client(
-                {"socket": socket, "client_name": None, "lease_cache": True, "lease_cache_linger": 2.0})
+            client = _redeemers[(socket, trusted)] = _unpickled_client(
+                {"socket": socket, "client_name": None, "lease_cache": True, "lease_cache_linger": 2.0,
+                 "trusted_daemon_uids": trusted})
         return client
 
 
@@ -450,20 +475,29 @@ def _pickled_tensor(t):
     # A pickled Tensor is a hand-over token, redeemed when it is unpickled: the receiver gets
     # its own zero-copy lease, and the sender may let its tensor go at once.
     token, socket = t._hand_over()
-    return (_unpickled_tensor, (socket, token, t.readonly))
+    with _redeemers_lock:
+        trusted = _trusted_by_socket.get(socket, ())
+    return (_unpickled_tensor, (socket, token, t.readonly, trusted))
 
 
-def _unpickled_tensor(socket, token, readonly):
-    return _redeemer(socket).redeem(token, readonly=readonly)
+def _unpickled_tensor(socket, token, readonly, trusted=()):
+    return _redeemer(socket, tuple(trusted)).redeem(token, readonly=readonly)
 
 
-def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0):
+def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0,
+            trusted_daemon_uids=None):
     """Connects to the broker. socket: the daemon's socket path; default $TENSORD_SOCKET,
     else the per-user socket if one is there, else /run/tensord/tensord.sock. lease_cache
     keeps a lease for lease_cache_linger seconds after its last view goes, while the name
-    still points at it, so a repeated get() needs no round trip."""
+    still points at it, so a repeated get() needs no round trip.
+
+    trusted_daemon_uids: uids besides root and this process's own that the daemon may run
+    as (a daemon run as a dedicated user, such as uid 10001 in deploy/); None (or empty):
+    $TENSORD_TRUSTED_DAEMON_UIDS (comma-separated uids) if set. A daemon of any other uid is
+    refused with PermissionDenied. Pickled clients and tensors carry the list."""
     settings = {"socket": None if socket is None else str(socket), "client_name": client_name,
-                "lease_cache": lease_cache, "lease_cache_linger": lease_cache_linger}
+                "lease_cache": lease_cache, "lease_cache_linger": lease_cache_linger,
+                "trusted_daemon_uids": _uid_list(trusted_daemon_uids)}
     core = _connect_core(**settings)
     settings["socket"] = core.socket  # a copy talks to this broker, whatever its environment
     return Client(core, settings)

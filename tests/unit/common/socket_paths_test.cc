@@ -174,10 +174,13 @@ TEST(SocketDirectoryTest, AnotherDirectoryBelongsToRootUsOrATrustedUidAndOnlyThe
               StatusIs(absl::StatusCode::kPermissionDenied,
                        AllOf(HasSubstr("socket directory /srv/t"), HasSubstr("owned by uid 65534"),
                              HasSubstr("mode 0755"), HasSubstr("/srv/t/tensord.sock"),
-                             HasSubstr("trusted daemon uid"))));
-  // Writable by others than its owner.
+                             HasSubstr("trusted daemon uid"),
+                             HasSubstr("if uid 65534 runs the daemon, trust it (trusted_daemon_uids, "
+                                       "$TENSORD_TRUSTED_DAEMON_UIDS)"))));
+  // Writable by others than its owner: trusting the owner would not help, so no such hint.
   EXPECT_THAT(Other(Entry(kUs, 0775)),
-              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 0775")));
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("mode 0775"), ::testing::Not(HasSubstr("trust it")))));
   EXPECT_THAT(Other(Entry(kUs, 01777)),  // sticky, but not root's
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 1777")));
   EXPECT_THAT(Other(Entry(0, 0777)),  // root's, but not sticky
@@ -221,6 +224,27 @@ TEST(SocketDirectoryTest, RealDirectoriesAreCheckedWithTheRuleForTheirPath) {
   EXPECT_THAT(CheckSocketDirectory(per_user, us, {}),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not a directory")));
   std::filesystem::remove_all(dir);
+}
+
+TEST(SocketPathsTest, TrustedDaemonUidsComeFromTheEnvironmentWhenSet) {
+  {
+    ScopedEnv unset(kTrustedDaemonUidsEnv, std::nullopt);
+    EXPECT_THAT(TrustedDaemonUidsFromEnvironment(), testing::IsOkAndHolds(::testing::IsEmpty()));
+  }
+  {
+    ScopedEnv blank(kTrustedDaemonUidsEnv, " ");
+    EXPECT_THAT(TrustedDaemonUidsFromEnvironment(), testing::IsOkAndHolds(::testing::IsEmpty()));
+  }
+  {
+    ScopedEnv two(kTrustedDaemonUidsEnv, "10001, 42 ,0");
+    EXPECT_THAT(TrustedDaemonUidsFromEnvironment(), testing::IsOkAndHolds(::testing::ElementsAre(10001u, 42u, 0u)));
+  }
+  for (const char* bad : {"abc", "10001,", "-1", "+5", "4294967295", "4294967296", "1 2", "0x10"}) {
+    ScopedEnv env(kTrustedDaemonUidsEnv, bad);
+    absl::StatusOr<std::vector<uint32_t>> uids = TrustedDaemonUidsFromEnvironment();
+    EXPECT_EQ(uids.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(uids.status().message(), HasSubstr("$TENSORD_TRUSTED_DAEMON_UIDS")) << bad;
+  }
 }
 
 TEST(SocketPathsTest, DerivedPaths) {
