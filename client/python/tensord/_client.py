@@ -316,7 +316,6 @@ class Client:
         recycled buffer then needs no check of this process's pages for private copies,
         which for big batches costs about as much CPU as reading one byte of every page.
         pinned=True is what a GPU trainer taking host batches wants (batch.to("cuda",
-        pinned=True is what a GPU trainer taking host batches wants (batch.to("cuda",
         non_blocking=True) then copies straight from the shared pages; a recycled buffer
         stays registered for the batches that reuse it). A take cannot be undone, so a
         pinned take without a CUDA driver raises Unavailable before taking anything, and a
