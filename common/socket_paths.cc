@@ -59,8 +59,7 @@ std::string_view TrimSpaces(std::string_view text) {
   return text.substr(first, text.find_last_not_of(" \t") - first + 1);
 }
 
-}  // namespace
-
+// The uids in `text`, as $TENSORD_TRUSTED_DAEMON_UIDS holds them; `what` names it in errors.
 absl::StatusOr<std::vector<uint32_t>> ParseUidList(std::string_view text, std::string_view what) {
   std::vector<uint32_t> uids;
   size_t start = 0;
@@ -85,6 +84,8 @@ absl::StatusOr<std::vector<uint32_t>> ParseUidList(std::string_view text, std::s
     start = comma + 1;
   }
 }
+
+}  // namespace
 
 absl::StatusOr<std::vector<uint32_t>> TrustedDaemonUidsFromEnvironment() {
   const std::string_view env = Env(kTrustedDaemonUidsEnv);

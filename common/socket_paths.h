@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,8 +34,6 @@ std::string DefaultClientSocketPath();
 // user did not choose. INVALID_ARGUMENT naming the variable and the bad entry.
 inline constexpr char kTrustedDaemonUidsEnv[] = "TENSORD_TRUSTED_DAEMON_UIDS";
 absl::StatusOr<std::vector<uint32_t>> TrustedDaemonUidsFromEnvironment();
-// The list itself: `text` as that variable holds it; `what` names it in errors.
-absl::StatusOr<std::vector<uint32_t>> ParseUidList(std::string_view text, std::string_view what);
 // The per-user path ($XDG_RUNTIME_DIR/... or /tmp/tensord-$UID/...), ignoring root.
 std::string PerUserSocketPath();
 inline std::string FdChannelPath(const std::string& socket) { return socket + ".fd"; }

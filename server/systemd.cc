@@ -22,13 +22,6 @@ namespace {
 
 constexpr std::chrono::seconds kStatusPeriodWithoutWatchdog{10};
 
-int SocketOption(int fd, int option) {
-  int value = -1;
-  socklen_t size = sizeof(value);
-  if (getsockopt(fd, SOL_SOCKET, option, &value, &size) != 0) return -1;
-  return value;
-}
-
 const char* TypeName(int type) {
   switch (type) {
     case SOCK_STREAM: return "SOCK_STREAM";

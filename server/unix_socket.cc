@@ -46,15 +46,11 @@ absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path, int type, mo
   return ListeningSocket{std::move(fd), path, true};
 }
 
-namespace {
-
 int SocketOption(int fd, int option) {
   int value = -1;
   socklen_t size = sizeof(value);
   return getsockopt(fd, SOL_SOCKET, option, &value, &size) == 0 ? value : -1;
 }
-
-}  // namespace
 
 absl::StatusOr<ListeningSocket> AdoptListening(common::UniqueFd fd, int type, const std::string& what,
                                                bool remove_on_close) {

@@ -32,6 +32,10 @@ struct ListeningSocket {
 // caller holds the lock that proves no other daemon serves it. group -1: unchanged.
 absl::StatusOr<ListeningSocket> ListenUnix(const std::string& path, int type, mode_t mode, gid_t group);
 
+// An int SOL_SOCKET option of `fd` (SO_TYPE, SO_DOMAIN, SO_ACCEPTCONN); -1 when it cannot
+// be read.
+int SocketOption(int fd, int option);
+
 // A listening socket this process was given (by systemd, or by a daemon it takes over
 // from): checked to be a listening AF_UNIX socket of `type` bound to a path, and made
 // non-blocking and close-on-exec, as ListenUnix's are. FAILED_PRECONDITION naming `what`.

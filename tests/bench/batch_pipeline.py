@@ -252,19 +252,12 @@ def trainer(conn, way, cfg):
 
 # ---- the driver ----
 
-def process_cpu(pid):
-    """utime + stime of a live process, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_way(runner, way, cfg, timeout=600):
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=trainer, args=(send, way, cfg))
     daemon_pid = runner.popens[0].pid
-    daemon_before = process_cpu(daemon_pid)
+    daemon_before = compare.process_cpu(daemon_pid)
     proc.start()
     send.close()  # a trainer that dies makes receive.poll() return at once
     try:
@@ -292,7 +285,7 @@ def run_way(runner, way, cfg, timeout=600):
         raise
     finally:
         proc.join()
-    result["daemon_cpu"] = process_cpu(daemon_pid) - daemon_before
+    result["daemon_cpu"] = compare.process_cpu(daemon_pid) - daemon_before
     return result
 
 

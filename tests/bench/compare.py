@@ -85,6 +85,13 @@ def parse_args():
 
 # ---- processes: everything started here is stopped in Runner.close() ----
 
+def process_cpu(pid):
+    """utime + stime of a live process, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Runner:
     def __init__(self, args):
         self.args = args

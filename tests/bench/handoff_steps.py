@@ -17,16 +17,17 @@ docs/performance.md has figures from it.
 """
 
 import argparse
-import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import compare  # noqa: E402  (the daemon runner, the CPU of a process)
+
 PAGE = 4096
 
 
@@ -42,13 +43,6 @@ def parse_args():
     if args.count <= args.warm:
         p.error("--count must be larger than --warm")
     return args
-
-
-def cpu_of(pid):
-    """utime + stime of a process, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def producer(args, socket, slots, results):
@@ -116,22 +110,17 @@ def ms(values, q):
 
 def main():
     args = parse_args()
-    directory = tempfile.mkdtemp(prefix="tensord-steps-")
-    socket = os.path.join(directory, "tensord.sock")
-    daemon = subprocess.Popen([os.path.join(args.build_dir, "server", "tensord"), "--socket", socket,
-                               "--log-level", "warn"], stdin=subprocess.DEVNULL)
+    args.tensord = os.path.join(args.build_dir, "server", "tensord")
+    runner = compare.Runner(args)  # the daemon on a private socket; close() stops everything
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.exists(socket + ".fd"):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("tensord did not start")
-            time.sleep(0.01)
+        runner.start_daemon()
+        daemon = runner.popens[0]
         sys.path.insert(0, os.path.join(args.build_dir, "python"))
-        ctx = multiprocessing.get_context("fork")
-        slots, results = ctx.Semaphore(args.window), ctx.Queue()
-        daemon_cpu0 = cpu_of(daemon.pid)
-        procs = [ctx.Process(target=f, args=(args, socket, slots, results), daemon=True)
+        slots, results = runner.ctx.Semaphore(args.window), runner.ctx.Queue()
+        daemon_cpu0 = compare.process_cpu(daemon.pid)
+        procs = [runner.ctx.Process(target=f, args=(args, runner.socket, slots, results), daemon=True)
                  for f in (consumer, producer)]
+        runner.workers += procs
         for proc in procs:
             proc.start()
         got = {}
@@ -140,10 +129,9 @@ def main():
             got[role] = (steps, cpu, rate)
         for proc in procs:
             proc.join()
-        daemon_cpu = cpu_of(daemon.pid) - daemon_cpu0
+        daemon_cpu = compare.process_cpu(daemon.pid) - daemon_cpu0
     finally:
-        daemon.terminate()
-        daemon.wait()
+        runner.close()
     timed = args.count - args.warm
     how = "read-only takes" if args.readonly else "copy-on-write takes"
     print(f"{args.mib} MiB, 1->1, {how}, {timed} tensors after {args.warm}, window {args.window}")
