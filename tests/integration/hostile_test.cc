@@ -877,7 +877,7 @@ TEST_F(HostileTest, BadNamesAreInvalidArgumentNamingTheField) {
 
 TEST_F(HostileTest, FdChannelGarbageTruncatedAndOversizedDatagramsAreRefused) {
   v1::StatusResponse baseline = GetStatus();
-  int fds_before = CountFds(pid());
+  int fds_before = StableFdCount(pid());
   {
     common::UniqueFd fd = ConnectFdChannel(daemon_->socket());
     ASSERT_TRUE(SendRaw(fd.get(), std::string(64, '\xff')));
@@ -912,7 +912,7 @@ TEST_F(HostileTest, FdChannelGarbageTruncatedAndOversizedDatagramsAreRefused) {
     ASSERT_TRUE(SendRaw(session.fd.get(), ""));
     EXPECT_EQ(Receive(session.fd.get()).kind, FdReply::kClosed);
   }
-  EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before);
+  EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before) << FdTargets(pid());
   ExpectIntact("fd-channel garbage", baseline);
 }
 
@@ -980,7 +980,7 @@ TEST_F(HostileTest, FdChannelWrongVersionsAndMessagesBeforeHelloAreRefused) {
 
 TEST_F(HostileTest, FdChannelStrayFdsAreClosedAndTheMessageRefused) {
   v1::StatusResponse baseline = GetStatus();
-  int fds_before = CountFds(pid());
+  int fds_before = StableFdCount(pid());
   auto memfd = common::CreateSealedMemfd("stray", 4096);
   ASSERT_TRUE(memfd.ok()) << memfd.status();
   const int stray[3] = {memfd->get(), memfd->get(), STDERR_FILENO};
@@ -1016,13 +1016,13 @@ TEST_F(HostileTest, FdChannelStrayFdsAreClosedAndTheMessageRefused) {
     ExpectErrorThenClose(session.fd.get(), grpc::StatusCode::INVALID_ARGUMENT, "0 fds", "stage without an fd");
   }
   // Every fd we sent was closed by the daemon: its table is as it was.
-  EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before);
+  EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before) << FdTargets(pid());
   ExpectIntact("stray fds", baseline);
 }
 
 TEST_F(HostileTest, FdChannelStagedFdsAreCappedAndGoWithTheSession) {
   GetStatus();  // so that our gRPC connection is part of the baseline
-  int fds_before = CountFds(pid());
+  int fds_before = StableFdCount(pid());
   RawSession session = OpenSession(daemon_->socket());
   int pipe_fds[2];
   ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
@@ -1052,7 +1052,7 @@ TEST_F(HostileTest, FdChannelStagedFdsAreCappedAndGoWithTheSession) {
   grpc::Status exported = stub_->Export(&context, request, &response);
   EXPECT_EQ(CodeName(exported.error_code()), "FAILED_PRECONDITION") << exported.error_message();
   session.fd.reset();
-  EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before) << "staged fds outlived their session";
+  EXPECT_EQ(SettledFdCount(pid(), fds_before), fds_before) << "staged fds outlived their session\n" << FdTargets(pid());
 
   // A real memfd with a tensor placed past its end, or past 2^64: refused, nothing made.
   v1::StatusResponse baseline = GetStatus();

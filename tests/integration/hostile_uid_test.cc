@@ -367,13 +367,7 @@ TEST_F(HostileUidTest, MetadataAndHostMemoryOutsideAclNamespacesAreBoundedPerUid
 }
 
 TEST_F(HostileUidTest, SealsAReaderAddsChangeNothingForTheBrokerOrOtherReaders) {
-  // Connections of the set-up's client may still be closing: wait for the count to settle.
-  int fds_before = CountFds(daemon_->pid());
-  for (int stable = 0; stable < 5; std::this_thread::sleep_for(50ms)) {
-    int now = CountFds(daemon_->pid());
-    stable = now == fds_before ? stable + 1 : 0;
-    fds_before = now;
-  }
+  const int fds_before = StableFdCount(daemon_->pid());
   Checks reader = RunAs(kNobody, kNogroup, [&](Reporter& report) {
     Wire wire(socket_);
     v1::AcquireResponse acquired;
@@ -416,7 +410,7 @@ TEST_F(HostileUidTest, SealsAReaderAddsChangeNothingForTheBrokerOrOtherReaders) 
   EXPECT_EQ(root["republish"], "OK");
   EXPECT_EQ(root["delete"], "OK");
   // Both buffers are gone with their last hold: the sealed one is closed like any other.
-  EXPECT_EQ(SettledFdCount(daemon_->pid(), fds_before - 1), fds_before - 1);
+  EXPECT_EQ(SettledFdCount(daemon_->pid(), fds_before - 1), fds_before - 1) << FdTargets(daemon_->pid());
 }
 
 }  // namespace

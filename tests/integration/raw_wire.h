@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -54,6 +55,37 @@ inline int CountFds(pid_t pid) {
   }
   closedir(dir);
   return count;
+}
+
+// The fd count once it has held still for 250 ms. Take a baseline with this, not CountFds:
+// a connection closed just before (the fixture's readiness probe, a set-up client) may not
+// be closed on the daemon's side yet, and would leave the baseline one too high.
+inline int StableFdCount(pid_t pid) {
+  int count = CountFds(pid);
+  for (int unchanged = 0; unchanged < 5;) {
+    std::this_thread::sleep_for(50ms);
+    const int now = CountFds(pid);
+    unchanged = now == count ? unchanged + 1 : 0;
+    count = now;
+  }
+  return count;
+}
+
+// What each open fd points at ("4 socket:[1234]", "9 /memfd:stray (deleted)"), one per
+// line: a failed fd count shows which fd it was.
+inline std::string FdTargets(pid_t pid) {
+  const std::string dir_path = "/proc/" + std::to_string(pid) + "/fd";
+  std::string out;
+  DIR* dir = opendir(dir_path.c_str());
+  if (dir == nullptr) return dir_path + ": " + std::strerror(errno);
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    char target[256];
+    const ssize_t n = readlink((dir_path + "/" + entry->d_name).c_str(), target, sizeof(target) - 1);
+    out += std::string(entry->d_name) + " " + (n < 0 ? std::string("?") : std::string(target, n)) + "\n";
+  }
+  closedir(dir);
+  return out;
 }
 
 // Waits up to 5 s for the daemon's fd count to come back to `expected`.
