@@ -349,7 +349,8 @@ std::vector<std::string> AsUser(uid_t uid, gid_t gid, const std::vector<std::str
 
 // Waits until a daemon serves on `socket`; false when it did not within 4 s.
 bool Serving(const std::string& socket) {
-  for (int i = 0; i < 400; ++i) {
+  // A sanitized daemon on a loaded machine can take seconds to start.
+  for (auto deadline = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < deadline;) {
     struct stat info{};
     if (stat(socket.c_str(), &info) == 0 && Accepts(socket + ".fd")) return true;
     std::this_thread::sleep_for(10ms);

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -17,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/proc_info.h"
 #include "tests/integration/publish_filled.h"
 #include "tests/integration/test_client.h"
 
@@ -25,19 +25,12 @@ namespace {
 
 using testing::ChildProcess;
 using testing::Connect;
+using testing::CountFds;
 using testing::DaemonProcess;
+using testing::FdTargets;
 using testing::PeerArgs;
 using testing::PublishFilled;
 using namespace std::chrono_literals;
-
-size_t OpenFds(pid_t pid) {
-  size_t n = 0;
-  for ([[maybe_unused]] const auto& entry :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
-    ++n;
-  }
-  return n;
-}
 
 // What must come back to where it was once every killed process is gone.
 struct Footprint {
@@ -46,7 +39,7 @@ struct Footprint {
   uint64_t leases = 0;
   uint64_t sessions = 0;
   uint64_t host_bytes = 0;
-  size_t fds = 0;
+  int fds = 0;
   bool operator==(const Footprint&) const = default;
 };
 
@@ -67,7 +60,21 @@ Footprint Measure(Client& client, pid_t daemon_pid) {
     f.sessions = status->sessions;
     f.host_bytes = status->host_bytes_in_use;
   }
-  f.fds = OpenFds(daemon_pid);
+  f.fds = CountFds(daemon_pid);
+  return f;
+}
+
+// The footprint once it has held still for 250 ms: the baseline a test compares with. Right
+// after a connect, a connection closed just before (the fixture's readiness probe) may still
+// be closing on the daemon's side and hold an fd.
+Footprint StableFootprint(Client& client, pid_t daemon_pid) {
+  Footprint f = Measure(client, daemon_pid);
+  for (int unchanged = 0; unchanged < 5;) {
+    std::this_thread::sleep_for(50ms);
+    const Footprint now = Measure(client, daemon_pid);
+    unchanged = now == f ? unchanged + 1 : 0;
+    f = now;
+  }
   return f;
 }
 
@@ -87,7 +94,7 @@ TEST(Crash, KilledConsumersAndProducersLeakNothing) {
   auto client = Connect(daemon);
   ASSERT_TRUE(PublishFilled(*client, "ns/shared", 1 << 16, 1.5f).ok());
   ASSERT_TRUE(client->Flush().ok());
-  const Footprint baseline = Measure(*client, daemon.pid());
+  const Footprint baseline = StableFootprint(*client, daemon.pid());
   ASSERT_EQ(baseline.tensors, 1u);
   ASSERT_EQ(baseline.leases, 0u);
 
@@ -112,7 +119,7 @@ TEST(Crash, KilledConsumersAndProducersLeakNothing) {
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     }
     Footprint after = AwaitFootprint(*client, daemon.pid(), baseline);
-    EXPECT_EQ(after, baseline) << "round " << round;
+    EXPECT_EQ(after, baseline) << "round " << round << "; the daemon's fds:\n" << FdTargets(daemon.pid());
   }
   ASSERT_TRUE(client->Delete("ns/shared").ok());
   // The tensor's slot is free; its arena stays as this client's pool while it is connected.
@@ -179,7 +186,7 @@ TEST(Crash, KilledDaemonGivesUnavailableKeepsMappingsAndClientsReconnect) {
 TEST(Crash, ProcessesKilledWhileWaitingLeaveNoWaitBehind) {
   DaemonProcess daemon;
   auto client = Connect(daemon);
-  const Footprint baseline = Measure(*client, daemon.pid());
+  const Footprint baseline = StableFootprint(*client, daemon.pid());
   std::vector<std::unique_ptr<ChildProcess>> waiters;
   for (int i = 0; i < 8; ++i) {
     // Waits forever for a name nobody has published yet.
@@ -193,7 +200,7 @@ TEST(Crash, ProcessesKilledWhileWaitingLeaveNoWaitBehind) {
     std::this_thread::sleep_for(5ms);
   }
   for (auto& waiter : waiters) waiter->Kill(SIGKILL);
-  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline);
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline) << FdTargets(daemon.pid());
   // A publish now must not be handed to any of the dead waiters.
   ASSERT_TRUE(PublishFilled(*client, "ns/later", 8, 1.0f).ok());
   ASSERT_TRUE(client->Flush().ok());  // the producer's own lease
@@ -208,7 +215,7 @@ TEST(Crash, ProcessesKilledWhileWaitingLeaveNoWaitBehind) {
 TEST(Crash, AHandOverOutlivesItsKilledSenderAndIsRedeemedOnce) {
   DaemonProcess daemon;
   auto client = Connect(daemon);
-  const Footprint baseline = Measure(*client, daemon.pid());
+  const Footprint baseline = StableFootprint(*client, daemon.pid());
   // Published by a process of its own, so that no pool or arena of ours keeps memory.
   ChildProcess producer(PeerArgs({"produce", daemon.socket(), "ns/batch", "1024", "2.5"}));
   ASSERT_NE(producer.WaitForLine("published"), "");
@@ -230,20 +237,20 @@ TEST(Crash, AHandOverOutlivesItsKilledSenderAndIsRedeemedOnce) {
   EXPECT_EQ(client->Redeem(token).status().code(), StatusCode::kNotFound) << "a token is good once";
   redeemed->Release();
   ASSERT_TRUE(client->Flush().ok());
-  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline);
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline) << FdTargets(daemon.pid());
 }
 
 TEST(Crash, AHandOverNobodyRedeemsExpiresAndLeavesNothing) {
   DaemonProcess daemon;
   auto client = Connect(daemon);
-  const Footprint baseline = Measure(*client, daemon.pid());
+  const Footprint baseline = StableFootprint(*client, daemon.pid());
   ChildProcess producer(PeerArgs({"produce", daemon.socket(), "ns/lost", "1048576", "1"}));  // 4 MiB
   ASSERT_NE(producer.WaitForLine("published"), "");
   ChildProcess sender(PeerArgs({"hand-over", daemon.socket(), "ns/lost", "300"}));
   const std::string line = sender.WaitForLine("token ");
   ASSERT_NE(line, "");
   sender.Kill(SIGKILL);
-  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline);
+  EXPECT_EQ(AwaitFootprint(*client, daemon.pid(), baseline), baseline) << FdTargets(daemon.pid());
   EXPECT_EQ(client->GetStatus()->hand_overs_pending, 0u);
   std::istringstream words(line.substr(6));
   std::string token;

@@ -133,13 +133,15 @@ class DaemonProcess {
     argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
     process_.Start(argv);
     // Serving means both sockets exist and the fd channel accepts (a killed daemon may
-    // have left stale socket files behind: the new one must replace them).
-    for (int i = 0; i < 400; ++i) {
+    // have left stale socket files behind: the new one must replace them). A sanitized
+    // daemon on a loaded machine can take seconds to start.
+    for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+         std::chrono::steady_clock::now() < deadline;) {
       struct stat info{};
       if (stat(socket_.c_str(), &info) == 0 && Accepts(socket_ + ".fd")) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ADD_FAILURE() << "tensord did not start serving on " << socket_;
+    ADD_FAILURE() << "tensord did not start serving on " << socket_ << " within 30 s";
   }
   // Sends `signal` and reaps; returns the wait status.
   int Kill(int signal) { return process_.Kill(signal); }

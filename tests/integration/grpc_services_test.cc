@@ -114,7 +114,7 @@ TEST_F(GrpcServicesTest, HealthWatchSendsServingThenNotServingWhenTheDaemonDrain
   EXPECT_TRUE(status.ok()) << status.error_message();
   int exit_status = daemon_.Stop();  // already going: reaps it
   EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0) << exit_status;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4500ms);  // under the drain's 5 s
 }
 
 TEST_F(GrpcServicesTest, HealthWatchOfAnUnknownServiceSaysServiceUnknown) {

@@ -482,7 +482,8 @@ TEST(Integration, SigtermEndsAWaitingAcquireAndExitsWithoutWaitingForIdleClients
     int status = daemon.Stop();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     // The drain allows 5 s for calls in flight; the ended wait and an idle client are not.
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+    // (The bound leaves a sanitized daemon's exit time to spare, and still tells the two apart.)
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4500ms);
   });
   AcquireOptions patient;
   patient.wait = Wait::For(30s);

@@ -4,7 +4,6 @@
 // and tensord_common, never libtensord.so.
 #pragma once
 
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -44,59 +43,6 @@ inline constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
 // What the daemon process looks like from outside.
 
 inline bool Alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0; }
-
-inline int CountFds(pid_t pid) {
-  std::string path = "/proc/" + std::to_string(pid) + "/fd";
-  DIR* dir = opendir(path.c_str());
-  if (dir == nullptr) return -1;
-  int count = 0;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] != '.') ++count;
-  }
-  closedir(dir);
-  return count;
-}
-
-// The fd count once it has held still for 250 ms. Take a baseline with this, not CountFds:
-// a connection closed just before (the fixture's readiness probe, a set-up client) may not
-// be closed on the daemon's side yet, and would leave the baseline one too high.
-inline int StableFdCount(pid_t pid) {
-  int count = CountFds(pid);
-  for (int unchanged = 0; unchanged < 5;) {
-    std::this_thread::sleep_for(50ms);
-    const int now = CountFds(pid);
-    unchanged = now == count ? unchanged + 1 : 0;
-    count = now;
-  }
-  return count;
-}
-
-// What each open fd points at ("4 socket:[1234]", "9 /memfd:stray (deleted)"), one per
-// line: a failed fd count shows which fd it was.
-inline std::string FdTargets(pid_t pid) {
-  const std::string dir_path = "/proc/" + std::to_string(pid) + "/fd";
-  std::string out;
-  DIR* dir = opendir(dir_path.c_str());
-  if (dir == nullptr) return dir_path + ": " + std::strerror(errno);
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    char target[256];
-    const ssize_t n = readlink((dir_path + "/" + entry->d_name).c_str(), target, sizeof(target) - 1);
-    out += std::string(entry->d_name) + " " + (n < 0 ? std::string("?") : std::string(target, n)) + "\n";
-  }
-  closedir(dir);
-  return out;
-}
-
-// Waits up to 5 s for the daemon's fd count to come back to `expected`.
-inline int SettledFdCount(pid_t pid, int expected) {
-  int count = CountFds(pid);
-  for (auto deadline = std::chrono::steady_clock::now() + 5s;
-       count != expected && std::chrono::steady_clock::now() < deadline; count = CountFds(pid)) {
-    std::this_thread::sleep_for(10ms);
-  }
-  return count;
-}
 
 // ---------------------------------------------------------------------------------------
 // The fd channel, spoken by hand.

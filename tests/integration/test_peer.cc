@@ -150,8 +150,8 @@ int main(int argc, char** argv) {
     std::atomic<bool> saw_end{false};
     std::atomic<int> last_sync{-1};  // the highest "<PREFIX>sync-<k>" the watcher saw bound
     std::thread watching([&] {
-      // Until "<PREFIX>end" is seen bound, or 60 s.
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      // Until "<PREFIX>end" is seen bound, or 180 s (sanitized forks on a loaded machine are slow).
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
       while (std::chrono::steady_clock::now() < deadline) {
         auto event = (*watcher)->Next(std::chrono::milliseconds(50));
         if (!event.ok()) return;

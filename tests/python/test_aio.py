@@ -31,7 +31,7 @@ def test_a_get_waits_without_blocking_the_loop(broker, name):
         clock = asyncio.create_task(ticker())
         waiting = asyncio.create_task(client.get(n, timeout=10))
         await asyncio.sleep(0.5)
-        assert not waiting.done() and ticks >= 20  # the loop ran while the get waited
+        assert not waiting.done() and ticks >= 5  # the loop ran while the get waited
         await client.put(n, np.arange(4))
         t = await waiting
         clock.cancel()
@@ -64,7 +64,7 @@ def test_a_cancelled_take_takes_nothing_after_it_stops(broker, client, name):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.5)  # longer than a wait slice: the thread has stopped waiting
+        await asyncio.sleep(1.5)  # several wait slices (0.25 s): the thread has stopped waiting
         await aclient.put(q + "0", np.ones(2))
         await asyncio.sleep(0.3)
         assert [e["name"] for e in await aclient.list(q)] == [q + "0"]  # still there
@@ -93,7 +93,7 @@ def test_async_for_over_a_work_queue_and_a_watch(broker, client, name):
                 if len(taken) == 3:
                     break
             assert taken == [0, 1, 2]
-            assert await events.next(timeout=0.3) is not None  # the takes unbound them
+            assert await events.next(timeout=5) is not None  # the takes unbound them
         assert await aclient.list(q) == []
 
     run(main())
