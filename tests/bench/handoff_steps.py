@@ -8,11 +8,13 @@ read one byte of every page + release, at most --window tensors in flight. After
 tensors (recycled buffers in place, mappings kept), each step's p50/p90/max over the rest,
 each process's CPU per tensor (time.process_time over the same tensors; the daemon's from
 /proc, over the whole run) and the rate the consumer saw. --readonly takes read-only
-(no copy-on-write, no scan for private pages before a release). The daemon runs on a
+(no copy-on-write, no scan for private pages before a release); --nowait publishes without
+waiting for the broker's answer (publish(wait=False), flush() at the end), as compare.py's
+"tensord single nowait (ns)" row does. The daemon runs on a
 private socket; every process is forked from this driver, which never connects.
 
 Run with Debian's /usr/bin/python3 from the repository root:
-    /usr/bin/python3 tests/bench/handoff_steps.py --build-dir build [--mib 64] [--readonly]
+    /usr/bin/python3 tests/bench/handoff_steps.py --build-dir build [--mib 64] [--readonly] [--nowait]
 docs/performance.md has figures from it.
 """
 
@@ -39,6 +41,7 @@ def parse_args():
     p.add_argument("--warm", type=int, default=20, help="first tensors left out of the figures (default 20)")
     p.add_argument("--window", type=int, default=8, help="tensors in flight at most (default 8)")
     p.add_argument("--readonly", action="store_true", help="the consumer takes read-only")
+    p.add_argument("--nowait", action="store_true", help="the producer publishes with wait=False")
     args = p.parse_args()
     if args.count <= args.warm:
         p.error("--count must be larger than --warm")
@@ -63,13 +66,14 @@ def producer(args, socket, slots, results):
         a.fill(i & 0xFF)
         del a
         t2 = time.perf_counter()
-        client.publish(t, f"steps/q/{i}")
+        client.publish(t, f"steps/q/{i}", wait=not args.nowait)
         t3 = time.perf_counter()
         t.release()
         t4 = time.perf_counter()
         if i >= args.warm:
             for step, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 steps[step].append(seconds)
+    client.flush()  # raises if any publish failed
     results.put(("producer", steps, time.process_time() - cpu0, None))
 
 
@@ -134,6 +138,8 @@ def main():
         runner.close()
     timed = args.count - args.warm
     how = "read-only takes" if args.readonly else "copy-on-write takes"
+    if args.nowait:
+        how += ", publish(wait=False)"
     print(f"{args.mib} MiB, 1->1, {how}, {timed} tensors after {args.warm}, window {args.window}")
     print(f"rate: {got['consumer'][2]:.1f} tensors/s ({got['consumer'][2] * (args.mib << 20) / 1e9:.2f} GB/s)")
     for role in ("producer", "consumer"):
