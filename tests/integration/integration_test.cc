@@ -24,6 +24,23 @@ using testing::DaemonProcess;
 using testing::PeerArgs;
 using namespace std::chrono_literals;
 
+// GCC 12's AddressSanitizer does not hold its allocator's locks across fork(): a child forked
+// while another thread of the parent is inside malloc blocks forever in its own first malloc
+// (seen in CI: every thread of such a child waiting in SizeClassAllocator64::GetFromAllocator).
+// glibc's malloc, which the regular build uses, takes its locks around fork(). Tests that fork
+// again and again from a process whose threads are busy run in the other builds.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 // Polls Stat until `pred` holds or 10 s pass.
 template <typename Pred>
 bool WaitForStat(Client& client, const std::string& name, Pred pred) {
@@ -311,6 +328,10 @@ TEST(Integration, ForkedChildNeverKeepsItsParentsSessionAlive) {
 // own, the parent's wait survives every fork (no item lost or taken twice), and its
 // watcher keeps delivering (with a RESET after each fork gap).
 TEST(Integration, BackToBackForksWithWaitsAndWatchersInFlight) {
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "45 forks beside busy threads can deadlock a child inside AddressSanitizer's "
+                    "allocator (see kAddressSanitizer); checked in the regular and TSan builds";
+  }
   DaemonProcess daemon;
   auto client = Connect(daemon);
   ASSERT_TRUE(PublishFilled(*client, "ns/shared", 16, 1.0f).ok());
