@@ -263,6 +263,23 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> RpcChannel::StreamCall
   return results;
 }
 
+absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> RpcChannel::StreamStart(
+    tensord::v1::SessionRequest request) {
+  TENSORD_ASSIGN_OR_RETURN(std::shared_ptr<SessionStream> stream, Stream());
+  return SessionStream::Start(std::move(stream), std::move(request));
+}
+
+absl::StatusOr<tensord::v1::SessionResponse> RpcChannel::Await(SessionStream::PendingCall& call,
+                                                               std::chrono::milliseconds wait) {
+  absl::StatusOr<tensord::v1::SessionResponse> reply = call.Await(SessionStream::Clock::now() + wait);
+  if (call.stream().IsInterruptedByDrain(reply)) {
+    return absl::UnavailableError("a fork() drained the session stream before the broker answered");
+  }
+  if (!reply.ok()) return reply.status();
+  if (reply->has_error()) return ToAbsl(FromRpcError(reply->error()));
+  return reply;
+}
+
 void RpcChannel::ShortenWait(tensord::v1::SessionRequest& request,
                              std::optional<SessionStream::Clock::time_point> deadline) {
   if (!deadline.has_value()) return;

@@ -122,6 +122,12 @@ class RpcChannel {
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> StreamCallMany(
       std::vector<tensord::v1::SessionRequest> requests,
       std::optional<std::chrono::milliseconds> wait);
+  // Sends `request` on the stream and returns at once; Await() gets its reply. A call a
+  // fork's drain interrupted is not retried: its caller asks again if it still wants it.
+  absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> StreamStart(tensord::v1::SessionRequest request);
+  // The reply of a started call, an error reply as its status, waiting up to `wait`.
+  static absl::StatusOr<tensord::v1::SessionResponse> Await(SessionStream::PendingCall& call,
+                                                            std::chrono::milliseconds wait);
   // Opens a stream unless one is open and unbroken (without waiting for a fork then).
   void KeepStreamOpen();
   // Closes the stream where it is: calls on it fail from now on (process exit).

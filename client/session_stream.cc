@@ -506,4 +506,55 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   return results;
 }
 
+absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> SessionStream::Start(
+    std::shared_ptr<SessionStream> stream, tensord::v1::SessionRequest request) {
+  SessionStream& s = *stream;
+  std::unique_ptr<PendingCall> call(new PendingCall(std::move(stream)));
+  call->waiter_.outstanding = &call->outstanding_;
+  bool poll = false;
+  {
+    absl::MutexLock lock(&s.mu_);
+    TENSORD_RETURN_IF_ERROR(s.RefuseWrites());
+    call->seq_ = s.next_seq_++;
+    request.set_seq(call->seq_);
+    s.pending_[call->seq_] = &call->waiter_;
+    s.EnqueueLocked(std::move(request));
+    // Nobody may be polling to start the writes queued behind one in flight.
+    poll = s.ClaimPollerForQueuedWritesLocked();
+  }
+  if (poll) s.PollReady();
+  return call;
+}
+
+absl::StatusOr<tensord::v1::SessionResponse> SessionStream::PendingCall::Await(
+    std::optional<Clock::time_point> deadline) {
+  SessionStream& s = *stream_;
+  if (!s.WaitUntil([this]() { return outstanding_ == 0; }, deadline)) {
+    absl::MutexLock lock(&s.mu_);
+    if (!waiter_.done) {
+      // Too late now; a reply that still comes goes to the orphan handler.
+      s.pending_.erase(seq_);
+      Complete(&waiter_, absl::DeadlineExceededError(
+                             "the broker did not answer on the session stream in time"));
+    }
+  }
+  awaited_ = true;
+  // Done and out of pending_: nothing else touches the waiter any more.
+  return std::move(waiter_.result);
+}
+
+SessionStream::PendingCall::~PendingCall() {
+  if (awaited_) return;
+  SessionStream& s = *stream_;
+  {
+    absl::MutexLock lock(&s.mu_);
+    if (!waiter_.done) {
+      // The reply has not come: when it does, nobody waits for it.
+      s.pending_.erase(seq_);
+      return;
+    }
+  }
+  if (waiter_.result.ok() && s.on_orphan_) s.on_orphan_(*waiter_.result);
+}
+
 }  // namespace tensord::internal

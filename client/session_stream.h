@@ -10,6 +10,9 @@
 // waits for every reply up to one deadline and returns one result per request, in order. A
 // request not answered by the deadline gets DEADLINE_EXCEEDED (its late reply goes to the
 // orphan handler); if the stream breaks, every outstanding request gets UNAVAILABLE.
+// Start() sends one request as Call() does and returns at once: the caller collects the
+// reply later from the PendingCall, or gives it up (destroys it uncollected), and a reply
+// given up goes to the orphan handler, so a lease it grants is released.
 // Send() writes a request with seq 0 (a release that wants no reply). SendQuiet() writes a
 // quiet publish: it gets a seq, but the broker answers it only if it fails. Seqs are handed
 // out in write order, which is the order the broker handles requests and queues their
@@ -61,6 +64,13 @@
 namespace tensord::internal {
 
 class SessionStream {
+  // One request's reply, as the poller hands it over.
+  struct Waiter {
+    bool done = false;
+    absl::StatusOr<tensord::v1::SessionResponse> result;
+    size_t* outstanding = nullptr;  // the batch's count of waiters not done, under mu_
+  };
+
  public:
   using Handler = std::function<void(const tensord::v1::SessionResponse&)>;
   // A quiet request failed or was lost; the status names it by its label.
@@ -80,6 +90,29 @@ class SessionStream {
                                                     std::optional<Clock::time_point> deadline);
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> CallMany(
       std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline);
+  // A request sent by Start(). Destroying it before Await() gives the reply up: one that came
+  // already, and one that comes later, goes to the orphan handler. It keeps its stream
+  // alive (a call in flight, for fork()) until it is destroyed.
+  class PendingCall {
+   public:
+    ~PendingCall();
+    PendingCall(const PendingCall&) = delete;
+    PendingCall& operator=(const PendingCall&) = delete;
+    // The reply (as Call() returns it), waiting for it up to `deadline`. Once only.
+    absl::StatusOr<tensord::v1::SessionResponse> Await(std::optional<Clock::time_point> deadline);
+    const SessionStream& stream() const { return *stream_; }
+
+   private:
+    friend class SessionStream;
+    explicit PendingCall(std::shared_ptr<SessionStream> stream) : stream_(std::move(stream)) {}
+    const std::shared_ptr<SessionStream> stream_;
+    uint64_t seq_ = 0;
+    Waiter waiter_;
+    size_t outstanding_ = 1;  // under the stream's mu_
+    bool awaited_ = false;
+  };
+  static absl::StatusOr<std::unique_ptr<PendingCall>> Start(std::shared_ptr<SessionStream> stream,
+                                                            tensord::v1::SessionRequest request);
   absl::Status Send(tensord::v1::SessionRequest request);
   // `label` names the request in a failure ("publish 'a/b'"). An error here means it was not
   // sent.
@@ -99,11 +132,6 @@ class SessionStream {
   void AbandonInForkedChild() noexcept;
 
  private:
-  struct Waiter {
-    bool done = false;
-    absl::StatusOr<tensord::v1::SessionResponse> result;
-    size_t* outstanding = nullptr;  // the batch's count of waiters not done, under mu_
-  };
   struct QuietRequest {
     uint64_t seq;
     std::string label;

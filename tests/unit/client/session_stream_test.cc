@@ -124,6 +124,7 @@ class Harness {
     std::filesystem::remove_all(dir_);
   }
   SessionStream& stream() { return *stream_; }
+  const std::shared_ptr<SessionStream>& shared_stream() { return stream_; }
   std::vector<SessionResponse> pushes() {
     std::lock_guard<std::mutex> lock(mu_);
     return pushes_;
@@ -157,7 +158,7 @@ class Harness {
   std::string dir_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<tensord::v1::Broker::Stub> stub_;
-  std::unique_ptr<SessionStream> stream_;
+  std::shared_ptr<SessionStream> stream_;
   std::mutex mu_;
   std::vector<SessionResponse> pushes_;
   std::vector<SessionResponse> orphans_;
@@ -346,6 +347,40 @@ TEST(SessionStreamTest, OnlyTheUnansweredTimeOutAndTheirLateRepliesAreOrphans) {
   std::vector<SessionResponse> orphans = h.WaitOrphans(1);
   ASSERT_EQ(orphans.size(), 1u);
   EXPECT_EQ(orphans[0].publish().tensor().tensor_id(), 41u);
+}
+
+TEST(SessionStreamTest, AStartedCallIsCollectedLaterAndOneGivenUpGoesToTheOrphanHandler) {
+  absl::Notification late;
+  Harness h([&](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 3, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short");
+    // The second call's reply first: by the time the first one is collected, the second
+    // one's reply has been handed over (the poller reads in order).
+    stream->Write(ReplyTo(seen[1]));
+    stream->Write(ReplyTo(seen[0]));
+    late.WaitForNotification();
+    stream->Write(ReplyTo(seen[2]));
+    SessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return grpc::Status::OK;
+  });
+  auto first = SessionStream::Start(h.shared_stream(), Marked(60));
+  auto second = SessionStream::Start(h.shared_stream(), Marked(61));
+  auto third = SessionStream::Start(h.shared_stream(), Marked(62));
+  ASSERT_TRUE(first.ok() && second.ok() && third.ok());
+  absl::StatusOr<SessionResponse> reply = (*first)->Await(Clock::now() + 10s);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->publish().tensor().tensor_id(), 60u);
+  // Given up after its reply came, and before its reply comes: both reach the handler.
+  second->reset();
+  third->reset();
+  late.Notify();
+  std::vector<SessionResponse> orphans = h.WaitOrphans(2);
+  ASSERT_EQ(orphans.size(), 2u);
+  EXPECT_EQ(orphans[0].publish().tensor().tensor_id(), 61u);
+  EXPECT_EQ(orphans[1].publish().tensor().tensor_id(), 62u);
+  EXPECT_FALSE(h.stream().broken());
 }
 
 TEST(SessionStreamTest, QuietRequestsAreAnsweredOnlyWhenTheyFailAndALaterReplyConfirmsThem) {
