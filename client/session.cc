@@ -83,6 +83,8 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
 
 Session::~Session() {
   channel_.MarkClosing();
+  // Its call holds the stream, which must go before the channel.
+  (void)ahead_.Take();
   if (sender_ != nullptr) sender_->Stop();
   // Closing the session releases every lease: not before this process's device work on
   // them has finished.
@@ -263,15 +265,31 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
       return pooled;
     }
   }
+  // Recycling works within a namespace only, and so does allocating ahead.
+  std::string ahead_key;
+  std::optional<tensord::v1::SessionRequest> ahead_request;
+  bool released_ahead = false;
+  if (options_.allocate_ahead && !ns.empty()) {
+    ahead_key = AllocateAhead::KeyOf(request.allocate());
+    if (std::optional<AllocateAhead::Entry> ahead = ahead_.Take(); ahead.has_value()) {
+      if (ahead->key != ahead_key) {
+        released_ahead = ReleaseAhead(*std::move(ahead));
+      } else if (LeaseView* view = CollectAhead(*std::move(ahead), request, layout.extent, what)) {
+        return view;
+      }
+    }
+    ahead_request = request;
+  }
   std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answer is adopted
   OfferRecycled(layout.extent, *request.mutable_allocate(), reusable);
   absl::StatusOr<tensord::v1::SessionResponse> response = channel_.StreamCall(request, kDefaultCallTimeout);
   if (response.status().code() == absl::StatusCode::kResourceExhausted) {
     // Slots the pool keeps idle in this namespace may be what is missing (arena room, the
     // lease cap): without the pool they would not exist. Give them back, with every release
-    // still queued, and once the broker has them, ask again.
+    // still queued (an allocation sent ahead for another key among them), and once the
+    // broker has them, ask again.
     std::vector<uint64_t> idle = pool_.TakeAll(ns);
-    if (!idle.empty()) {
+    if (!idle.empty() || released_ahead) {
       queue_->PushLeaseIds(idle);
       if (Flush().ok()) response = channel_.StreamCall(std::move(request), kDefaultCallTimeout);
     }
@@ -285,7 +303,41 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
                                       ViewKind::kProducer, "", what));
   KeepRecycled(ns, response->allocate(), *view);
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
+  // A producer that gets recycled buffers is the steady kind: its next one is asked for now.
+  if (ahead_request.has_value() && response->allocate().recyclable()) {
+    SendAhead(std::move(ahead_key), *std::move(ahead_request), layout.extent);
+  }
   return view;
+}
+
+LeaseView* Session::CollectAhead(AllocateAhead::Entry ahead, const tensord::v1::SessionRequest& request,
+                                 uint64_t extent, std::string_view what) {
+  absl::StatusOr<tensord::v1::SessionResponse> response = RpcChannel::Await(*ahead.call, kDefaultCallTimeout);
+  if (!response.ok() || !response->has_allocate()) return nullptr;
+  // On failure AdoptLease gave the lease back; the plain Allocate then says what is wrong.
+  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(),
+                                                        "", ViewKind::kProducer, "", what);
+  if (!view.ok()) return nullptr;
+  KeepRecycled(request.allocate().ns(), response->allocate(), **view);
+  if (response->allocate().recyclable()) SendAhead(ahead.key, request, extent);
+  return *view;
+}
+
+bool Session::ReleaseAhead(AllocateAhead::Entry ahead) {
+  absl::StatusOr<tensord::v1::SessionResponse> response = RpcChannel::Await(*ahead.call, kDefaultCallTimeout);
+  // A reply that does not come in time goes to the orphan handler, which releases it.
+  if (!response.ok() || !response->has_allocate()) return false;
+  queue_->PushLeaseIds({response->allocate().lease_id()});
+  return true;
+}
+
+void Session::SendAhead(std::string key, tensord::v1::SessionRequest request, uint64_t extent) {
+  std::vector<std::shared_ptr<Mapping>> held;
+  OfferRecycled(extent, *request.mutable_allocate(), held);
+  absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> call = channel_.StreamStart(std::move(request));
+  // Not sent (the stream is closed or broke): the next Allocate asks as a plain one.
+  if (!call.ok()) return;
+  ahead_.Put(AllocateAhead::Entry{std::move(key), *std::move(call), std::move(held)});
 }
 
 LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,

@@ -50,6 +50,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/allocate_ahead.h"
 #include "client/allocation_pool.h"
 #include "client/recycled_buffers.h"
 #include "client/export_table.h"
@@ -160,6 +161,9 @@ class Session final {
   // client_core.cc applies). ResumeAfterFork() lets calls go on; the connection (connected
   // and checked again) and the stream reopen on next use.
   bool SuspendForFork(std::chrono::steady_clock::time_point deadline) {
+    // An allocation sent ahead is a call in flight on the stream: given up, its lease is
+    // released, and the stream can go.
+    (void)ahead_.Take();
     return channel_.SuspendForFork(deadline);
   }
   void ResumeAfterFork() { channel_.ResumeAfterFork(); }
@@ -230,6 +234,17 @@ class Session final {
   LeaseView* AllocateFromPool(std::string_view ns, uint64_t class_bytes,
                               const tensord::v1::TensorDesc& desc,
                               const common::TensorLayout& layout, std::string_view what);
+  // ClientOptions::allocate_ahead: the view of `ahead`'s reply, with the next Allocate sent
+  // ahead; nullptr when it failed (the plain call then reports). `request` is the Allocate
+  // it was sent for, without offered buffers; `extent` its byte extent.
+  LeaseView* CollectAhead(AllocateAhead::Entry ahead, const tensord::v1::SessionRequest& request,
+                          uint64_t extent, std::string_view what);
+  // An Allocate sent ahead that the next call does not want: its lease (once granted) goes
+  // to the release queue. True when there was one to release.
+  bool ReleaseAhead(AllocateAhead::Entry ahead);
+  // Sends `request` ahead, offering the kept buffers of at least `extent` bytes, for the
+  // next Allocate of `key`.
+  void SendAhead(std::string key, tensord::v1::SessionRequest request, uint64_t extent);
   // Allocates `count` slots of `class_bytes` in one batch; one for the caller,
   // the rest go into the pool.
   std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
@@ -248,6 +263,8 @@ class Session final {
   AllocationPool pool_;
   // Writable mappings of recyclable buffers, for later Allocates to reuse.
   RecycledBuffers recycled_;
+  // The Allocate sent ahead (ClientOptions::allocate_ahead); given up before the stream goes.
+  AllocateAhead ahead_;
 
   // Failed publishes sent without waiting, for the next Flush().
   QuietPublishes quiet_;

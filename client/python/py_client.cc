@@ -179,8 +179,10 @@ class PyClient {
   static std::unique_ptr<PyClient> Connect(std::optional<std::string> socket,
                                            std::optional<std::string> client_name,
                                            bool lease_cache, double lease_cache_linger,
-                                           std::vector<uint32_t> trusted_daemon_uids) {
+                                           std::vector<uint32_t> trusted_daemon_uids,
+                                           bool allocate_ahead) {
     ClientOptions options;
+    options.allocate_ahead = allocate_ahead;
     if (socket) options.socket_path = *socket;
     options.trusted_daemon_uids = std::move(trusted_daemon_uids);
     if (client_name) options.client_name = *client_name;
@@ -475,7 +477,8 @@ void BindClient(py::module_& m) {
   py::class_<PyClient>(m, "_Client")
       .def_static("connect", &PyClient::Connect, py::arg("socket") = py::none(),
                   py::arg("client_name") = py::none(), py::arg("lease_cache") = true,
-                  py::arg("lease_cache_linger") = 2.0, py::arg("trusted_daemon_uids") = std::vector<uint32_t>{})
+                  py::arg("lease_cache_linger") = 2.0, py::arg("trusted_daemon_uids") = std::vector<uint32_t>{},
+                  py::arg("allocate_ahead") = false)
       .def("empty", &PyClient::Empty, py::arg("shape"), py::arg("dtype"),
            py::arg("ns") = py::none(), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}),
            py::arg("tags") = py::none())

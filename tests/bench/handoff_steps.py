@@ -10,11 +10,12 @@ each process's CPU per tensor (time.process_time over the same tensors; the daem
 /proc, over the whole run) and the rate the consumer saw. --readonly takes read-only
 (no copy-on-write, no scan for private pages before a release); --nowait publishes without
 waiting for the broker's answer (publish(wait=False), flush() at the end), as compare.py's
-"tensord single nowait (ns)" row does. The daemon runs on a
+"tensord single nowait (ns)" row does; --ahead connects the producer with
+allocate_ahead=True (its next empty() is asked for while it fills this one). The daemon runs on a
 private socket; every process is forked from this driver, which never connects.
 
 Run with Debian's /usr/bin/python3 from the repository root:
-    /usr/bin/python3 tests/bench/handoff_steps.py --build-dir build [--mib 64] [--readonly] [--nowait]
+    /usr/bin/python3 tests/bench/handoff_steps.py --build-dir build [--mib 64] [--readonly] [--nowait] [--ahead]
 docs/performance.md has figures from it.
 """
 
@@ -42,6 +43,7 @@ def parse_args():
     p.add_argument("--window", type=int, default=8, help="tensors in flight at most (default 8)")
     p.add_argument("--readonly", action="store_true", help="the consumer takes read-only")
     p.add_argument("--nowait", action="store_true", help="the producer publishes with wait=False")
+    p.add_argument("--ahead", action="store_true", help="the producer connects with allocate_ahead=True")
     args = p.parse_args()
     if args.count <= args.warm:
         p.error("--count must be larger than --warm")
@@ -51,7 +53,7 @@ def parse_args():
 def producer(args, socket, slots, results):
     import tensord
 
-    client = tensord.connect(socket)
+    client = tensord.connect(socket, allocate_ahead=args.ahead)
     steps = {"empty": [], "fill": [], "publish": [], "release": []}
     n = args.mib << 20
     cpu0 = None
@@ -140,6 +142,8 @@ def main():
     how = "read-only takes" if args.readonly else "copy-on-write takes"
     if args.nowait:
         how += ", publish(wait=False)"
+    if args.ahead:
+        how += ", allocate_ahead"
     print(f"{args.mib} MiB, 1->1, {how}, {timed} tensors after {args.warm}, window {args.window}")
     print(f"rate: {got['consumer'][2]:.1f} tensors/s ({got['consumer'][2] * (args.mib << 20) / 1e9:.2f} GB/s)")
     for role in ("producer", "consumer"):

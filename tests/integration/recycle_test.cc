@@ -2,7 +2,9 @@
 // namespace reuse the dedicated buffers of its earlier ones once no lease on those is left,
 // never before, so a reader never sees a later tensor through a lease on an earlier one; the
 // pool is counted in the quota, taken back before an allocation fails, and freed with its
-// session (a producer killed with SIGKILL included).
+// session (a producer killed with SIGKILL included). With ClientOptions::allocate_ahead the
+// same holds, and a steady producer's next buffer is granted before it asks.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -277,6 +279,103 @@ TEST(RecycleTest, AKilledProducersPoolIsFreed) {
   EXPECT_TRUE(AwaitStatus(*observer, [](const BrokerStatus& s) {
     return s.pooled_buffers == 0 && s.host_bytes_in_use == 0 && s.buffers == 0;
   }));
+}
+
+std::unique_ptr<Client> ConnectAhead(const DaemonProcess& daemon) {
+  ClientOptions options = testing::Options(daemon);
+  options.allocate_ahead = true;
+  auto client = Client::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(client).value() : nullptr;
+}
+
+TEST(RecycleTest, AllocateAheadGrantsASteadyProducersNextBufferAndKeepsEveryTensorIntact) {
+  DaemonProcess daemon;
+  auto producer = ConnectAhead(daemon);
+  auto consumer = Connect(daemon);
+  auto observer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  ASSERT_NE(consumer, nullptr);
+  ASSERT_NE(observer, nullptr);
+
+  // The first Allocate is granted a recyclable buffer: the next one is asked for at once.
+  const TensorInfo first = Produce(*producer, "r/0", 0.0f);
+  ASSERT_TRUE(first.recyclable);
+  ASSERT_TRUE(AwaitStatus(*observer, [](const BrokerStatus& s) { return s.tensors == 2; }))
+      << "no allocation was sent ahead";
+  // A reader holds the first tensor all along: its buffer must never be handed out again.
+  auto kept = consumer->Take("r/0");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+
+  std::vector<uint64_t> buffers;
+  for (int i = 1; i <= 12; ++i) {
+    const std::string name = "r/" + std::to_string(i);
+    const TensorInfo info = Produce(*producer, name, static_cast<float>(i));
+    EXPECT_NE(info.buffer_id, first.buffer_id) << name;
+    buffers.push_back(info.buffer_id);
+    auto taken = consumer->Take(name);
+    ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+    EXPECT_TRUE(Holds(*taken, static_cast<float>(i))) << name;
+    taken->Release();
+    ASSERT_TRUE(consumer->Flush().ok());
+  }
+  EXPECT_TRUE(Holds(*kept, 0.0f));
+  // Steady, the producer cycles through a few buffers: the ahead one and those just freed.
+  std::sort(buffers.begin(), buffers.end());
+  buffers.erase(std::unique(buffers.begin(), buffers.end()), buffers.end());
+  EXPECT_LE(buffers.size(), 3u);
+
+  // The session's end gives the allocation sent ahead back with everything else.
+  producer.reset();
+  kept->Release();
+  ASSERT_TRUE(consumer->Flush().ok());
+  EXPECT_TRUE(AwaitStatus(*observer, [](const BrokerStatus& s) {
+    return s.tensors == 0 && s.buffers == 0 && s.host_bytes_in_use == 0;
+  }));
+}
+
+TEST(RecycleTest, AllocateAheadOfAnotherShapeIsReleasedAndMakesRoomWhenMemoryIsShort) {
+  // Room for two buffers of kBytes (and a little), no more.
+  DaemonProcess daemon({"--max-host-bytes", std::to_string(2 * kBytes + 4096)});
+  auto producer = ConnectAhead(daemon);
+  auto observer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  ASSERT_NE(observer, nullptr);
+  auto a = producer->Allocate("r", Floats());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(AwaitStatus(*observer, [](const BrokerStatus& s) {
+    return s.tensors == 2 && s.host_bytes_in_use == 2 * kBytes;
+  }));
+  // Another shape: the early buffer is not it. Its lease goes back, and the memory it held
+  // serves this call although the quota was full.
+  auto b = producer->Allocate("r", Floats(kFloats / 2));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_NE(b->info().buffer_id, a->info().buffer_id);
+  a->Release();
+  b->Release();
+  ASSERT_TRUE(producer->Flush().ok());
+  // Whatever the producer holds now is one allocation sent ahead, at most.
+  EXPECT_TRUE(AwaitStatus(*observer, [](const BrokerStatus& s) { return s.tensors <= 1; }));
+}
+
+TEST(RecycleTest, AllocateAheadThatFindsNoRoomLeavesTheNextCallToSaySo) {
+  DaemonProcess daemon({"--max-host-bytes", std::to_string(2 * kBytes + 4096)});
+  auto producer = ConnectAhead(daemon);
+  ASSERT_NE(producer, nullptr);
+  auto a = producer->Allocate("r", Floats());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = producer->Allocate("r", Floats());  // the one sent ahead; the next ahead finds no room
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto c = producer->Allocate("r", Floats());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted) << c.status().ToString();
+  // Room again: the next call succeeds, in the buffer given back.
+  const uint64_t freed = a->info().buffer_id;
+  a->Release();
+  ASSERT_TRUE(producer->Flush().ok());
+  ASSERT_TRUE(AwaitStatus(*producer, [](const BrokerStatus& s) { return s.pooled_buffers == 1; }));
+  auto d = producer->Allocate("r", Floats());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->info().buffer_id, freed);
 }
 
 }  // namespace

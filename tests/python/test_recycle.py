@@ -2,6 +2,9 @@
 producer once taken and released, the reader of an earlier tensor never sees a later one,
 and status() counts what waits in the pool."""
 
+import os
+import pickle
+
 import numpy as np
 
 from conftest import wait_for
@@ -74,3 +77,62 @@ def test_a_readonly_take_of_a_recycled_buffer_sees_each_batch(client, other, nam
     assert second["buffer_id"] == first["buffer_id"]
     (again,) = other.take_many(prefix, 4, timeout=5.0, readonly=True)
     assert again.readonly and np.all(again.numpy() == 2)
+
+
+def _tensors(client):
+    return client.status()["tensors"]
+
+
+def test_allocate_ahead_grants_the_next_batch_early_and_every_batch_stays_intact(broker, other, name):
+    import tensord
+
+    producer = tensord.connect(broker.socket, lease_cache=False, allocate_ahead=True)
+    try:
+        prefix = name("ahead") + "/"
+        for i in range(8):
+            t = producer.empty((BIG,), "uint8", ns="py")
+            if i == 0:
+                # Granted a recyclable buffer: the next one is asked for at once.
+                wait_for(lambda: _tensors(other) == 2, what="an allocation sent ahead")
+            t.numpy().fill(i + 1)
+            producer.publish(t, prefix + str(i))
+            t.release()
+            got = other.take(prefix + str(i), timeout=5.0)
+            assert int(got.numpy()[::4096].min()) == i + 1 and int(got.numpy()[::4096].max()) == i + 1
+            got.release()
+            other.flush()
+
+        # A forked child starts its own session; the parent's early allocation survives the
+        # fork's drain as a released lease, never as a lost one.
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                c = producer.empty((4,), "float32", ns="py")
+                c.numpy().fill(5)
+                producer.publish(c, prefix + "child")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        assert np.all(other.take(prefix + "child", timeout=5.0).numpy() == 5)
+        t = producer.empty((BIG,), "uint8", ns="py")
+        t.numpy().fill(9)
+        producer.publish(t, prefix + "after")
+        t.release()
+        assert int(other.take(prefix + "after", timeout=5.0).numpy().min()) == 9
+
+        # A pickled client carries the setting: its copy allocates ahead too.
+        other.flush()
+        wait_for(lambda: _tensors(other) == 1, what="only the producer's next batch left")
+        copy = pickle.loads(pickle.dumps(producer))
+        u = copy.empty((BIG,), "uint8", ns="py")
+        wait_for(lambda: _tensors(other) == 3, what="the copy's allocation sent ahead")
+        u.release()
+        copy.close()
+    finally:
+        producer.close()
+    # Closed sessions give back what they asked for ahead.
+    wait_for(lambda: _tensors(other) == 0 and other.status()["host_bytes_in_use"] == 0,
+             what="every buffer freed")

@@ -315,6 +315,13 @@ struct ClientOptions {
   // binding of the name it was acquired by, so a repeated Acquire needs no round trip.
   bool lease_cache = true;
   std::chrono::milliseconds lease_cache_linger{2000};
+  // For a steady producer: once an Allocate in a namespace was granted a recycled-kind
+  // buffer (dedicated host memory), the next Allocate of the same description, tags and
+  // namespace is sent at once, so the broker grants it while this one is filled and the next
+  // call only collects it. Costs one more buffer held per session, counted in the quota
+  // (given back when an Allocate runs out of room); an Allocate of anything else gives the
+  // early one up (its buffer goes to this producer's pool). Off by default.
+  bool allocate_ahead = false;
 };
 
 namespace internal {

@@ -172,8 +172,8 @@ class Client:
     """One session with the broker. Share it between threads freely; a forked child may use
     it too (it opens its own session on first use and never keeps the parent's alive).
 
-    A Client pickles as its connection settings (the socket it talks to, its client name and
-    lease-cache settings), so it can go to a spawned or forkserver worker, inside a Dataset
+    A Client pickles as its connection settings (the socket it talks to, its client name,
+    lease-cache and allocate_ahead settings), so it can go to a spawned or forkserver worker, inside a Dataset
     or through a multiprocessing Queue: the copy connects to the same broker on its first
     call, and a broker that is down then raises Unavailable from that call, not from
     unpickling. Leases and tensors are not part of it."""
@@ -422,9 +422,10 @@ class Client:
         return f"<tensord.Client socket={self.socket!r} session={self.session_id}>"
 
 
-def _connect_core(socket, client_name, lease_cache, lease_cache_linger, trusted_daemon_uids=()):
+def _connect_core(socket, client_name, lease_cache, lease_cache_linger, trusted_daemon_uids=(),
+                  allocate_ahead=False):
     core = _tensord._Client.connect(socket, client_name, lease_cache, lease_cache_linger,
-                                    list(trusted_daemon_uids or ()))
+                                    list(trusted_daemon_uids or ()), bool(allocate_ahead))
     if trusted_daemon_uids:
         with _redeemers_lock:
             _trusted_by_socket[core.socket] = tuple(trusted_daemon_uids)
@@ -484,7 +485,7 @@ def _unpickled_tensor(socket, token, readonly, trusted=()):
 
 
 def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0,
-            trusted_daemon_uids=None):
+            trusted_daemon_uids=None, allocate_ahead=False):
     """Connects to the broker. socket: the daemon's socket path; default $TENSORD_SOCKET,
     else the per-user socket if one is there, else /run/tensord/tensord.sock. lease_cache
     keeps a lease for lease_cache_linger seconds after its last view goes, while the name
@@ -493,10 +494,17 @@ def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_ling
     trusted_daemon_uids: uids besides root and this process's own that the daemon may run
     as (a daemon run as a dedicated user, such as uid 10001 in deploy/); None (or empty):
     $TENSORD_TRUSTED_DAEMON_UIDS (comma-separated uids) if set. A daemon of any other uid is
-    refused with PermissionDenied. Pickled clients and tensors carry the list."""
+    refused with PermissionDenied. Pickled clients and tensors carry the list.
+
+    allocate_ahead: for a steady producer (a worker filling batches of one shape): once
+    empty(ns=...) was given a recycled-kind buffer, the next empty() of the same shape,
+    dtype, tags and namespace is asked for at once, so the broker grants it while this one
+    is filled. It holds one more buffer, counted in the quota; an empty() of anything else
+    gives the early one up. Pickled clients carry the setting."""
     settings = {"socket": None if socket is None else str(socket), "client_name": client_name,
                 "lease_cache": lease_cache, "lease_cache_linger": lease_cache_linger,
-                "trusted_daemon_uids": _uid_list(trusted_daemon_uids)}
+                "trusted_daemon_uids": _uid_list(trusted_daemon_uids),
+                "allocate_ahead": bool(allocate_ahead)}
     core = _connect_core(**settings)
     settings["socket"] = core.socket  # a copy talks to this broker, whatever its environment
     return Client(core, settings)
