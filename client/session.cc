@@ -313,6 +313,9 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
 LeaseView* Session::CollectAhead(AllocateAhead::Entry ahead, const tensord::v1::SessionRequest& request,
                                  uint64_t extent, std::string_view what) {
   absl::StatusOr<tensord::v1::SessionResponse> response = RpcChannel::Await(*ahead.call, kDefaultCallTimeout);
+  // Collected: the call lets go of its stream now, not after the next one is sent (a fork
+  // in between waits for every holder of a stream).
+  ahead.call.reset();
   if (!response.ok() || !response->has_allocate()) return nullptr;
   // On failure AdoptLease gave the lease back; the plain Allocate then says what is wrong.
   absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(),
