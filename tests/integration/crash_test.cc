@@ -68,14 +68,7 @@ Footprint Measure(Client& client, pid_t daemon_pid) {
 // after a connect, a connection closed just before (the fixture's readiness probe) may still
 // be closing on the daemon's side and hold an fd.
 Footprint StableFootprint(Client& client, pid_t daemon_pid) {
-  Footprint f = Measure(client, daemon_pid);
-  for (int unchanged = 0; unchanged < 5;) {
-    std::this_thread::sleep_for(50ms);
-    const Footprint now = Measure(client, daemon_pid);
-    unchanged = now == f ? unchanged + 1 : 0;
-    f = now;
-  }
-  return f;
+  return testing::HeldStill([&] { return Measure(client, daemon_pid); });
 }
 
 // Polls until the footprint equals `want` (10 s); returns the last one seen.

@@ -41,6 +41,7 @@
 #include "tensord/v1/fd_channel.pb.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/raw_wire.h"
+#include "tests/integration/sanitizers.h"
 
 namespace tensord {
 namespace {
@@ -134,17 +135,7 @@ grpc::Status RawStream(grpc::GenericStub& stub, const std::string& method,
 // Under a sanitizer the daemon is several times slower and ASan keeps freed memory in
 // quarantine, so bounds on resident memory and on timing do not hold there; those checks
 // run in the regular build.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using testing::kSanitized;
 
 class HostileTest : public ::testing::Test {
  protected:

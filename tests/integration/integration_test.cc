@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/integration/sanitizers.h"
 #include "tests/integration/test_client.h"
 
 namespace tensord {
@@ -22,24 +23,8 @@ using testing::ChildProcess;
 using testing::Connect;
 using testing::DaemonProcess;
 using testing::PeerArgs;
+using testing::kAddressSanitizer;
 using namespace std::chrono_literals;
-
-// GCC 12's AddressSanitizer does not hold its allocator's locks across fork(): a child forked
-// while another thread of the parent is inside malloc blocks forever in its own first malloc
-// (seen in CI: every thread of such a child waiting in SizeClassAllocator64::GetFromAllocator).
-// glibc's malloc, which the regular build uses, takes its locks around fork(). Tests that fork
-// again and again from a process whose threads are busy run in the other builds.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 // Polls Stat until `pred` holds or 10 s pass.
 template <typename Pred>
@@ -328,9 +313,14 @@ TEST(Integration, ForkedChildNeverKeepsItsParentsSessionAlive) {
 // own, the parent's wait survives every fork (no item lost or taken twice), and its
 // watcher keeps delivering (with a RESET after each fork gap).
 TEST(Integration, BackToBackForksWithWaitsAndWatchersInFlight) {
+  // GCC 12's AddressSanitizer does not hold its allocator's locks across fork(): a child
+  // forked while another thread of the parent is inside malloc blocks forever in its own
+  // first malloc (seen in CI: every thread of such a child waiting in
+  // SizeClassAllocator64::GetFromAllocator). glibc's malloc, which the regular build uses,
+  // takes its locks around fork().
   if (kAddressSanitizer) {
     GTEST_SKIP() << "45 forks beside busy threads can deadlock a child inside AddressSanitizer's "
-                    "allocator (see kAddressSanitizer); checked in the regular and TSan builds";
+                    "allocator (GCC 12's libasan); checked in the regular and TSan builds";
   }
   DaemonProcess daemon;
   auto client = Connect(daemon);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace tensord::testing {
 
@@ -48,18 +49,26 @@ inline int CountFds(pid_t pid) {
   return count;
 }
 
-// The fd count once it has held still for 250 ms. Take a baseline with this, not CountFds:
-// a connection closed just before (the fixture's readiness probe, a set-up client) may not
-// be closed on the daemon's side yet, and would leave the baseline one too high.
-inline int StableFdCount(pid_t pid) {
-  int count = CountFds(pid);
-  for (int unchanged = 0; unchanged < 5;) {
+// What `measure()` reads once it has held still: five equal readings 50 ms apart (250 ms).
+// Take a baseline with this, not one reading: a connection closed just before (the
+// fixture's readiness probe, a set-up client) may not be closed on the daemon's side yet.
+// Past `deadline` (10 s) it returns the last reading, for the caller's check to report.
+template <typename Measure>
+auto HeldStill(Measure measure, std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
+  const auto give_up = std::chrono::steady_clock::now() + deadline;
+  auto last = measure();
+  for (int unchanged = 0; unchanged < 5 && std::chrono::steady_clock::now() < give_up;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const int now = CountFds(pid);
-    unchanged = now == count ? unchanged + 1 : 0;
-    count = now;
+    auto now = measure();
+    unchanged = now == last ? unchanged + 1 : 0;
+    last = std::move(now);
   }
-  return count;
+  return last;
+}
+
+// The fd count once it has held still (HeldStill).
+inline int StableFdCount(pid_t pid) {
+  return HeldStill([pid] { return CountFds(pid); });
 }
 
 // What each open fd points at ("4 socket:[1234]", "9 /memfd:stray (deleted)"), one per
