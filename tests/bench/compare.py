@@ -243,7 +243,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
            "producers": producers, "consumers": consumers, "per_producer": per_producer,
            "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
            "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True),
-           "readonly": peer.get("readonly", False),
+           "readonly": peer.get("readonly", False), "ahead": peer.get("ahead", False),
            # Large tensors: a window of them before the clock, as a producer that has been
            # running has handed over (peers.py, warm-up).
            "warm": window if size > 64 * KIB else 1, "warm_size": size if size > 64 * KIB else peers.WARM_SIZE}
@@ -350,6 +350,7 @@ def repeated(runner, size, count, warmup):
 
 
 FLOOR = "floor: fill + read of mapped memory"
+STEADY = "tensord steady producer (ns)"
 
 # "(ns)": allocated in a namespace. Up to the daemon's arena limit (--arena-max-tensor, 1 MiB)
 # a tensor is carved from the namespace's arena; a larger one gets a dedicated buffer, which
@@ -359,6 +360,9 @@ HANDOFF_PEERS = [
     {"label": "tensord single (ns)", "kind": "tensord-single", "ns": "h"},
     {"label": "tensord single nowait (ns)", "kind": "tensord-single", "ns": "n", "wait": False},
     {"label": "tensord single, readonly take (ns)", "kind": "tensord-single", "ns": "r", "readonly": True,
+     "large_only": True},
+    # What docs/performance.md advises a steady producer of big tensors to use.
+    {"label": STEADY, "kind": "tensord-single", "ns": "s", "readonly": True, "wait": False, "ahead": True,
      "large_only": True},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
     {"label": "tensord batched take (ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
@@ -377,6 +381,9 @@ def via(peer):
     """How a peer's producer makes and hands over a fresh tensor, and how its consumer gets it."""
     kind = peer["kind"]
     if kind == "tensord-single":
+        if peer.get("ahead"):
+            return ("connect(allocate_ahead=True), empty(ns) + fill in place + publish(wait=False), "
+                    "flush() at the end -> take(prefix, readonly=True)")
         if not peer.get("wait", True):
             return "empty(ns) + fill in place + publish(wait=False), flush() at the end -> take(prefix)"
         if peer.get("readonly"):
@@ -409,6 +416,7 @@ def run_python(runner, log):
 
     has_take_many = hasattr(tensord.Client, "take_many")
     has_readonly_take = "readonly" in inspect.signature(tensord.Client.take).parameters
+    has_allocate_ahead = "allocate_ahead" in inspect.signature(tensord.connect).parameters
     handoffs = []
     for producers, consumers in args.pairs:
         for size in (small, large):
@@ -422,6 +430,9 @@ def run_python(runner, log):
                     continue
                 if peer.get("readonly") and not has_readonly_take:
                     log(f"skipped {peer['label']}: this build's take() has no readonly")
+                    continue
+                if peer.get("ahead") and not has_allocate_ahead:
+                    log(f"skipped {peer['label']}: this build's connect() has no allocate_ahead")
                     continue
                 group.append(peer)
             runs = {peer["label"]: [] for peer in group}
@@ -568,6 +579,12 @@ def build_targets(cpp, first_acquire, handoffs, repeats, args):
                1 / 1.5, f"{1 / 1.5:.2f}x (within 1.5x of the floor)")
         versus(f"(info) fresh {size_label(handoff_large)} handoffs/s {n_m}: read-only takes vs the floor",
                "tensord single, readonly take (ns)", row(FLOOR, producers, consumers, handoff_large), None)
+        # The same targets for the settings a steady producer of big tensors is advised to use.
+        versus(f"fresh {size_label(handoff_large)} handoffs/s {n_m}: steady producer vs torch.mp file_system",
+               STEADY, row("torch.mp file_system", producers, consumers, handoff_large), 2)
+        versus(f"fresh {size_label(handoff_large)} handoffs/s {n_m}: steady producer vs the floor",
+               STEADY, row(FLOOR, producers, consumers, handoff_large),
+               1 / 1.5, f"{1 / 1.5:.2f}x (within 1.5x of the floor)")
 
     for kind in ("acquire_unmapped", "acquire_first", "acquire_repeated"):
         suffix = "/cache:0" if kind == "acquire_repeated" else ""

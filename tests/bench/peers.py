@@ -95,7 +95,10 @@ def tensord_single_producer(cfg, index, slots):
     import tensord
 
     def setup():
-        client = tensord.connect(cfg["socket"])
+        if cfg.get("ahead"):
+            client = tensord.connect(cfg["socket"], allocate_ahead=True)
+        else:
+            client = tensord.connect(cfg["socket"])
         tensord_warm_producer(client, cfg, index)
         n = cfg["size"]
 
