@@ -16,7 +16,8 @@ one run, with the same workers and the same trainer step:
                        + publish under NS/q/<worker>/<seq>; the trainer take()s the oldest
                        under NS/q/, reads it through .torch() and releases it; a semaphore
                        per worker keeps at most P batches of it ahead of the trainer, as
-                       DataLoader's prefetch_factor does
+                       DataLoader's prefetch_factor does (--ahead: the workers connect with
+                       allocate_ahead=True)
 Each run's trainer is a fresh process forked from this driver, which never connects to
 anything: no process forks after it used gRPC, and every way starts from the same state.
 
@@ -171,7 +172,7 @@ def tensord_worker(cfg, worker, slot):
     import tensord
 
     torch.set_num_threads(1)  # as DataLoader's workers do
-    client = tensord.connect(cfg["socket"])
+    client = tensord.connect(cfg["socket"], allocate_ahead=True) if cfg["ahead"] else tensord.connect(cfg["socket"])
     for seq, index in enumerate(range(worker, cfg["batches"], cfg["workers"])):
         slot.acquire()  # at most `prefetch` of this worker's batches ahead of the trainer
         t = client.empty(cfg["shape"], "float32", ns=cfg["ns"])
@@ -315,6 +316,9 @@ def parse_args():
     p.add_argument("--device", default=None,
                    help="feed a GPU trainer: copy each batch to this torch device (cuda:0) and read it "
                         "there (default: the trainer reads batches in host memory)")
+    p.add_argument("--ahead", action="store_true",
+                   help="tensord's workers connect with allocate_ahead=True (each next batch's buffer "
+                        "is granted while the worker fills the last one)")
     p.add_argument("--json-out", help="also write the figures as JSON to this file")
     p.add_argument("--smoke", action="store_true",
                    help="tiny counts: checks that everything runs (figures mean nothing)")
@@ -377,7 +381,8 @@ def print_table(data, args):
     reads = (f"the trainer copies each to {args.device} and reads every byte there (tensord: pinned takes)"
              if args.device else "the trainer reads every byte of each")
     out.append(f"\n{args.workers} workers fill float32 batches, {reads}; at most "
-               f"{args.prefetch} batches per worker ahead; the median of {args.repeat} round(s), and the range")
+               f"{args.prefetch} batches per worker ahead" + ("; tensord's workers allocate ahead" if args.ahead else "")
+               + f"; the median of {args.repeat} round(s), and the range")
     out.append("  way                            batch                    batches  batches/s   range"
                "             GB/s   CPU s: trainer  workers  daemon")
     for r in data["rows"]:
@@ -429,7 +434,8 @@ def main():
                     runner.run_id += 1
                     log(f"{WAYS[way][0]}, {shape_label(shape)} x {batches} (round {r + 1} of {args.repeat})")
                     cfg = {"shape": shape, "batches": batches, "workers": args.workers, "device": args.device,
-                           "prefetch": args.prefetch, "socket": runner.socket, "ns": f"bp{runner.run_id}"}
+                           "prefetch": args.prefetch, "socket": runner.socket, "ns": f"bp{runner.run_id}",
+                           "ahead": args.ahead}
                     runs[way].append(run_way(runner, way, cfg))
             for way in ways:
                 data["rows"].append({"way": way, "shape": list(shape), "batches": batches,
