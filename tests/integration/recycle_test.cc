@@ -36,6 +36,11 @@ TensorSpec Floats(int64_t count = kFloats) {
   return spec;
 }
 
+// Daemon flags that leave room for two buffers of kBytes (and a little), no more.
+std::vector<std::string> RoomForTwoBuffers() {
+  return {"--max-host-bytes", std::to_string(2 * kBytes + 4096)};
+}
+
 void Fill(const TensorRef& ref, float value) {
   auto* data = static_cast<float*>(ref.mutable_data());
   for (int64_t i = 0; i < ref.info().shape[0]; ++i) data[i] = value;
@@ -186,8 +191,7 @@ TEST(RecycleTest, OnlyTheSameNamespaceAndSessionReuseABuffer) {
 }
 
 TEST(RecycleTest, PooledMemoryCountsInTheQuotaAndIsTakenBackBeforeAnAllocationFails) {
-  // Room for two buffers of kBytes (and a little), no more.
-  DaemonProcess daemon({"--max-host-bytes", std::to_string(2 * kBytes + 4096)});
+  DaemonProcess daemon(RoomForTwoBuffers());
   auto producer = Connect(daemon);
   auto other = Connect(daemon);
   ASSERT_NE(producer, nullptr);
@@ -335,8 +339,7 @@ TEST(RecycleTest, AllocateAheadGrantsASteadyProducersNextBufferAndKeepsEveryTens
 }
 
 TEST(RecycleTest, AllocateAheadOfAnotherShapeIsReleasedAndMakesRoomWhenMemoryIsShort) {
-  // Room for two buffers of kBytes (and a little), no more.
-  DaemonProcess daemon({"--max-host-bytes", std::to_string(2 * kBytes + 4096)});
+  DaemonProcess daemon(RoomForTwoBuffers());
   auto producer = ConnectAhead(daemon);
   auto observer = Connect(daemon);
   ASSERT_NE(producer, nullptr);
@@ -359,7 +362,7 @@ TEST(RecycleTest, AllocateAheadOfAnotherShapeIsReleasedAndMakesRoomWhenMemoryIsS
 }
 
 TEST(RecycleTest, AllocateAheadThatFindsNoRoomLeavesTheNextCallToSaySo) {
-  DaemonProcess daemon({"--max-host-bytes", std::to_string(2 * kBytes + 4096)});
+  DaemonProcess daemon(RoomForTwoBuffers());
   auto producer = ConnectAhead(daemon);
   ASSERT_NE(producer, nullptr);
   auto a = producer->Allocate("r", Floats());
