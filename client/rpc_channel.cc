@@ -250,12 +250,8 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> RpcChannel::StreamCall
         // what is left of the wait.
         ShortenWait(requests[i], deadline);
         retry.push_back(i);
-      } else if (!replies[k].ok()) {
-        results[i] = replies[k].status();
-      } else if (replies[k]->has_error()) {
-        results[i] = ToAbsl(FromRpcError(replies[k]->error()));
       } else {
-        results[i] = std::move(replies[k]);
+        results[i] = ReplyStatus(std::move(replies[k]));
       }
     }
     todo = std::move(retry);
@@ -275,6 +271,11 @@ absl::StatusOr<tensord::v1::SessionResponse> RpcChannel::Await(SessionStream::Pe
   if (call.stream().IsInterruptedByDrain(reply)) {
     return absl::UnavailableError("a fork() drained the session stream before the broker answered");
   }
+  return ReplyStatus(std::move(reply));
+}
+
+absl::StatusOr<tensord::v1::SessionResponse> RpcChannel::ReplyStatus(
+    absl::StatusOr<tensord::v1::SessionResponse> reply) {
   if (!reply.ok()) return reply.status();
   if (reply->has_error()) return ToAbsl(FromRpcError(reply->error()));
   return reply;

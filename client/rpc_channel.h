@@ -160,6 +160,9 @@ class RpcChannel {
   void AwaitNoForkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t fork_epoch_seen() const { return fork_epoch_.load(std::memory_order_acquire); }
   // A wait retried after a fork asks the broker only for what is left of it.
+  // A reply as a status: a transport failure, or the broker's error reply.
+  static absl::StatusOr<tensord::v1::SessionResponse> ReplyStatus(
+      absl::StatusOr<tensord::v1::SessionResponse> reply);
   static void ShortenWait(tensord::v1::SessionRequest& request,
                           std::optional<SessionStream::Clock::time_point> deadline);
 

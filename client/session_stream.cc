@@ -110,6 +110,12 @@ void SessionStream::AbandonInForkedChild() noexcept {
   (void)cq_.release();
 }
 
+void SessionStream::TimeOutLocked(uint64_t seq, Waiter* waiter) {
+  if (waiter->done) return;
+  pending_.erase(seq);
+  Complete(waiter, absl::DeadlineExceededError("the broker did not answer on the session stream in time"));
+}
+
 void SessionStream::Complete(Waiter* waiter,
                              absl::StatusOr<tensord::v1::SessionResponse> result) {
   waiter->result = std::move(result);
@@ -493,13 +499,7 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   }
   if (!WaitUntil([&outstanding]() { return outstanding == 0; }, deadline)) {
     absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < n; ++i) {
-      if (waiters[i].done) continue;
-      // Too late now; a reply that still comes goes to the orphan handler.
-      pending_.erase(seqs[i]);
-      Complete(&waiters[i], absl::DeadlineExceededError(
-                                "the broker did not answer on the session stream in time"));
-    }
+    for (size_t i = 0; i < n; ++i) TimeOutLocked(seqs[i], &waiters[i]);
   }
   // Every waiter is done and out of pending_: nothing else touches them any more.
   for (size_t i = 0; i < n; ++i) results.push_back(std::move(waiters[i].result));
@@ -531,12 +531,7 @@ absl::StatusOr<tensord::v1::SessionResponse> SessionStream::PendingCall::Await(
   SessionStream& s = *stream_;
   if (!s.WaitUntil([this]() { return outstanding_ == 0; }, deadline)) {
     absl::MutexLock lock(&s.mu_);
-    if (!waiter_.done) {
-      // Too late now; a reply that still comes goes to the orphan handler.
-      s.pending_.erase(seq_);
-      Complete(&waiter_, absl::DeadlineExceededError(
-                             "the broker did not answer on the session stream in time"));
-    }
+    s.TimeOutLocked(seq_, &waiter_);
   }
   awaited_ = true;
   // Done and out of pending_: nothing else touches the waiter any more.

@@ -152,6 +152,9 @@ class SessionStream {
         on_quiet_failure_(std::move(on_quiet_failure)) {}
   // Marks `waiter` done with `result`.
   static void Complete(Waiter* waiter, absl::StatusOr<tensord::v1::SessionResponse> result);
+  // The deadline passed before `waiter` (of `seq`) got its reply: it fails with
+  // DEADLINE_EXCEEDED, and a reply that still comes goes to the orphan handler.
+  void TimeOutLocked(uint64_t seq, Waiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefuseWrites() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a message behind the writes before it and starts the next write if none is in
   // flight.

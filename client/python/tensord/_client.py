@@ -173,10 +173,10 @@ class Client:
     it too (it opens its own session on first use and never keeps the parent's alive).
 
     A Client pickles as its connection settings (the socket it talks to, its client name,
-    lease-cache and allocate_ahead settings), so it can go to a spawned or forkserver worker, inside a Dataset
-    or through a multiprocessing Queue: the copy connects to the same broker on its first
-    call, and a broker that is down then raises Unavailable from that call, not from
-    unpickling. Leases and tensors are not part of it."""
+    lease-cache and allocate_ahead settings), so it can go to a spawned or forkserver
+    worker, inside a Dataset or through a multiprocessing Queue: the copy connects to the
+    same broker on its first call, and a broker that is down then raises Unavailable from
+    that call, not from unpickling. Leases and tensors are not part of it."""
 
     def __init__(self, core, settings):
         self.__core = core  # None: connects on first use
