@@ -313,11 +313,21 @@ void SessionStream::PollReady() {
 
 void SessionStream::BackgroundLoop() {
   mu_.Lock();
+  auto role_free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !polling_ || stop_ || finished_;
+  };
   while (!stop_ && !finished_) {
-    if (polling_ || Clock::now() - last_caller_poll_ < kBackgroundPause) {
-      // Callers poll, or did a moment ago: they read pushes as they go. Taking the role
-      // between two of their calls would cost the next one a hand-over.
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(kBackgroundPause));
+    // Callers poll, or did a moment ago: they read pushes as they go. Taking the role between
+    // two of their calls would cost the next one a hand-over. Sleep until the role is free
+    // and then until the pause after the last caller's poll is over, never on a clock tick:
+    // a caller blocked in a long wait costs this thread no wake-ups.
+    if (polling_) {
+      mu_.Await(absl::Condition(&role_free));
+      continue;
+    }
+    const Clock::duration quiet_in = last_caller_poll_ + kBackgroundPause - Clock::now();
+    if (quiet_in > Clock::duration::zero()) {
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(quiet_in));
       continue;
     }
     polling_ = true;

@@ -25,10 +25,13 @@
 // normally the caller waiting for a reply, so a round trip costs no hand-over between
 // threads. A background thread takes the role once no caller has held it for 1 ms, so
 // pushes are read while the client is idle, and hands it back after the first reply or
-// write completion it sees (callers are active again). Whoever polls handles every event: replies go to their waiters, pushes (seq 0:
-// `retired`, `cache_reset`) to the push handler, replies nobody waits for any more (their
-// caller timed out) to the orphan handler, so a lease they carry is released. Handlers run
-// on the polling thread, without the stream's lock, and must not block on this stream.
+// write completion it sees (callers are active again). While a caller holds the role the
+// background thread sleeps until it is given up, so a caller blocked in a long wait costs
+// no periodic wake-ups. Whoever polls handles every event: replies go to their waiters,
+// pushes (seq 0: `retired`, `cache_reset`) to the push handler, replies nobody waits for any
+// more (their caller timed out) to the orphan handler, so a lease they carry is released.
+// Handlers run on the polling thread, without the stream's lock, and must not block on this
+// stream.
 // Writes go out one at a time (gRPC allows one in flight); the others queue in order.
 //
 // When the stream breaks, every pending caller gets UNAVAILABLE and broken() turns true; the

@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -381,6 +383,53 @@ TEST(SessionStreamTest, AStartedCallIsCollectedLaterAndOneGivenUpGoesToTheOrphan
   EXPECT_EQ(orphans[0].publish().tensor().tensor_id(), 61u);
   EXPECT_EQ(orphans[1].publish().tensor().tensor_id(), 62u);
   EXPECT_FALSE(h.stream().broken());
+}
+
+// Voluntary context switches (sleeps that ended) of each thread of this process, by id.
+std::map<std::string, long> WakeUpsByThread() {
+  std::map<std::string, long> wake_ups;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream status(task.path() / "status");
+    const std::string key = "voluntary_ctxt_switches:";
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind(key, 0) == 0) {
+        wake_ups[task.path().filename()] = std::stol(line.substr(key.size()));
+      }
+    }
+  }
+  return wake_ups;
+}
+
+TEST(SessionStreamTest, ACallerBlockedInALongWaitCostsNoPeriodicWakeUps) {
+  absl::Notification answer;
+  Harness h([&](ServerStream* stream) {
+    std::vector<SessionRequest> seen;
+    if (!ReadN(stream, 1, &seen)) return grpc::Status(grpc::StatusCode::ABORTED, "short");
+    answer.WaitForNotification();
+    stream->Write(ReplyTo(seen[0]));
+    SessionRequest ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return grpc::Status::OK;
+  });
+  absl::StatusOr<SessionResponse> reply;
+  std::thread caller([&] { reply = h.stream().Call(Marked(70), Clock::now() + 30s); });
+  std::this_thread::sleep_for(200ms);  // the call went out; its caller polls for the reply
+  const std::map<std::string, long> before = WakeUpsByThread();
+  std::this_thread::sleep_for(500ms);
+  const std::map<std::string, long> after = WakeUpsByThread();
+  answer.Notify();
+  caller.join();
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->publish().tensor().tensor_id(), 70u);
+  // A thread woken on a 1 ms tick would show hundreds in the 500 ms; only this test's own
+  // sleep and gRPC's occasional timers may show here.
+  for (const auto& [thread, count] : after) {
+    auto was = before.find(thread);
+    if (was != before.end()) {
+      EXPECT_LT(count - was->second, 50) << "thread " << thread;
+    }
+  }
 }
 
 TEST(SessionStreamTest, QuietRequestsAreAnsweredOnlyWhenTheyFailAndALaterReplyConfirmsThem) {
