@@ -245,8 +245,10 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
            "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True),
            "readonly": peer.get("readonly", False), "ahead": peer.get("ahead", False),
            # Large tensors: a window of them before the clock, as a producer that has been
-           # running has handed over (peers.py, warm-up).
-           "warm": window if size > 64 * KIB else 1, "warm_size": size if size > 64 * KIB else peers.WARM_SIZE}
+           # running has handed over (peers.py, warm-up); tensord's single handoffs run their
+           # own loop for four windows per consumer first (peers.py, "warm_loop").
+           "warm": window if size > 64 * KIB else 1, "warm_size": size if size > 64 * KIB else peers.WARM_SIZE,
+           "warm_loop": 4 * window * consumers if size > 64 * KIB else 0}
     if per_producer % batch:
         raise ValueError(f"{per_producer} tensors per producer is not a whole number of batches of {batch}")
     kind = peer["kind"]
