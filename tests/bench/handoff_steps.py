@@ -102,7 +102,7 @@ def producer(args, socket, slots, results, index):
             for step, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 steps[step].append(seconds)
     client.flush()  # raises if any publish failed
-    results.put(("producer", steps, usage.since(), args.count - args.warm, None, 0))
+    results.put(("producer", {"steps": steps, "usage": usage.since(), "timed": args.count - args.warm}))
 
 
 def consumer(args, socket, slots, results, index):
@@ -131,7 +131,8 @@ def consumer(args, socket, slots, results, index):
                 steps[step].append(seconds)
     timed = args.per_consumer - args.warm
     rate = timed / (time.perf_counter() - start)
-    results.put(("consumer", steps, usage.since(), timed, rate, checksum))
+    results.put(("consumer", {"steps": steps, "usage": usage.since(), "timed": timed, "rate": rate,
+                              "checksum": checksum}))
 
 
 def ms(values, q):
@@ -157,7 +158,7 @@ def main():
             proc.start()
         got = {"producer": [], "consumer": []}
         for _ in procs:
-            role, *result = results.get(timeout=600)
+            role, result = results.get(timeout=600)
             got[role].append(result)
         for proc in procs:
             proc.join()
@@ -165,26 +166,26 @@ def main():
     finally:
         runner.close()
     pages = (args.mib << 20) // PAGE
-    if sum(r[4] for r in got["consumer"]) != args.producers * pages * sum(i & 0xFF for i in range(args.count)):
+    if sum(r["checksum"] for r in got["consumer"]) != args.producers * pages * sum(i & 0xFF for i in range(args.count)):
         raise RuntimeError("the consumers read the wrong data")
     how = "read-only takes" if args.readonly else "copy-on-write takes"
     if args.nowait:
         how += ", publish(wait=False)"
     if args.ahead:
         how += ", allocate_ahead"
-    rate = sum(r[3] for r in got["consumer"])
+    rate = sum(r["rate"] for r in got["consumer"])
     print(f"{args.mib} MiB, {args.producers}->{args.consumers}, {how}, {args.count} tensors per producer, "
           f"each process's first {args.warm} left out, window {args.window}")
     print(f"rate: {rate:.1f} tensors/s ({rate * (args.mib << 20) / 1e9:.2f} GB/s)")
     for role in ("producer", "consumer"):
-        results_ = got[role]
-        timed = sum(r[2] for r in results_)
-        usage = {key: sum(r[1][key] for r in results_) / timed for key in results_[0][1]}
-        print(f"{role} ({len(results_)}): per tensor CPU {usage['cpu'] * 1e3:.2f} ms, context switches "
+        runs = got[role]
+        timed = sum(r["timed"] for r in runs)
+        usage = {key: sum(r["usage"][key] for r in runs) / timed for key in runs[0]["usage"]}
+        print(f"{role} ({len(runs)}): per tensor CPU {usage['cpu'] * 1e3:.2f} ms, context switches "
               f"{usage['voluntary']:.1f} voluntary + {usage['involuntary']:.1f} involuntary, "
               f"page faults {usage['faults']:.1f}")
-        for step in results_[0][0]:
-            values = [v for r in results_ for v in r[0][step]]
+        for step in runs[0]["steps"]:
+            values = [v for r in runs for v in r["steps"][step]]
             print(f"  {step:<8} p50 {ms(values, 0.5):7.2f} ms  p90 {ms(values, 0.9):7.2f} ms  "
                   f"max {ms(values, 1.0):7.2f} ms  mean {statistics.fmean(values) * 1e3:7.2f} ms")
     total = args.count * args.producers

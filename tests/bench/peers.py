@@ -77,8 +77,8 @@ WARM_SIZE = 64
 
 def tensord_warm_producer(client, cfg, index):
     # The producer holds every warm tensor until the last is published, so they are all alive
-    # at once whatever the consumers' pace: as many buffers as the timed run keeps in flight
-    # then go back to its pool, and none of them is made during the timed run.
+    # at once whatever the consumers' pace, and as many recycled buffers as that go back to its
+    # pool (the single handoffs of large tensors warm up with their own loop instead, below).
     held = []
     for c in range(cfg["consumers"]):
         for k in range(cfg["warm"]):
