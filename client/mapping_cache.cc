@@ -199,6 +199,21 @@ void MappingCache::ReleaseKept() {
   // `dropped` is declared before the lock, so it unmaps after the lock is released.
 }
 
+size_t MappingCache::DropKept(uint64_t buffer_id) {
+  std::vector<std::shared_ptr<Mapping>> dropped;  // declared first: unmapped after the lock goes
+  absl::MutexLock lock(&mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->first.buffer_id != buffer_id || it->second.kept == nullptr) {
+      ++it;
+      continue;
+    }
+    dropped.push_back(std::move(it->second.kept));
+    lingering_.erase(it->first);
+    it = entries_.erase(it);
+  }
+  return dropped.size();
+}
+
 size_t MappingCache::LiveCountForTest() {
   absl::MutexLock lock(&mu_);
   size_t n = 0;

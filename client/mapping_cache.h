@@ -132,6 +132,10 @@ class MappingCache {
   Clock::time_point Sweep(Clock::time_point now);
   // Drops every reference the cache keeps of its own (kSession and kLinger alike).
   void ReleaseKept();
+  // The broker freed buffer `buffer_id` (a recycled buffer it will not hand out again):
+  // drops the references the cache keeps of it, of any mode or view kind, so its memory is
+  // unmapped once the views still using it go. Returns how many it dropped.
+  size_t DropKept(uint64_t buffer_id);
 
   // Live mappings now (expired entries are not counted).
   size_t LiveCountForTest();

@@ -122,7 +122,10 @@ void Session::OnPush(const tensord::v1::SessionResponse& push) {
       queue_->Wake();
     }
   } else if (push.has_recycled_buffer_freed()) {
+    // The producer's writable mapping, or a reader's kept one: the broker will not hand the
+    // buffer out again, and the memory is free once no process maps it.
     recycled_.Forget(push.recycled_buffer_freed().buffer_id());
+    mappings_.DropKept(push.recycled_buffer_freed().buffer_id());
   } else if (push.has_cache_reset()) {
     // A RecycledBufferFreed may have been lost: keep nothing the broker may have freed
     // (what it still pools is never offered again, so it never hands it out).

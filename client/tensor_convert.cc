@@ -143,6 +143,7 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
     session.bytes_produced = usage.bytes_produced();
     session.leases_granted = usage.leases_granted();
     session.publishes = usage.publishes();
+    session.waiting = usage.waiting();
     out.session_usage.push_back(std::move(session));
   }
   std::sort(out.session_usage.begin(), out.session_usage.end(),
@@ -163,6 +164,7 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
       device.total_bytes = usage.total_bytes();
       device.bytes_in_use = usage.bytes_in_use();
       device.bytes_limit = usage.bytes_limit();
+      device.bytes_pooled = usage.bytes_pooled();
       info.devices.push_back(std::move(device));
     }
     out.backends.push_back(std::move(info));

@@ -289,6 +289,12 @@ absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t
     }
     fds += handle->fds.size();
     if (fds > common::kMaxFdsPerMessage && !handles.empty()) break;  // the client asks again
+    // Readers of a recyclable buffer keep their mapping for its next tensor: they hear
+    // when it is freed (FreeRecycledLocked).
+    if (buffer->recyclable && !buffer->tensor_ids.empty()) {
+      const Tensor* first = registry_.Find(*buffer->tensor_ids.begin());
+      if (first != nullptr && first->producer_session != session->id) buffer->readers.insert(session->id);
+    }
     handles.push_back(
         FetchedHandle{buffer_id, buffer->size, buffer->device->device.device.type(), *std::move(handle)});
   }
@@ -343,6 +349,7 @@ v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool b
   response.set_lease_id(lease_id);
   *response.mutable_tensor() = registry_.Describe(tensor);
   response.set_ready_fence(tensor.ready_fence);
+  if (!tensor.ready_fence.empty()) response.set_ready_fence_session(tensor.producer_session);
   return response;
 }
 
@@ -374,12 +381,13 @@ void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   const bool reader_sealed = buffer != nullptr && buffer->reader_sealed;
   // The release path: copied only for a buffer that may go to the pool.
   std::string ns = recyclable ? tensor.ns : std::string();
+  absl::flat_hash_set<uint64_t> readers = recyclable ? buffer->readers : absl::flat_hash_set<uint64_t>();
   std::unique_ptr<common::BackendBuffer> memory = registry_.Remove(id);
   if (memory != nullptr && recyclable) {
     const uint64_t size = memory->size();
-    RecycleLocked(
-        BufferPool::Entry{buffer_id, producer_session, std::move(ns), device, size, reader_sealed, std::move(memory)},
-        effects);
+    RecycleLocked(BufferPool::Entry{buffer_id, producer_session, std::move(ns), device, size, reader_sealed,
+                                    std::move(readers), std::move(memory)},
+                  effects);
   } else if (memory != nullptr) {
     // Buffer sizes are rounded by their backend, the same as what was reserved.
     memory_quota_.Release(device->key, memory->size());
@@ -406,10 +414,15 @@ void Broker::FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects&
   for (BufferPool::Entry& entry : entries) {
     memory_quota_.Release(entry.device->key, entry.size);
     effects.garbage.push_back(std::move(entry.memory));
-    if (Session* producer = sessions_.Find(entry.session_id)) {
+    // The producer drops its writable mapping, each reader the mapping it kept: only then is
+    // the memory free (a device allocation lives while any process has it imported).
+    entry.readers.insert(entry.session_id);
+    for (uint64_t session_id : entry.readers) {
+      Session* holder = sessions_.Find(session_id);
+      if (holder == nullptr) continue;
       v1::SessionResponse push;
       push.mutable_recycled_buffer_freed()->set_buffer_id(entry.buffer_id);
-      PushLocked(*producer, std::move(push), effects);
+      PushLocked(*holder, std::move(push), effects);
     }
   }
 }
@@ -780,6 +793,7 @@ v1::AllocateResponse Broker::RegisterRecycledLocked(Session& session, Tensor ten
   buffer.memory = std::move(entry.memory);
   buffer.device = entry.device;
   buffer.reader_sealed = entry.reader_sealed;  // seals stay on the memfd
+  buffer.readers = std::move(entry.readers);   // and readers keep their mappings
   buffer.recyclable = true;
   tensor.buffer_id = buffer.id;
   registry_.AddBuffer(std::move(buffer));

@@ -374,7 +374,7 @@ v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t 
   response.set_leases(leases_.size());
   response.set_sessions(sessions_.size());
   response.set_releases_not_found(releases_not_found_);
-  response.set_host_bytes_pooled(pool_.bytes());
+  response.set_host_bytes_pooled(pool_.bytes_on(&backends_->host()));
   response.set_pooled_buffers(pool_.size());
   response.set_hand_overs_pending(hand_overs_.size());
   response.set_leases_reclaimed(leases_reclaimed_);
@@ -385,6 +385,9 @@ v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t 
       const std::string key = common::DeviceKey(usage.device());
       usage.set_bytes_in_use(memory_quota_.InUse(key));
       usage.set_bytes_limit(memory_quota_.Limit(key));
+      if (absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(usage.device()); device.ok()) {
+        usage.set_bytes_pooled(pool_.bytes_on(*device));
+      }
     }
     *response.add_backends() = std::move(backend);
   }
@@ -434,6 +437,7 @@ void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& res
     }
     usage.set_leases_granted(session.leases_granted);
     usage.set_publishes(session.publishes);
+    usage.set_waiting(session.waits);
   }
 }
 

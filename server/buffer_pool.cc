@@ -17,6 +17,9 @@ BufferPool::Entry BufferPool::Remove(std::map<uint64_t, Entry>::iterator it) {
   use->second.bytes -= entry.size;
   if (use->second.buffers == 0) use_.erase(use);
   bytes_ -= entry.size;
+  auto on_device = bytes_by_device_.find(entry.device);
+  TENSORD_CHECK(on_device != bytes_by_device_.end() && on_device->second >= entry.size);
+  if ((on_device->second -= entry.size) == 0) bytes_by_device_.erase(on_device);
   return entry;
 }
 
@@ -45,6 +48,7 @@ std::vector<BufferPool::Entry> BufferPool::Put(Entry entry) {
   ++use.buffers;
   use.bytes += entry.size;
   bytes_ += entry.size;
+  bytes_by_device_[entry.device] += entry.size;
   seq_of_buffer_[entry.buffer_id] = seq;
   entries_.emplace(seq, std::move(entry));
   return evicted;

@@ -13,8 +13,12 @@
 // sessions, before an allocation fails for want of quota (EvictOldest). A closing session's
 // entries all go (RemoveSession).
 //
+// Any memory kind whose BackendBuffer is Recyclable() pools here (host memfds, CUDA VMM
+// allocations): the pool only counts bytes per device, and the quota is the device's.
+//
 // Ownership: entries own their BackendBuffer; every entry that leaves the pool other than by
-// Take is returned to the caller, which frees it (off the RPC threads) and tells its session.
+// Take is returned to the caller, which frees it (off the RPC threads) and tells its session
+// and the sessions that fetched its handle (`readers`).
 // Not thread-safe: the Broker guards it with its mutex.
 #pragma once
 
@@ -27,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/memory/memory_backend.h"
 #include "server/backend_registry.h"
 
@@ -46,6 +51,7 @@ class BufferPool {
     const ResolvedDevice* device = nullptr;  // BackendRegistry's
     uint64_t size = 0;                       // the buffer's (rounded) bytes
     bool reader_sealed = false;              // Buffer::reader_sealed, carried across uses
+    absl::flat_hash_set<uint64_t> readers;   // Buffer::readers, carried across uses
     std::unique_ptr<common::BackendBuffer> memory;
   };
 
@@ -71,6 +77,11 @@ class BufferPool {
   std::vector<Entry> RemoveSession(uint64_t session_id);
 
   uint64_t bytes() const { return bytes_; }
+  // The pooled bytes on `device`.
+  uint64_t bytes_on(const ResolvedDevice* device) const {
+    auto it = bytes_by_device_.find(device);
+    return it == bytes_by_device_.end() ? 0 : it->second;
+  }
   size_t size() const { return entries_.size(); }
 
  private:
@@ -87,6 +98,7 @@ class BufferPool {
   std::map<uint64_t, uint64_t> seq_of_buffer_;
   std::map<uint64_t, SessionUse> use_;  // by session
   uint64_t bytes_ = 0;
+  std::map<const ResolvedDevice*, uint64_t> bytes_by_device_;
 };
 
 }  // namespace tensord::server

@@ -43,6 +43,9 @@ struct Buffer {
   // writable mapping until told RecycledBufferFreed, and when its tensor goes the buffer may
   // wait in the producer session's BufferPool for the next one.
   bool recyclable = false;
+  // Recyclable only: the other sessions that fetched its handle. Their clients keep their
+  // mappings for the producer's next tensor in it, and are told when it is freed.
+  absl::flat_hash_set<uint64_t> readers;
   // Memory its producer owns (BackendBuffer::OwnedByProducer) whose producer exited: why
   // nothing may acquire or fetch it any more. Empty otherwise.
   std::string producer_exited;

@@ -342,7 +342,8 @@ std::string BackendsJson(const std::vector<BackendInfo>& backends) {
              ",\"key\":" + JsonString(d.key) + ",\"name\":" + JsonString(d.name) +
              ",\"total_bytes\":" + std::to_string(d.total_bytes) +
              ",\"bytes_in_use\":" + std::to_string(d.bytes_in_use) +
-             ",\"bytes_limit\":" + std::to_string(d.bytes_limit) + "}";
+             ",\"bytes_limit\":" + std::to_string(d.bytes_limit) +
+             ",\"bytes_pooled\":" + std::to_string(d.bytes_pooled) + "}";
     }
     out += "]}";
   }
@@ -367,10 +368,11 @@ std::string SessionsJson(const std::vector<SessionUsage>& sessions, const RateMa
     std::snprintf(line, sizeof(line),
                   "%s{\"id\":%" PRIu64 ",\"pid\":%u,\"uid\":%u,\"gid\":%u,\"client_name\":%s,\"opened\":%s"
                   ",\"leases\":%" PRIu64 ",\"bytes_leased\":%" PRIu64 ",\"tensors_produced\":%" PRIu64
-                  ",\"bytes_produced\":%" PRIu64 ",\"leases_granted\":%" PRIu64 ",\"publishes\":%" PRIu64,
+                  ",\"bytes_produced\":%" PRIu64 ",\"leases_granted\":%" PRIu64 ",\"publishes\":%" PRIu64
+                  ",\"waiting\":%" PRIu64,
                   i == 0 ? "" : ",", u.id, u.pid, u.uid, u.gid, JsonString(u.client_name).c_str(),
                   SecondsJson(u.opened_unix_ms).c_str(), u.leases, u.bytes_leased, u.tensors_produced,
-                  u.bytes_produced, u.leases_granted, u.publishes);
+                  u.bytes_produced, u.leases_granted, u.publishes, u.waiting);
     out += line;
     if (rates != nullptr) {
       auto it = rates->find(u.id);
@@ -453,7 +455,7 @@ int CmdStatus(Client& client, const Globals& g) {
   std::printf("broker       tensord %s, pid %u, uid %u, up %.1f s\n", s.version.c_str(), s.pid,
               s.uid, static_cast<double>(s.uptime_ms) / 1000.0);
   std::printf("socket       %s\n", s.socket.empty() ? client.socket_path().c_str() : s.socket.c_str());
-  std::printf("host memory  %s in use of %s (%.1f%%); pooled for reuse: %s in %" PRIu64 " buffers\n",
+  std::printf("host memory  %s in use of %s (%.1f%%); pooled for reuse: %s (%" PRIu64 " buffers on every device)\n",
               BytesText(s.host_bytes_in_use).c_str(), BytesText(s.host_bytes_limit).c_str(), pct,
               BytesText(s.host_bytes_pooled).c_str(), s.pooled_buffers);
   std::printf("tensors      %" PRIu64 " (%" PRIu64 " named), %" PRIu64 " buffers\n", s.tensors,
@@ -472,9 +474,9 @@ int CmdStatus(Client& client, const Globals& g) {
     }
     for (const DeviceUsage& d : b.devices) {
       const std::string device = b.name + ":" + std::to_string(d.device.device_id) + " " + d.name + " " + d.uuid;
-      std::printf("%-12s %s: %s in use of %s (%.1f%%)\n", b.name.c_str(), device.c_str(),
+      std::printf("%-12s %s: %s in use of %s (%.1f%%); pooled for reuse: %s\n", b.name.c_str(), device.c_str(),
                   BytesText(d.bytes_in_use).c_str(), BytesText(d.bytes_limit).c_str(),
-                  Percent(d.bytes_in_use, d.bytes_limit));
+                  Percent(d.bytes_in_use, d.bytes_limit), BytesText(d.bytes_pooled).c_str());
     }
   }
   std::printf("\n");

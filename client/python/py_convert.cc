@@ -194,6 +194,7 @@ py::dict StatusToDict(const BrokerStatus& s, bool sessions) {
       e["bytes_produced"] = u.bytes_produced;
       e["leases_granted"] = u.leases_granted;
       e["publishes"] = u.publishes;
+      e["waiting"] = u.waiting;
       list.append(e);
     }
     d["session_usage"] = list;
@@ -216,6 +217,7 @@ py::dict StatusToDict(const BrokerStatus& s, bool sessions) {
       u["total_bytes"] = usage.total_bytes;
       u["bytes_in_use"] = usage.bytes_in_use;
       u["bytes_limit"] = usage.bytes_limit;
+      u["bytes_pooled"] = usage.bytes_pooled;
       devices.append(u);
     }
     b["devices"] = devices;

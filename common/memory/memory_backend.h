@@ -49,9 +49,11 @@ class BackendBuffer {
   // (a memfd, a VMM allocation), which outlives its producer.
   virtual bool OwnedByProducer() const { return false; }
   // True when the memory may carry a later tensor of the same producer once its tensors are
-  // gone (the broker's BufferPool): a broker-made memfd, which its producer keeps mapped
-  // writable. False for memory adopted from a producer, and for device memory, whose reuse
-  // would also have to wait for every reader's device work.
+  // gone (the broker's BufferPool): memory the broker made, which its producer keeps mapped
+  // writable (a memfd, a CUDA VMM allocation). Device work needs no check here: a consumer
+  // releases a lease only once the work it queued on the tensor has finished (its done
+  // fences, stream_order.h), so a buffer whose last lease is gone is idle on every stream.
+  // False for memory adopted from a producer.
   virtual bool Recyclable() const { return false; }
 };
 

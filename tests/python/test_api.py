@@ -346,3 +346,24 @@ def test_dtype_and_device_compare_equal_to_numpy_and_torch_spellings(client, nam
         tensord.DType("bfloat16").numpy()
     assert str(tensord.Device((2, 1))) == "cuda:1" and tensord.Device((2, 1)) == "cuda:1"
     assert str(tensord.Device((3, 0))) == "cuda_host"
+
+
+def test_status_counts_a_sessions_calls_waiting_for_a_name(client, other, name):
+    """What a test (or an operator) reads to know a consumer is waiting, instead of sleeping."""
+    n = name()
+
+    def waiting():
+        usage = client.status(sessions=True)["session_usage"]
+        return [u["waiting"] for u in usage if u["id"] == other.session_id][0]
+
+    assert waiting() == 0
+    got = []
+    taker = threading.Thread(target=lambda: got.append(other.take(n, timeout=30)))
+    taker.start()
+    try:
+        wait_for(lambda: waiting() == 1, what="the take to wait in the broker")
+        client.put(n, np.arange(4, dtype=np.int32))
+    finally:
+        taker.join(timeout=30)
+    assert got and got[0].numpy().tolist() == [0, 1, 2, 3]
+    assert waiting() == 0

@@ -159,6 +159,7 @@ struct DeviceUsage {
   uint64_t total_bytes = 0;    // 0: not known
   uint64_t bytes_in_use = 0;
   uint64_t bytes_limit = 0;
+  uint64_t bytes_pooled = 0;   // of bytes_in_use: recycled buffers waiting for their producer
 };
 
 // A memory backend of the daemon: built or not, available or why not, its devices.
@@ -184,6 +185,7 @@ struct SessionUsage {
   uint64_t bytes_produced = 0;
   uint64_t leases_granted = 0;    // since it connected: acquires, takes, allocations, redeems
   uint64_t publishes = 0;         // since it connected
+  uint64_t waiting = 0;           // its acquires and takes waiting for a name now
 };
 
 struct StatusOptions {

@@ -63,6 +63,10 @@ class CudaVmmBuffer final : public BackendBuffer {
   // process is out of fds.
   absl::StatusOr<MemoryHandle> Export() const override;
   absl::Status CheckShareable(const std::string& what) const override;
+  // The broker pools it for its producer's next tensor of about the same size: exported
+  // once, imported once by each process that keeps its mapping (the producer's writable
+  // one, readers' lingering ones), so a recycled handoff makes no driver call on any side.
+  bool Recyclable() const override { return true; }
 
  private:
   const CudaDriver* const driver_;

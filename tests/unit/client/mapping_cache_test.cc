@@ -519,6 +519,35 @@ TEST(MappingCacheTest, ALingerMappingGoesOnceUnusedForTheLinger) {
   EXPECT_EQ(broker.fetches, 2);
 }
 
+// The broker freed a recycled buffer: what the cache kept of it goes at once (every mode
+// and view of that buffer, nothing of another), whatever its linger; a view still using it
+// keeps it mapped until the view goes.
+TEST(MappingCacheTest, DropKeptLetsGoOfOneBufferAtOnce) {
+  FakeBroker broker(8192);
+  FakeBroker other(8192);
+  MappingCache cache(HostOnly(), std::chrono::hours(1));
+  MappingKey key{"n", 6, MapMode::kPrivate};
+  MappingKey readonly{"n", 6, MapMode::kSharedReadOnly};
+  MappingKey neighbour{"n", 7, MapMode::kPrivate};
+  auto in_use = cache.GetOrMap(key, broker.Fetch(), Retention::kLinger);
+  ASSERT_TRUE(in_use.ok());
+  const uint8_t* in_use_addr = (*in_use)->data();
+  auto idle = cache.GetOrMap(readonly, broker.Fetch(), Retention::kLinger);
+  ASSERT_TRUE(idle.ok());
+  const uint8_t* idle_addr = (*idle)->data();
+  idle = absl::CancelledError("dropped");
+  ASSERT_TRUE(cache.GetOrMap(neighbour, other.Fetch(), Retention::kLinger).ok());
+  ASSERT_EQ(cache.KeptCountForTest(), 3u);
+
+  EXPECT_EQ(cache.DropKept(6), 2u);
+  EXPECT_EQ(cache.KeptCountForTest(), 1u);  // buffer 7's
+  EXPECT_FALSE(testing::IsMapped(idle_addr));
+  EXPECT_TRUE(testing::IsMapped(in_use_addr));  // its view still uses it
+  in_use = absl::CancelledError("dropped");
+  EXPECT_FALSE(testing::IsMapped(in_use_addr));
+  EXPECT_EQ(cache.DropKept(6), 0u);
+}
+
 TEST(MappingCacheTest, SweepsLeaveDedicatedBuffersToTheirViews) {
   FakeBroker broker(4096);
   MappingCache cache(HostOnly(), std::chrono::milliseconds(0));

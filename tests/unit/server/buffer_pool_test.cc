@@ -27,7 +27,7 @@ const ResolvedDevice kGpu{nullptr, {}, "cuda:GPU-0"};
 
 BufferPool::Entry Entry(uint64_t buffer_id, uint64_t session, uint64_t size, std::string ns = "ns",
                         const ResolvedDevice* device = &kHost) {
-  return BufferPool::Entry{buffer_id, session, std::move(ns), device, size, true,
+  return BufferPool::Entry{buffer_id, session, std::move(ns), device, size, true, {},
                            std::make_unique<SizedBuffer>(size)};
 }
 
@@ -91,6 +91,21 @@ TEST(BufferPoolTest, PressureTakesTheOldestOfAnySessionOnTheDevice) {
   EXPECT_EQ(Ids(pool.EvictOldest(&kHost, 1)), std::vector<uint64_t>({4}));
   EXPECT_TRUE(pool.EvictOldest(&kHost, 1).empty());
   EXPECT_EQ(pool.size(), 1u);
+}
+
+// Status reports pooled bytes per device: the host's and each GPU's are their own quota's.
+TEST(BufferPoolTest, CountsPooledBytesPerDevice) {
+  BufferPool pool({8, 1 << 30});
+  pool.Put(Entry(1, 7, 1000));
+  pool.Put(Entry(2, 7, 4000, "ns", &kGpu));
+  pool.Put(Entry(3, 8, 2000, "ns", &kGpu));
+  EXPECT_EQ(pool.bytes_on(&kHost), 1000u);
+  EXPECT_EQ(pool.bytes_on(&kGpu), 6000u);
+  ASSERT_TRUE(pool.Take(7, "ns", &kGpu, 4000, std::vector<uint64_t>{2}).has_value());
+  EXPECT_EQ(pool.bytes_on(&kGpu), 2000u);
+  EXPECT_EQ(Ids(pool.EvictOldest(&kGpu, 1)), std::vector<uint64_t>({3}));
+  EXPECT_EQ(pool.bytes_on(&kGpu), 0u);
+  EXPECT_EQ(pool.bytes(), 1000u);
 }
 
 TEST(BufferPoolTest, AClosingSessionTakesEverythingItPooled) {
