@@ -56,6 +56,11 @@ Status TensorRef::UseOnStream(uintptr_t stream) const {
   return Guard("use on a stream", [&] { return internal::FromAbsl(view_->UseOnStream(stream)); });
 }
 
+Status TensorRef::WaitReadyOnHost() const {
+  if (view_ == nullptr) return Status(StatusCode::kInvalidArgument, "wait for the producer: an empty TensorRef");
+  return Guard("wait for the producer", [&] { return internal::FromAbsl(view_->WaitReadyOnHost()); });
+}
+
 Status TensorRef::CopyFromDevice(const void* src, uint64_t bytes, uintptr_t stream) const {
   if (view_ == nullptr) return Status(StatusCode::kInvalidArgument, "copy from device: an empty TensorRef");
   return Guard("copy from device", [&] { return internal::FromAbsl(view_->CopyFromDevice(src, bytes, stream)); });

@@ -66,7 +66,7 @@ absl::StatusOr<std::shared_ptr<Mapping>> LeaseAdopter::MapBuffer(const tensord::
 
 absl::StatusOr<LeaseView*> LeaseAdopter::AdoptLease(uint64_t lease_id,
                                                     const tensord::v1::TensorInfo& tensor,
-                                                    std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
+                                                    GrantedFence ready_fence, ViewKind kind, std::string_view cache_name,
                                                     std::string_view what, const OwnMemory& own,
                                                     bool described_here) {
   auto give_back = [&](absl::Status status) -> absl::Status {
@@ -116,7 +116,13 @@ absl::StatusOr<LeaseView*> LeaseAdopter::AdoptLease(uint64_t lease_id,
   params.offset_in_mapping = offset;
   params.cache_name = std::string(cache_name);
   params.described_here = described_here;
-  params.ready_fence = std::string(ready_fence);
+  params.ready_fence = std::string(ready_fence.bytes);
+  // The broker's names for the fence's process: its instance and the producer's session.
+  if (ready_fence.producer_session != 0) {
+    params.ready_fence_source = instance_nonce_;
+    params.ready_fence_source.append(reinterpret_cast<const char*>(&ready_fence.producer_session),
+                                     sizeof(ready_fence.producer_session));
+  }
   // A mapping that outlives the lease (an arena's, a recycled buffer's) must not show the
   // next tensor there our private copies of its pages.
   if (kind == ViewKind::kPrivate && (tensor.buffer().arena() || tensor.buffer().recyclable()) &&

@@ -40,6 +40,15 @@ struct OwnMemory {
   std::shared_ptr<Mapping> mapping;
 };
 
+// The producer's ready fence as a grant carried it (device tensors; empty otherwise).
+struct GrantedFence {
+  std::string_view bytes;
+  uint64_t producer_session = 0;  // the session that recorded it (AcquireResponse.ready_fence_session)
+  static GrantedFence Of(const tensord::v1::AcquireResponse& grant) {
+    return GrantedFence{grant.ready_fence(), grant.ready_fence_session()};
+  }
+};
+
 class LeaseAdopter {
  public:
   LeaseAdopter(FdConnection& fd, MappingCache& mappings, LeaseCache& leases,
@@ -52,7 +61,7 @@ class LeaseAdopter {
   // is ours, not the broker's yet. `ready_fence`: the producer's, as the grant carried it.
   // `cache_name`: the name it was acquired by (the lease cache's key), or empty.
   absl::StatusOr<LeaseView*> AdoptLease(uint64_t lease_id, const tensord::v1::TensorInfo& tensor,
-                                        std::string_view ready_fence, ViewKind kind, std::string_view cache_name,
+                                        GrantedFence ready_fence, ViewKind kind, std::string_view cache_name,
                                         std::string_view what, const OwnMemory& own = {},
                                         bool described_here = false);
 
@@ -61,7 +70,7 @@ class LeaseAdopter {
     size_t index = 0;  // the element
     uint64_t lease_id = 0;
     const tensord::v1::TensorInfo* tensor = nullptr;
-    std::string_view ready_fence;  // the producer's, for device tensors (stream_order.h)
+    GrantedFence ready_fence;  // the producer's, for device tensors (stream_order.h)
   };
   // Adopts every grant into views[grant.index] (buffers fetched together first). On the
   // first failure, gives back everything of the batch (the views adopted so far and the

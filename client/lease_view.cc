@@ -51,6 +51,7 @@ LeaseView::LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue)
       arena_slot_length_(params.arena_slot_length),
       described_here_(params.described_here),
       ready_fence_(std::move(params.ready_fence)),
+      ready_fence_source_(std::move(params.ready_fence_source)),
       stream_order_(mapping_ != nullptr ? mapping_->stream_order() : nullptr),
       queue_(std::move(queue)) {
   TENSORD_CHECK(queue_ != nullptr);
@@ -89,13 +90,20 @@ absl::Status LeaseView::UseOnStream(uintptr_t stream) {
   if (stream_order_ == nullptr) return absl::OkStatus();
   const std::string what = "tensor " + std::to_string(info_.tensor_id);
   if (!ready_fence_.empty()) {
-    TENSORD_RETURN_IF_ERROR(stream_order_->WaitReady(ready_fence_, mapping_->device_ordinal(), stream, what));
+    TENSORD_RETURN_IF_ERROR(stream_order_->WaitReady(common::ReadyFence{ready_fence_, ready_fence_source_},
+                                                     mapping_->device_ordinal(), stream, what));
   }
   absl::MutexLock lock(&streams_mu_);
   if (std::find(use_streams_.begin(), use_streams_.end(), stream) == use_streams_.end()) {
     use_streams_.push_back(stream);
   }
   return absl::OkStatus();
+}
+
+absl::Status LeaseView::WaitReadyOnHost() {
+  if (stream_order_ == nullptr || ready_fence_.empty()) return absl::OkStatus();
+  return stream_order_->WaitReadyOnHost(common::ReadyFence{ready_fence_, ready_fence_source_},
+                                        mapping_->device_ordinal(), "tensor " + std::to_string(info_.tensor_id));
 }
 
 absl::StatusOr<std::string> LeaseView::RecordReady(uintptr_t stream) const {

@@ -74,8 +74,10 @@ class LeaseView {
     // A producer's pooled slot: the broker still has it as a plain slot, and Publish sends
     // `info`'s description with it.
     bool described_here = false;
-    // The producer's ready fence, as the grant carried it (device tensors; may be empty).
+    // The producer's ready fence, as the grant carried it (device tensors; may be empty),
+    // and who recorded it (common::ReadyFence::source; empty: unknown).
     std::string ready_fence;
+    std::string ready_fence_source;
   };
   // Starts with one reference, owned by the caller.
   LeaseView(Params params, std::shared_ptr<ReleaseQueue> queue);
@@ -126,6 +128,9 @@ class LeaseView {
   // it to the streams the last Unref() records done fences on. OK and nothing done for host
   // memory. Errors name the tensor.
   absl::Status UseOnStream(uintptr_t stream);
+  // Blocks this thread until the producer's writes are done (the ready fence, if any), for
+  // a consumer that takes the memory with no stream. Nothing for host memory.
+  absl::Status WaitReadyOnHost();
   // The producer's side: a ready fence recorded on `stream` for Publish to send; empty for
   // host memory.
   absl::StatusOr<std::string> RecordReady(uintptr_t stream) const;
@@ -169,6 +174,7 @@ class LeaseView {
   const uint64_t arena_slot_length_;
   const bool described_here_;
   const std::string ready_fence_;
+  const std::string ready_fence_source_;
   const common::StreamOrder* const stream_order_;  // null: host memory
   absl::Mutex streams_mu_;
   std::vector<uintptr_t> use_streams_ ABSL_GUARDED_BY(streams_mu_);

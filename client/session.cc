@@ -166,7 +166,7 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
-  return adopter_.AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), response.acquire().ready_fence(), kind,
+  return adopter_.AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), GrantedFence::Of(response.acquire()), kind,
                     name != nullptr ? std::string_view(*name) : std::string_view(), what);
 }
 
@@ -200,7 +200,7 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, const 
   }
   // The name is unbound now: a cached lease of it must not serve it any more.
   ForgetName(response.take().tensor().name());
-  return adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(), response.take().ready_fence(),
+  return adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(), GrantedFence::Of(response.take()),
                     ConsumerViewKind(options), "", what);
 }
 
@@ -302,7 +302,7 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
     return absl::InternalError(what + ": the broker answered with something else");
   }
   TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
-                           adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), "",
+                           adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), {},
                                       ViewKind::kProducer, "", what));
   KeepRecycled(ns, response->allocate(), *view);
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
@@ -322,7 +322,7 @@ LeaseView* Session::CollectAhead(AllocateAhead::Entry ahead, const tensord::v1::
   if (!response.ok() || !response->has_allocate()) return nullptr;
   // On failure AdoptLease gave the lease back; the plain Allocate then says what is wrong.
   absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(),
-                                                        "", ViewKind::kProducer, "", what);
+                                                        {}, ViewKind::kProducer, "", what);
   if (!view.ok()) return nullptr;
   KeepRecycled(request.allocate().ns(), response->allocate(), **view);
   if (response->allocate().recyclable()) SendAhead(ahead.key, request, extent);
@@ -360,7 +360,7 @@ LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
   tensor.mutable_desc()->mutable_strides()->Assign(layout.strides.begin(), layout.strides.end());
   tensor.mutable_buffer()->set_extent(layout.extent);
   tensor.set_nbytes(layout.nbytes);
-  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(entry->lease_id, tensor, "", ViewKind::kProducer, "",
+  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(entry->lease_id, tensor, {}, ViewKind::kProducer, "",
                                                what, /*own=*/{}, /*described_here=*/true);
   // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
   return view.ok() ? *view : nullptr;

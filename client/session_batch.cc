@@ -170,7 +170,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
       failed.Add(i, absl::InternalError("the broker answered with something else"));
     } else {
       grants.push_back(Grant{i, replies[k]->acquire().lease_id(), &replies[k]->acquire().tensor(),
-                             replies[k]->acquire().ready_fence()});
+                             GrantedFence::Of(replies[k]->acquire())});
     }
   }
   if (!failed.empty()) {
@@ -223,7 +223,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     }
     // Unbound now: a cached lease of the name must not serve it any more.
     ForgetName(reply->take().tensor().name());
-    grants.push_back(Grant{grants.size(), reply->take().lease_id(), &reply->take().tensor(), reply->take().ready_fence()});
+    grants.push_back(Grant{grants.size(), reply->take().lease_id(), &reply->take().tensor(), GrantedFence::Of(reply->take())});
   }
   auto what = [&](size_t i) { return ElementOf("take", i, grants.size()) + " from '" + target + "'"; };
   if (grants.empty()) {

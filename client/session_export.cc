@@ -89,7 +89,7 @@ absl::StatusOr<LeaseView*> Session::RegisterExport(tensord::v1::ExportRequest re
   if (source != nullptr) {
     exports_.Add(response.tensor().tensor_id(), response.tensor().buffer().buffer_id(), std::move(source));
   }
-  return adopter_.AdoptLease(response.lease_id(), response.tensor(), "", ViewKind::kProducer, "", what, own);
+  return adopter_.AdoptLease(response.lease_id(), response.tensor(), {}, ViewKind::kProducer, "", what, own);
 }
 
 ReleaseSink::Clock::time_point Session::TickExports(Clock::time_point now) {

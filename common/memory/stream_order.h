@@ -30,6 +30,16 @@
 
 namespace tensord::common {
 
+// A ready fence as a consumer got it with its lease.
+struct ReadyFence {
+  std::string_view bytes;  // what the producer's RecordReady returned
+  // Who recorded it, as the broker names the producer (its instance nonce and the
+  // producer's session): equal sources are the same living process, which reuses its
+  // fences. An order may keep what it opened of a fence under (source, bytes) for that
+  // producer's later tensors; with an empty source it keeps nothing.
+  std::string_view source;
+};
+
 // A fence this process recorded on one of its streams (RecordDone). Destroying it gives
 // its resources back; it never blocks and never throws.
 class DoneFence {
@@ -54,8 +64,12 @@ class StreamOrder {
   // Makes `stream` of device `ordinal` wait for a ready fence (from any process, this one
   // included) without a host wait. A fence whose producer has exited waits for nothing: its
   // process's work ended with it. INVALID_ARGUMENT for bytes that are not this kind's fence.
-  virtual absl::Status WaitReady(std::string_view fence, int32_t ordinal, uintptr_t stream,
+  virtual absl::Status WaitReady(const ReadyFence& fence, int32_t ordinal, uintptr_t stream,
                                  const std::string& what) const = 0;
+  // Blocks this thread until the work the fence covers has finished: for a consumer that
+  // takes memory with no stream at all (TensorFlow's from_dlpack of a capsule). The same
+  // rules as WaitReady otherwise.
+  virtual absl::Status WaitReadyOnHost(const ReadyFence& fence, int32_t ordinal, const std::string& what) const = 0;
   // Records a done fence on `stream` of device `ordinal`.
   virtual absl::StatusOr<std::unique_ptr<DoneFence>> RecordDone(int32_t ordinal, uintptr_t stream,
                                                                 const std::string& what) const = 0;

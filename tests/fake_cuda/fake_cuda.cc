@@ -105,6 +105,7 @@ struct State {
   std::map<uintptr_t, Linear> allocs;  // cuMemAlloc
   std::map<uintptr_t, Linear> opens;   // cuIpcOpenMemHandle
   std::map<std::string, CUresult> fail_next;
+  std::map<std::string, int> calls;  // entry point -> calls in this process (tensord_fake_cuda_calls)
   // Events (see "Events" below).
   int event_table_fd = -1;
   volatile uint32_t* event_table = nullptr;
@@ -172,6 +173,7 @@ bool Initialized() { return S().initialized; }
 bool ValidOrdinal(int ordinal) { return ordinal >= 0 && ordinal < static_cast<int>(S().visible.size()); }
 
 CUresult Injected(const char* name) {
+  ++S().calls[name];
   auto it = S().fail_next.find(name);
   if (it == S().fail_next.end()) return CUDA_SUCCESS;
   CUresult r = it->second;
@@ -1033,6 +1035,14 @@ __attribute__((visibility("default"))) int tensord_fake_cuda_primary_context_ret
   std::lock_guard<std::mutex> lock(S().mu);
   if (!ValidOrdinal(ordinal)) return -1;
   return S().contexts[ordinal].retains;
+}
+
+// How many times this process called entry point `symbol` (its exported name) after its
+// cuInit, counting calls that failed too; 0 for one never called.
+__attribute__((visibility("default"))) int tensord_fake_cuda_calls(const char* symbol) {
+  std::lock_guard<std::mutex> lock(S().mu);
+  auto it = S().calls.find(symbol);
+  return it == S().calls.end() ? 0 : it->second;
 }
 
 // The next call of entry point `symbol` (its exported name) answers `result`.

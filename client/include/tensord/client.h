@@ -369,6 +369,11 @@ class TENSORD_EXPORT TensorRef {
   // stream. Call it for every further stream you use the tensor on, before queuing work
   // there. Does nothing for host tensors. Errors name the tensor and the driver's reason.
   Status UseOnStream(uintptr_t stream) const;
+  // Device tensors, for a consumer that takes the memory with no stream (TensorFlow's
+  // from_dlpack of a capsule): blocks this thread until the producer's writes are done.
+  // Prefer UseOnStream, which never blocks the host. The release still waits only for the
+  // streams given to UseOnStream. Does nothing for host tensors.
+  Status WaitReadyOnHost() const;
   // A device tensor this client allocated: queues a copy of `bytes` from device memory at
   // `src` on the same device (a torch CUDA tensor's data_ptr(), say) into the tensor's
   // first bytes, on `stream`, without waiting for it. Publish with the same

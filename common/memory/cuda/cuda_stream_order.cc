@@ -1,6 +1,7 @@
 #include "common/memory/cuda/cuda_stream_order.h"
 
 #include <cstring>
+#include <list>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -28,10 +29,20 @@ class CudaStreamOrder::Pools {
     std::vector<CUevent> done_free;   // done events no DoneFence holds
   };
 
+  // Another process's ready event, opened here (kept, see the header).
+  struct Opened {
+    CUevent event = nullptr;
+    CUdevice device = 0;
+    std::list<std::string>::iterator recent;  // its place in `recency`
+  };
+
   absl::Mutex mu;
   std::map<CUdevice, Device> devices ABSL_GUARDED_BY(mu);
   // This process's own ready fences, to wait on without opening them.
   absl::flat_hash_map<std::string, CUevent> own ABSL_GUARDED_BY(mu);
+  // By source + fence bytes; `recency` holds the keys, least recently used first.
+  absl::flat_hash_map<std::string, Opened> opened ABSL_GUARDED_BY(mu);
+  std::list<std::string> recency ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -165,19 +176,25 @@ absl::StatusOr<std::string> CudaStreamOrder::RecordReady(int32_t ordinal, uintpt
   return chosen->fence;
 }
 
-absl::Status CudaStreamOrder::WaitReady(std::string_view fence, int32_t ordinal, uintptr_t stream,
-                                        const std::string& what) const {
+absl::StatusOr<CudaStreamOrder::FenceEvent> CudaStreamOrder::EventOf(const ReadyFence& fence, CUdevice device,
+                                                                     int32_t ordinal, const std::string& what) const {
   const CudaDriver& driver = *driver_;
-  auto decoded = DecodeCudaEventFence(fence);
+  auto decoded = DecodeCudaEventFence(fence.bytes);
   if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", decoded.status().message()));
-  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
-  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
-  const auto cu_stream = reinterpret_cast<CUstream>(stream);
-  const std::string waiting = absl::StrCat(what, ": cuStreamWaitEvent on cuda:", ordinal, " stream ", stream);
+  std::string key;
   {
     absl::MutexLock lock(&pools_->mu);
-    auto own = pools_->own.find(std::string(fence));
-    if (own != pools_->own.end()) return driver.CudaStatus(driver.cuStreamWaitEvent(cu_stream, own->second, 0), waiting);
+    auto own = pools_->own.find(std::string(fence.bytes));
+    if (own != pools_->own.end()) return FenceEvent{own->second, false};
+    if (!fence.source.empty()) {
+      key.reserve(fence.source.size() + fence.bytes.size());
+      key.append(fence.source).append(fence.bytes);
+      auto kept = pools_->opened.find(key);
+      if (kept != pools_->opened.end()) {
+        pools_->recency.splice(pools_->recency.end(), pools_->recency, kept->second.recent);
+        return FenceEvent{kept->second.event, false};
+      }
+    }
   }
   CUipcEventHandle ipc;
   std::memcpy(ipc.reserved, decoded->ipc_event.data(), kCudaIpcHandleBytes);
@@ -191,13 +208,73 @@ absl::Status CudaStreamOrder::WaitReady(std::string_view fence, int32_t ordinal,
                    "with it; not waiting",
                    what, driver.ErrorText(r));
     });
-    return absl::OkStatus();
+    return FenceEvent{};
   }
-  absl::Status waited = driver.CudaStatus(driver.cuStreamWaitEvent(cu_stream, opened, 0), waiting);
-  // The wait is enqueued: this process's copy of the event is no longer needed.
-  if (CUresult r = driver.cuEventDestroy_v2(opened); r != CUDA_SUCCESS) {
-    spdlog::error("cuda: {}: cuEventDestroy of an opened ready event: {}", what, driver.ErrorText(r));
+  if (key.empty()) return FenceEvent{opened, true};
+  CUevent evicted = nullptr;
+  CUdevice evicted_device = 0;
+  {
+    absl::MutexLock lock(&pools_->mu);
+    auto [it, inserted] = pools_->opened.try_emplace(key);
+    if (!inserted) {
+      // Another thread opened it meanwhile: use the kept one, drop ours.
+      pools_->recency.splice(pools_->recency.end(), pools_->recency, it->second.recent);
+      evicted = opened;
+      evicted_device = device;
+      opened = it->second.event;
+    } else {
+      it->second.event = opened;
+      it->second.device = device;
+      it->second.recent = pools_->recency.insert(pools_->recency.end(), key);
+      if (pools_->opened.size() > kMaxOpenedReadyEvents) {
+        auto oldest = pools_->opened.find(pools_->recency.front());
+        evicted = oldest->second.event;
+        evicted_device = oldest->second.device;
+        pools_->opened.erase(oldest);
+        pools_->recency.pop_front();
+      }
+    }
   }
+  if (evicted != nullptr) {
+    // Enqueued waits on an event do not need it to exist any more.
+    auto context = ScopedCudaContext::Push(driver, evicted_device);
+    CUresult r = context.ok() ? driver.cuEventDestroy_v2(evicted) : CUDA_ERROR_INVALID_CONTEXT;
+    if (r != CUDA_SUCCESS) spdlog::error("cuda: {}: cuEventDestroy of an opened ready event: {}", what, driver.ErrorText(r));
+  }
+  return FenceEvent{opened, false};
+}
+
+void CudaStreamOrder::Done(const FenceEvent& used, const std::string& what) const {
+  if (!used.destroy_after_use || used.event == nullptr) return;
+  // The wait is enqueued (or over): this process's copy of the event is no longer needed.
+  if (CUresult r = driver_->cuEventDestroy_v2(used.event); r != CUDA_SUCCESS) {
+    spdlog::error("cuda: {}: cuEventDestroy of an opened ready event: {}", what, driver_->ErrorText(r));
+  }
+}
+
+absl::Status CudaStreamOrder::WaitReady(const ReadyFence& fence, int32_t ordinal, uintptr_t stream,
+                                        const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  TENSORD_ASSIGN_OR_RETURN(FenceEvent event, EventOf(fence, device, ordinal, what));
+  if (event.event == nullptr) return absl::OkStatus();
+  absl::Status waited =
+      driver.CudaStatus(driver.cuStreamWaitEvent(reinterpret_cast<CUstream>(stream), event.event, 0),
+                        absl::StrCat(what, ": cuStreamWaitEvent on cuda:", ordinal, " stream ", stream));
+  Done(event, what);
+  return waited;
+}
+
+absl::Status CudaStreamOrder::WaitReadyOnHost(const ReadyFence& fence, int32_t ordinal, const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  TENSORD_ASSIGN_OR_RETURN(FenceEvent event, EventOf(fence, device, ordinal, what));
+  if (event.event == nullptr) return absl::OkStatus();
+  absl::Status waited = driver.CudaStatus(driver.cuEventSynchronize(event.event),
+                                          absl::StrCat(what, ": cuEventSynchronize on cuda:", ordinal));
+  Done(event, what);
   return waited;
 }
 

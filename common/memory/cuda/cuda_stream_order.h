@@ -21,6 +21,18 @@
 // A fence this process recorded itself (it acquires a tensor it published) is waited on
 // directly: a process cannot open its own IPC event handle.
 //
+// Opened ready events are kept. A producer reuses its ready events, so the same fence comes
+// back with its later tensors; the consumer keeps what cuIpcOpenEventHandle gave it under
+// (fence source, fence bytes), at most kMaxOpenedReadyEvents of them (the least recently
+// used is destroyed first), and a later wait on that fence is one cuStreamWaitEvent. The
+// source (the broker's name for the producer's session, ReadyFence) is part of the key
+// because the bytes alone could name an event of another process: a producer restarted in
+// a container may get its old pid back, and with it the same handle bytes. A fence with no
+// source is opened, waited on and destroyed, as before there was a cache. Keeping an
+// opened event past its exporter's exit holds only this process's reference to it: a wait
+// on it after the exit completes with the exporter's last recording, which is what its
+// death means (its queued work ended with it).
+//
 // Done fences are plain events (CU_EVENT_DISABLE_TIMING), pooled and reused once the
 // DoneFence that held one is gone; Complete() is cuEventQuery, which never blocks.
 //
@@ -46,6 +58,8 @@ class CudaStreamOrder final : public StreamOrder {
   // Most ready events a process keeps per device; older CUDA drivers capped the recorded
   // interprocess events of a process at around 22,000.
   static constexpr size_t kMaxReadyEvents = 1024;
+  // Most ready events of other processes a process keeps opened (see above).
+  static constexpr size_t kMaxOpenedReadyEvents = 1024;
 
   // The process's instance over `driver` (CudaDriver::Get() in production; tests load
   // others), made on first use and never destroyed, as the StreamOrder contract asks.
@@ -56,8 +70,10 @@ class CudaStreamOrder final : public StreamOrder {
   CudaStreamOrder& operator=(const CudaStreamOrder&) = delete;
 
   absl::StatusOr<std::string> RecordReady(int32_t ordinal, uintptr_t stream, const std::string& what) const override;
-  absl::Status WaitReady(std::string_view fence, int32_t ordinal, uintptr_t stream,
+  absl::Status WaitReady(const ReadyFence& fence, int32_t ordinal, uintptr_t stream,
                          const std::string& what) const override;
+  // cuEventSynchronize on the fence's event.
+  absl::Status WaitReadyOnHost(const ReadyFence& fence, int32_t ordinal, const std::string& what) const override;
   absl::StatusOr<std::unique_ptr<DoneFence>> RecordDone(int32_t ordinal, uintptr_t stream,
                                                         const std::string& what) const override;
   // cuMemcpyDtoDAsync.
@@ -68,6 +84,16 @@ class CudaStreamOrder final : public StreamOrder {
 
  private:
   explicit CudaStreamOrder(const CudaDriver* driver);
+  // The event a fence names in this process, opened or kept (a null event: its exporter is
+  // gone, wait for nothing), and whether the caller must destroy it after use (a fence with
+  // no source is not kept). Runs in `device`'s primary context, which the caller pushed.
+  struct FenceEvent {
+    CUevent event = nullptr;
+    bool destroy_after_use = false;
+  };
+  absl::StatusOr<FenceEvent> EventOf(const ReadyFence& fence, CUdevice device, int32_t ordinal,
+                                     const std::string& what) const;
+  void Done(const FenceEvent& used, const std::string& what) const;
 
   const CudaDriver* const driver_;
   // shared_ptr: a DoneFence gives its event back to the pool after the order is gone.

@@ -200,10 +200,10 @@ absl::StatusOr<std::string> ZeRegionOrder::RecordReady(int32_t ordinal, uintptr_
   return EncodeZeReadyFence(ZeReadyFence{uuid_, 0});
 }
 
-absl::Status ZeRegionOrder::WaitReady(std::string_view fence, int32_t ordinal, uintptr_t stream,
+absl::Status ZeRegionOrder::WaitReady(const ReadyFence& fence, int32_t ordinal, uintptr_t stream,
                                       const std::string& what) const {
   (void)ordinal;
-  absl::StatusOr<ZeReadyFence> decoded = DecodeZeReadyFence(fence);
+  absl::StatusOr<ZeReadyFence> decoded = DecodeZeReadyFence(fence.bytes);
   if (!decoded.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", decoded.status().message()));
   if (decoded->uuid != uuid_ || decoded->event_index != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the ready fence names event ", decoded->event_index,

@@ -55,8 +55,13 @@ class ZeRegionOrder final : public StreamOrder {
   explicit ZeRegionOrder(const ZeLoader* loader);
 
   absl::StatusOr<std::string> RecordReady(int32_t ordinal, uintptr_t stream, const std::string& what) const override;
-  absl::Status WaitReady(std::string_view fence, int32_t ordinal, uintptr_t stream,
+  // The fence's source is not needed: a buffer's ready event is opened once, with its pool.
+  absl::Status WaitReady(const ReadyFence& fence, int32_t ordinal, uintptr_t stream,
                          const std::string& what) const override;
+  // WaitReady with no command list: a host wait (at most kZeHostWaitLimit).
+  absl::Status WaitReadyOnHost(const ReadyFence& fence, int32_t ordinal, const std::string& what) const override {
+    return WaitReady(fence, ordinal, 0, what);
+  }
   absl::StatusOr<std::unique_ptr<DoneFence>> RecordDone(int32_t ordinal, uintptr_t stream,
                                                         const std::string& what) const override;
   // zeCommandListAppendMemoryCopy on the list; synchronous on tensord's own list for none.

@@ -74,6 +74,36 @@ class OwnDeviceMemory {
   bool ok_ = false;
 };
 
+// This process's calls of a fake driver entry point (tensord_fake_cuda_calls).
+int FakeCalls(const char* symbol) {
+  using Calls = int (*)(const char*);
+  auto calls = reinterpret_cast<Calls>(FakeDriver("tensord_fake_cuda_calls"));
+  return calls == nullptr ? -1 : calls(symbol);
+}
+
+// Writes float32[count] holding i * 0.5 + shift to device memory at `dst` on device 0, as
+// a producer's kernel would (cuMemcpyHtoD in the primary context).
+bool FillOnDevice(void* dst, int64_t count, float shift) {
+  using Init = int (*)(unsigned);
+  using Retain = int (*)(void**, int);
+  using Push = int (*)(void*);
+  using Pop = int (*)(void**);
+  using CopyIn = int (*)(uint64_t, const void*, size_t);
+  auto init = reinterpret_cast<Init>(FakeDriver("cuInit"));
+  auto retain = reinterpret_cast<Retain>(FakeDriver("cuDevicePrimaryCtxRetain"));
+  auto push = reinterpret_cast<Push>(FakeDriver("cuCtxPushCurrent_v2"));
+  auto pop = reinterpret_cast<Pop>(FakeDriver("cuCtxPopCurrent_v2"));
+  auto copy = reinterpret_cast<CopyIn>(FakeDriver("cuMemcpyHtoD_v2"));
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f + shift;
+  void* context = nullptr;
+  void* popped = nullptr;
+  return init != nullptr && retain != nullptr && push != nullptr && pop != nullptr && copy != nullptr &&
+         init(0) == 0 && retain(&context, 0) == 0 && push(context) == 0 &&
+         copy(reinterpret_cast<uintptr_t>(dst), values.data(), values.size() * sizeof(float)) == 0 &&
+         pop(&popped) == 0;
+}
+
 // float32[count] on this process's cuda device `ordinal`.
 TensorSpec GpuFloats(int64_t count, int ordinal = 0) {
   TensorSpec spec;
@@ -392,6 +422,96 @@ TEST_F(CudaFakeDaemonTest, WithoutADeviceTheBackendSaysWhyAndHostMemoryKeepsWork
   ASSERT_TRUE(host.ok()) << host.status().ToString();
   EXPECT_TRUE(client->Publish(*host, "cpu/x").ok());
   EXPECT_TRUE(client->Acquire("cpu/x").ok());
+}
+
+// A steady producer on a GPU, and a consumer in another process that lets each item go
+// before the next comes: the producer's next tensor of the same size in the same namespace
+// lands in the same buffer, and no side makes a driver call for it. The daemon allocates
+// nothing (the same buffer id every time), the producer maps nothing new (it keeps its
+// writable mapping), the consumer imports and maps the buffer once and opens the producer's
+// ready event once (the producer reuses it; the consumer keeps it opened). While pooled the
+// buffer counts on its device; when the broker frees it (here its producer closes), the
+// consumer's kept mapping goes with the broker's push, not after its 30 s linger.
+TEST_F(CudaFakeDaemonTest, ARecycledDeviceBufferCostsNoDriverCallOnEitherSideAndIsFreedEverywhere) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  constexpr int64_t kCount = 1000;
+  constexpr int kItems = 6;
+  ChildProcess consumer({TENSORD_CUDA_PEER, "take-loop", daemon.socket(), "rc/", std::to_string(kCount),
+                         std::to_string(kItems)});
+  std::vector<std::string> lines;
+  uint64_t buffer_id = 0;
+  int imports_after_first = 0;
+  int events_after_first = 0;
+  for (int k = 0; k < kItems; ++k) {
+    {
+      auto tensor = producer->Allocate("rc", GpuFloats(kCount));
+      ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+      if (k == 0) buffer_id = tensor->info().buffer_id;
+      EXPECT_EQ(tensor->info().buffer_id, buffer_id) << "item " << k << " got a new buffer";
+      ASSERT_TRUE(FillOnDevice(tensor->mutable_data(), kCount, static_cast<float>(k)));
+      PublishOptions publish;
+      publish.stream = 1;  // CU_STREAM_LEGACY: a ready event is recorded there
+      ASSERT_TRUE(producer->Publish(*tensor, "rc/" + std::to_string(k), publish).ok());
+    }
+    ASSERT_TRUE(producer->Flush().ok());  // the producer's own lease is gone before the consumer's
+    if (k == 0) {
+      imports_after_first = FakeCalls("cuMemImportFromShareableHandle");
+      events_after_first = FakeCalls("cuEventCreate");
+    }
+    lines.push_back(consumer.WaitForLine("took"));
+  }
+  EXPECT_EQ(FakeCalls("cuMemImportFromShareableHandle"), imports_after_first) << "the producer mapped again";
+  EXPECT_EQ(FakeCalls("cuEventCreate"), events_after_first) << "the producer made new ready events";
+  ASSERT_THAT(lines[0], ::testing::EndsWith(" ok"));
+  const std::string rest = lines[0].substr(lines[0].find(" buffer "));
+  EXPECT_THAT(rest, StartsWith(" buffer " + std::to_string(buffer_id) + " at "));
+  for (int k = 0; k < kItems; ++k) EXPECT_EQ(lines[static_cast<size_t>(k)], "took " + std::to_string(k) + rest);
+  EXPECT_EQ(consumer.WaitForLine("calls"),
+            "calls import 1 map 1 open_event 1 wait_event " + std::to_string(kItems));
+  EXPECT_EQ(consumer.WaitForLine("kept"), "kept 1");
+
+  auto watcher = Connect(daemon);
+  ASSERT_NE(watcher, nullptr);
+  auto status = watcher->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  const DeviceUsage& gpu0 = Cuda(*status)->devices[0];
+  EXPECT_EQ(gpu0.bytes_pooled, uint64_t{2} << 20);  // one buffer of the stand-in's granularity
+  EXPECT_EQ(gpu0.bytes_in_use, gpu0.bytes_pooled) << "pooled bytes count in the device's quota";
+  EXPECT_EQ(status->host_bytes_pooled, 0u);
+  EXPECT_EQ(status->pooled_buffers, 1u);
+
+  producer.reset();  // its pool goes with its session
+  ASSERT_EQ(::kill(consumer.pid(), SIGUSR1), 0);
+  EXPECT_EQ(consumer.WaitForLine("kept"), "kept 0") << "the consumer kept its mapping of a freed buffer";
+  status = watcher->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(Cuda(*status)->devices[0].bytes_in_use, 0u);
+}
+
+// Memory pressure takes pooled device buffers back: another producer's allocation that the
+// device quota cannot hold otherwise gets the memory of the first producer's idle buffer.
+TEST_F(CudaFakeDaemonTest, APooledDeviceBufferIsTakenBackForAnAllocationTheQuotaCouldNotHold) {
+  DaemonProcess daemon({"--max-device-bytes", "cuda:0=4MiB"});
+  auto first = Connect(daemon);
+  auto second = Connect(daemon);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  {
+    auto tensor = first->Allocate("a", GpuFloats(1 << 19));  // 2 MiB
+    ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+  }
+  ASSERT_TRUE(first->Flush().ok());
+  auto status = first->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(Cuda(*status)->devices[0].bytes_pooled, uint64_t{2} << 20) << "the buffer was not pooled";
+  auto big = second->Allocate("b", GpuFloats(1 << 20));  // 4 MiB: only with the pooled 2 MiB back
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  status = first->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(Cuda(*status)->devices[0].bytes_pooled, 0u);
+  EXPECT_EQ(Cuda(*status)->devices[0].bytes_in_use, uint64_t{4} << 20);
 }
 
 // Host float32[count] tensors with element i = i * 0.5, published by this process.

@@ -42,6 +42,20 @@
 //                                      print "released"; on SIGUSR1 finish the streams,
 //                                      print "finished <n>" (events completed), and sleep
 //                                      until killed
+//   take-loop SOCKET PREFIX COUNT N    N times: take the oldest tensor under PREFIX (waiting;
+//                                      item k is float32[COUNT] holding i * 0.5 + k), check
+//                                      it, release and flush, then print "took <k> buffer
+//                                      <id> at <device pointer> <ok|mismatch ...>". Then the
+//                                      driver calls this process made ("calls import <n> map
+//                                      <n> open_event <n> wait_event <n>", -1 each without the
+//                                      stand-in) and "kept <n>", the stand-in's live mappings
+//                                      (-1 without it); on SIGUSR1 waits up to 10 s for them
+//                                      to go and prints "kept <n>" again; sleeps until killed
+//   gated SOCKET NAME COUNT            acquire NAME (float32[COUNT], i * 0.5) on a new
+//                                      non-blocking stream, queue its copy to pinned host
+//                                      memory there, print "queued pending <0|1>" (whether
+//                                      the stream was still waiting), then synchronize and
+//                                      print "device <type> <id>" and the values check
 // A failure prints "error <what>: <status>" and exits 1.
 #include <dlfcn.h>
 #include <signal.h>
@@ -192,8 +206,8 @@ int PinnedRecycled(tensord::Client& client, int64_t count, const std::string& ns
   return 0;
 }
 
-// "ok" when the tensor holds COUNT elements i * 0.5, else what is wrong.
-std::string Check(const tensord::TensorRef& tensor, int64_t count) {
+// "ok" when the tensor holds COUNT elements i * 0.5 + shift, else what is wrong.
+std::string Check(const tensord::TensorRef& tensor, int64_t count, float shift = 0.0f) {
   std::vector<float> values(static_cast<size_t>(count));
   auto copy = reinterpret_cast<CopyToHost>(Driver("cuMemcpyDtoH_v2"));
   if (copy == nullptr || !MakeCurrent(tensor.info().device.device_id) ||
@@ -201,11 +215,103 @@ std::string Check(const tensord::TensorRef& tensor, int64_t count) {
     return "error copy: cuMemcpyDtoH failed";
   }
   for (int64_t i = 0; i < count; ++i) {
-    if (values[static_cast<size_t>(i)] != static_cast<float>(i) * 0.5f) {
+    if (values[static_cast<size_t>(i)] != static_cast<float>(i) * 0.5f + shift) {
       return "mismatch at " + std::to_string(i);
     }
   }
   return "ok";
+}
+
+// The stand-in's count of this process's calls of `symbol`; -1 on a real driver.
+int FakeCalls(const char* symbol) {
+  using Calls = int (*)(const char* symbol);
+  auto calls = reinterpret_cast<Calls>(Driver("tensord_fake_cuda_calls"));
+  return calls == nullptr ? -1 : calls(symbol);
+}
+
+int FakeLiveMappings() {
+  using LiveObjects = int (*)(const char* kind);
+  auto live = reinterpret_cast<LiveObjects>(Driver("tensord_fake_cuda_live_objects"));
+  return live == nullptr ? -1 : live("mapping");
+}
+
+int TakeLoop(tensord::Client& client, const std::string& prefix, int64_t count, int n, const sigset_t& usr1) {
+  tensord::TakeOptions take;
+  take.wait = tensord::Wait::Forever();
+  for (int k = 0; k < n; ++k) {
+    std::string line;
+    {
+      auto tensor = client.Take(prefix, take);
+      if (!tensor.ok()) return Fail("take", tensor.status());
+      char where[64];
+      std::snprintf(where, sizeof(where), "%p", tensor->data());
+      line = "took " + std::to_string(k) + " buffer " + std::to_string(tensor->info().buffer_id) + " at " + where +
+             " " + Check(*tensor, count, static_cast<float>(k));
+    }
+    if (tensord::Status flushed = client.Flush(); !flushed.ok()) return Fail("flush", flushed);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  std::printf("calls import %d map %d open_event %d wait_event %d\n", FakeCalls("cuMemImportFromShareableHandle"),
+              FakeCalls("cuMemMap"), FakeCalls("cuIpcOpenEventHandle"), FakeCalls("cuStreamWaitEvent"));
+  std::printf("kept %d\n", FakeLiveMappings());
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&usr1, &signal);
+  int kept = FakeLiveMappings();
+  for (int i = 0; i < 1000 && kept > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    kept = FakeLiveMappings();
+  }
+  std::printf("kept %d\n", kept);
+  std::fflush(stdout);
+  for (;;) ::pause();
+}
+
+// The consumer's half of the gated stream-order test (cuda_gpu_test.cc).
+int Gated(tensord::Client& client, const std::string& name, int64_t count) {
+  using StreamCreate = int (*)(void** stream, unsigned flags);
+  using StreamQuery = int (*)(void* stream);
+  using StreamSynchronize = int (*)(void* stream);
+  using HostAlloc = int (*)(void** p, size_t bytes);
+  using CopyAsync = int (*)(void* dst, uint64_t src, size_t bytes, void* stream);
+  auto create = reinterpret_cast<StreamCreate>(Driver("cuStreamCreate"));
+  auto query = reinterpret_cast<StreamQuery>(Driver("cuStreamQuery"));
+  auto synchronize = reinterpret_cast<StreamSynchronize>(Driver("cuStreamSynchronize"));
+  auto host_alloc = reinterpret_cast<HostAlloc>(Driver("cuMemAllocHost_v2"));
+  auto copy = reinterpret_cast<CopyAsync>(Driver("cuMemcpyDtoHAsync_v2"));
+  void* stream = nullptr;
+  void* host = nullptr;
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  if (create == nullptr || query == nullptr || synchronize == nullptr || host_alloc == nullptr || copy == nullptr ||
+      !MakeCurrent(0) || create(&stream, 1 /* CU_STREAM_NON_BLOCKING */) != 0 || host_alloc(&host, bytes) != 0) {
+    std::printf("error driver: no stream or pinned host memory\n");
+    return 1;
+  }
+  tensord::AcquireOptions acquire;
+  acquire.stream = reinterpret_cast<uintptr_t>(stream);
+  auto tensor = client.Acquire(name, acquire);
+  if (!tensor.ok()) return Fail("acquire", tensor.status());
+  if (copy(host, reinterpret_cast<uintptr_t>(tensor->data()), bytes, stream) != 0) {
+    std::printf("error copy: cuMemcpyDtoHAsync failed\n");
+    return 1;
+  }
+  std::printf("queued pending %d\n", query(stream) == 600 /* CUDA_ERROR_NOT_READY */ ? 1 : 0);
+  std::fflush(stdout);
+  if (synchronize(stream) != 0) {
+    std::printf("error synchronize: cuStreamSynchronize failed\n");
+    return 1;
+  }
+  std::printf("device %d %d\n", static_cast<int>(tensor->info().device.device_type), tensor->info().device.device_id);
+  const auto* values = static_cast<const float*>(host);
+  for (int64_t i = 0; i < count; ++i) {
+    if (values[i] != static_cast<float>(i) * 0.5f) {
+      std::printf("mismatch at %lld\n", static_cast<long long>(i));
+      return 1;
+    }
+  }
+  std::printf("ok\n");
+  return 0;
 }
 
 }  // namespace
@@ -226,6 +332,12 @@ int main(int argc, char** argv) {
   options.socket_path = argv[2];
   if (command == "pinned-recycled") {
     // A reader keeps its mapping of a recycled buffer (and so its registration) this long.
+    options.lease_cache = false;
+    options.lease_cache_linger = std::chrono::seconds(30);
+  }
+  if (command == "take-loop") {
+    // A reader keeps its mapping of a recycled buffer this long: what drops it in the test
+    // is the broker's push, not the linger.
     options.lease_cache = false;
     options.lease_cache_linger = std::chrono::seconds(30);
   }
@@ -299,6 +411,12 @@ int main(int argc, char** argv) {
   }
   if (command == "pinned-recycled" && argc == 5) {
     return PinnedRecycled(**client, std::atoll(argv[3]), argv[4]);
+  }
+  if (command == "take-loop" && argc == 6) {
+    return TakeLoop(**client, name, std::atoll(argv[4]), std::atoi(argv[5]), usr1);
+  }
+  if (command == "gated" && argc == 5) {
+    return Gated(**client, name, std::atoll(argv[4]));
   }
   if (command == "consume" && argc == 5) {
     const int64_t count = std::atoll(argv[4]);

@@ -8,6 +8,10 @@
 //   cuda_fake_peer export-ipc SOCK  a legacy-IPC producer: cuMemAlloc on its device 0,
 //                                 fills it, sends a legacy CudaHandle (offset 4096), and
 //                                 keeps the memory until the parent sends "done".
+//   cuda_fake_peer ready-fence SOCK  a producer's ready fence: holds its streams, records
+//                                 one on device 0 (so it stays pending), sends its bytes;
+//                                 on "finish" completes its streams and answers "finished";
+//                                 on "done" exits.
 #include <dlfcn.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +26,7 @@
 #include "common/memory/cuda/cuda_driver.h"
 #include "common/memory/cuda/cuda_handle.h"
 #include "common/memory/cuda/cuda_importer.h"
+#include "common/memory/cuda/cuda_stream_order.h"
 #include "tests/fd_passing.h"
 
 namespace tc = tensord::common;
@@ -120,6 +125,25 @@ int ExportIpc(int sock) {
   return free_(base) == CUDA_SUCCESS ? 0 : 29;
 }
 
+int ReadyFence(int sock) {
+  if (!tc::CudaDriver::Get().available()) return 29;  // loads the stand-in FakeSymbol looks in
+  auto* hold = reinterpret_cast<void (*)(int)>(FakeSymbol("tensord_fake_cuda_hold_streams"));
+  auto* finish = reinterpret_cast<int (*)()>(FakeSymbol("tensord_fake_cuda_finish_streams"));
+  if (hold == nullptr || finish == nullptr) return 30;
+  hold(1);
+  auto fence = tc::CudaStreamOrder::Get().RecordReady(0, 1, "fence");
+  if (!fence.ok() || !SendWithFd(sock, *fence)) return 31;
+  for (;;) {
+    std::string command;
+    int fd = -1;
+    if (!ReceiveWithFd(sock, &command, &fd)) return 32;
+    if (command == "done") return 0;
+    if (command != "finish") return 33;
+    finish();
+    if (!SendWithFd(sock, "finished")) return 34;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,5 +152,6 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "import") return Import(sock);
   if (mode == "export-ipc") return ExportIpc(sock);
+  if (mode == "ready-fence") return ReadyFence(sock);
   return 2;
 }

@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/memory/cuda/cuda_backend.h"
 #include "common/memory/cuda/cuda_handle.h"
+#include "common/memory/cuda/cuda_stream_order.h"
 #include "common/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -451,6 +455,82 @@ TEST_F(CudaImporterTest, RegionsOutliveTheirImporter) {
   EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before + 1);
   region.reset();
   EXPECT_EQ(FakeLiveObjects("ipc_open"), opens_before);
+  Send(producer.sock.get(), "done");
+  EXPECT_EQ(producer.Wait(), 0);
+}
+
+// The fake's calls of `symbol` in this process so far.
+int FakeCalls(const char* symbol) {
+  return reinterpret_cast<int (*)(const char*)>(FakeSymbol("tensord_fake_cuda_calls"))(symbol);
+}
+
+// A consumer keeps the ready events it opened, per (source, fence): a producer's reused
+// fence is opened once, the same bytes from another source (another process that reuses
+// an old pid and so the same handle) are opened anew, a fence with no source is opened each
+// time, and the least recently used beyond the bound is destroyed.
+TEST_F(CudaImporterTest, OpenedReadyEventsAreKeptPerSourceAndFence) {
+  Peer producer;
+  StartPeer(&producer, "ready-fence", {});
+  const std::string fence = Receive(producer.sock.get());
+  ASSERT_FALSE(fence.empty());
+  const StreamOrder& order = CudaStreamOrder::Get();
+  const int opens = FakeCalls("cuIpcOpenEventHandle");
+  const int live = FakeLiveObjects("event");
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "session-a"}, 0, 0x11, "tensor 1").ok());
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "session-a"}, 0, 0x12, "tensor 2").ok());
+  EXPECT_EQ(FakeCalls("cuIpcOpenEventHandle"), opens + 1);
+  EXPECT_EQ(FakeLiveObjects("event"), live + 1);  // kept
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "session-b"}, 0, 0x11, "tensor 3").ok());
+  EXPECT_EQ(FakeCalls("cuIpcOpenEventHandle"), opens + 2);
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, ""}, 0, 0x11, "tensor 4").ok());
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, ""}, 0, 0x11, "tensor 5").ok());
+  EXPECT_EQ(FakeCalls("cuIpcOpenEventHandle"), opens + 4);
+  EXPECT_EQ(FakeLiveObjects("event"), live + 2) << "an event opened without a source was kept";
+  // Each wait was on the producer's still pending event.
+  auto waits = reinterpret_cast<int (*)(uintptr_t, int, int)>(FakeSymbol("tensord_fake_cuda_stream_waits"));
+  EXPECT_EQ(waits(0x11, producer.pid, 1), 4);
+  EXPECT_EQ(waits(0x12, producer.pid, 1), 1);
+
+  // Past the bound, the least recently used goes (session-a's, used before session-b's).
+  for (size_t i = 0; i + 2 < CudaStreamOrder::kMaxOpenedReadyEvents; ++i) {
+    ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "filler-" + std::to_string(i)}, 0, 0x13, "tensor 6").ok());
+  }
+  EXPECT_EQ(FakeLiveObjects("event"), live + static_cast<int>(CudaStreamOrder::kMaxOpenedReadyEvents));
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "session-c"}, 0, 0x13, "tensor 7").ok());
+  EXPECT_EQ(FakeLiveObjects("event"), live + static_cast<int>(CudaStreamOrder::kMaxOpenedReadyEvents));
+  const int before_reuse = FakeCalls("cuIpcOpenEventHandle");
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "session-b"}, 0, 0x13, "tensor 8").ok());
+  EXPECT_EQ(FakeCalls("cuIpcOpenEventHandle"), before_reuse) << "session-b's event was not kept";
+  ASSERT_TRUE(order.WaitReady(ReadyFence{fence, "session-a"}, 0, 0x13, "tensor 9").ok());
+  EXPECT_EQ(FakeCalls("cuIpcOpenEventHandle"), before_reuse + 1) << "session-a's event was not the one evicted";
+  Send(producer.sock.get(), "done");
+  EXPECT_EQ(producer.Wait(), 0);
+}
+
+// For a consumer with no stream: a host wait that returns once the producer's work is done.
+TEST_F(CudaImporterTest, WaitReadyOnHostReturnsOnceTheProducersWorkIsDone) {
+  Peer producer;
+  StartPeer(&producer, "ready-fence", {});
+  const std::string fence = Receive(producer.sock.get());
+  ASSERT_FALSE(fence.empty());
+  const StreamOrder& order = CudaStreamOrder::Get();
+  const int syncs = FakeCalls("cuEventSynchronize");
+  absl::Status waited = absl::UnknownError("not yet");
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    waited = order.WaitReadyOnHost(ReadyFence{fence, "session-a"}, 0, "tensor 1");
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (FakeCalls("cuEventSynchronize") == syncs && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(FakeCalls("cuEventSynchronize"), syncs) << "no host wait began";
+  EXPECT_FALSE(done) << "the host wait returned while the producer's work was pending";
+  Send(producer.sock.get(), "finish");
+  EXPECT_EQ(Receive(producer.sock.get()), "finished");
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited;
   Send(producer.sock.get(), "done");
   EXPECT_EQ(producer.Wait(), 0);
 }
