@@ -13,6 +13,7 @@
 #include <Python.h>
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "py_client.h"
 #include "py_dlpack.h"
@@ -39,6 +40,7 @@ PYBIND11_MODULE(_tensord, m) {
   m.def("default_socket_path", &DefaultClientSocketPath,
         "The socket a client uses when connect() is given none.");
   m.def("_consume_on_native_thread_for_test", &ConsumeOnNativeThreadForTest, py::arg("capsule"));
+  m.def("_compact_row_major", &CompactRowMajor, py::arg("shape"), py::arg("strides"));
 
   // In this order: a class's signatures name the classes bound before it.
   py::class_<ArrayView>(m, "_ArrayView");

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <pybind11/stl.h>
 
@@ -83,6 +84,40 @@ py::object PyTensor::DLPack(py::object stream, py::object max_version, py::objec
   return MakeLegacyCapsule(ref->ToDLPack());
 }
 
+// TensorFlow's test: every dimension longer than 1 has the stride of a row-major layout
+// (dimensions of length 1 may have any stride); an empty tensor is compact.
+bool CompactRowMajor(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  if (strides.empty()) return true;
+  if (strides.size() != shape.size()) return false;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return true;  // no element to misplace
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+py::object PyTensor::ToStreamlessCapsule() const {
+  if (readonly_) {
+    throw py::buffer_error("tensor " + Describe() + " is a read-only mapping, which an unversioned DLPack "
+                           "capsule cannot signal: get it without " +
+                           std::string(pinned() ? "pinned=True" : "readonly=True") + " to hand it to to_dlpack()");
+  }
+  if (!CompactRowMajor(info_.shape, info_.strides)) {
+    throw py::buffer_error("tensor " + Describe() + " is not compact row-major, which consumers of a streamless "
+                           "capsule (TensorFlow) refuse: put() a compact copy");
+  }
+  std::shared_ptr<TensorRef> ref = Ref();
+  ThrowIfError(WithoutGil([&] { return ref->WaitReadyOnHost(); }));
+  DLManagedTensor* view = ref->ToDLPack();
+  // Our views already fold byte_offset into the pointer; keep it so for consumers that refuse
+  // any other value.
+  view->dl_tensor.data = static_cast<char*>(view->dl_tensor.data) + view->dl_tensor.byte_offset;
+  view->dl_tensor.byte_offset = 0;
+  return MakeLegacyCapsule(view);
+}
+
 void PyTensor::UseOnStream(uintptr_t stream) const {
   std::shared_ptr<TensorRef> ref = Ref();
   ThrowIfError(WithoutGil([&] { return ref->UseOnStream(stream); }));
@@ -137,6 +172,12 @@ void BindTensor(py::module_& m) {
            "GPU tensors: makes `stream` (an int handle, e.g. torch's stream.cuda_stream) wait for the "
            "producer's writes, and holds the lease's release until the work queued there is done. "
            "__dlpack__(stream=...) does this for the stream it is given. Nothing for host tensors.")
+      .def("to_dlpack", &PyTensor::ToStreamlessCapsule,
+           "An unversioned DLPack capsule for a consumer that takes one with no stream, such as "
+           "tf.experimental.dlpack.from_dlpack: a GPU tensor's producer writes are waited for on the host "
+           "first (stream-aware consumers should use __dlpack__(stream=...), which never blocks the host); "
+           "strides are compact row-major and byte_offset is 0. BufferError for a read-only view or strides "
+           "that are not compact.")
       .def("_legacy_capsule_as", &PyTensor::LegacyCapsuleAs, py::arg("dtype"))
       .def("_numpy", &PyTensor::NumpyArray)
       .def("_hand_over", &PyTensor::HandOver, py::arg("ttl") = py::none())

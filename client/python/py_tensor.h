@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 
@@ -55,6 +56,12 @@ class PyTensor {
 
   void UseOnStream(uintptr_t stream) const;
 
+  // to_dlpack(): an unversioned capsule for a consumer that takes one and no stream
+  // (TensorFlow's from_dlpack): the producer's writes waited for on the host first, strides
+  // compact row-major, byte_offset 0 (folded into the data pointer). BufferError for a
+  // read-only view (a legacy capsule cannot say so) or strides that are not compact.
+  pybind11::object ToStreamlessCapsule() const;
+
   // A legacy capsule for .torch(): elements reinterpreted as `as_dtype` (same size), and a
   // read-only mapping allowed (the caller warns).
   pybind11::object LegacyCapsuleAs(const std::string& as_dtype) const;
@@ -74,6 +81,10 @@ class PyTensor {
   std::weak_ptr<Client> client_;
   std::shared_ptr<TensorRef> ref_;  // null once released
 };
+
+// TensorFlow's rule for the strides of a capsule it takes: every dimension longer than 1
+// has the stride of a compact row-major layout; empty strides are compact.
+bool CompactRowMajor(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides);
 
 // Adds the class `Tensor` to `m`.
 void BindTensor(pybind11::module_& m);

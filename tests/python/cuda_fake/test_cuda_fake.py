@@ -13,6 +13,7 @@ import time
 import pytest
 
 import tensord
+from conftest import wait_for
 
 if not os.environ.get("TENSORD_LIBCUDA", "").endswith("libtensord_fake_cuda.so"):
     pytest.skip(
@@ -294,3 +295,118 @@ def test_put_copies_a_cuda_source_device_to_device_and_dlpack_streams_wait_for_i
     # put_many copies host arrays only, and says so.
     with pytest.raises(ValueError, match="put_many copies host arrays"):
         client.put_many({name(): source})
+
+
+RECYCLED_CONSUMER = """
+import ctypes, os, sys, tensord
+fake = ctypes.CDLL(os.environ["TENSORD_LIBCUDA"])
+fake.tensord_fake_cuda_calls.argtypes = [ctypes.c_char_p]
+c = tensord.connect(sys.argv[1], lease_cache=False, lease_cache_linger=30.0)
+for k in range(int(sys.argv[2])):
+    t = c.take("rc/", timeout=None)
+    first = ctypes.c_float.from_address(device_pointer(t) + 4 * 5).value  # element 5: 2.5 + k
+    buffer_id = t.info["buffer_id"]
+    t.release()
+    c.flush()  # let go before saying so: the producer's next empty() finds the buffer pooled
+    print(k, buffer_id, first == 2.5 + k, flush=True)
+print(*(fake.tensord_fake_cuda_calls(s) for s in
+        (b"cuMemImportFromShareableHandle", b"cuIpcOpenEventHandle", b"cuStreamWaitEvent")), flush=True)
+"""
+
+
+def test_a_recycled_gpu_buffer_is_written_again_and_read_with_no_new_import(broker, name):
+    """What a steady torch producer writes: empty(..., device=, ns=) each time, fill, publish
+    with its stream; a consumer in another process takes each one. From the second item on,
+    the producer gets the same buffer back and the consumer reads it through the import and
+    the opened ready event it kept."""
+    import ctypes
+    import inspect
+
+    items = 5
+    # No lease cache: the producer's lease on what it published goes with its flush, not with
+    # the broker's push after the take, so each next empty() finds the buffer pooled.
+    client = tensord.connect(broker.socket, lease_cache=False)
+    source = inspect.getsource(device_pointer)
+    consumer = subprocess.Popen([sys.executable, "-c", source + RECYCLED_CONSUMER, broker.socket, str(items)],
+                                env=broker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    buffers = set()
+    try:
+        for k in range(items):
+            t = client.empty((1024,), "float32", device="cuda:0", ns="rc")
+            buffers.add(t.info["buffer_id"])
+            values = (ctypes.c_float * 1024)(*[i * 0.5 + k for i in range(1024)])
+            ctypes.memmove(device_pointer(t), values, ctypes.sizeof(values))
+            client.publish(t, f"rc/{k}", stream=1)  # a ready event on the legacy stream
+            t.release()
+            client.flush()  # the producer's own lease is gone before the consumer lets go
+            assert consumer.stdout.readline().split()[2] == "True", consumer.stderr.read()
+        calls = consumer.stdout.readline().split()
+    finally:
+        out, err = consumer.communicate(timeout=60)
+    assert consumer.returncode == 0, err
+    assert len(buffers) == 1, f"the producer got new buffers: {buffers}"
+    imports, opens, waits = map(int, calls)
+    assert (imports, opens) == (1, 1), calls
+    assert waits == items, calls  # each take orders the legacy stream once
+
+
+HELD_PRODUCER = """
+import ctypes, os, sys, tensord
+fake = ctypes.CDLL(os.environ["TENSORD_LIBCUDA"])
+c = tensord.connect(sys.argv[1])
+t = c.empty((256,), "float32", device="cuda:0")
+fake.tensord_fake_cuda_hold_streams(1)  # the GPU has not run the producer's work yet
+c.publish(t, sys.argv[2], stream=1)
+print("published", flush=True)
+sys.stdin.readline()
+print("finished", fake.tensord_fake_cuda_finish_streams(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_to_dlpack_waits_on_the_host_until_the_producers_work_is_done(broker, client, name):
+    """TensorFlow passes no stream, so to_dlpack() must not return before the producer's
+    writes are done: it blocks in a host wait on the producer's ready event (the stand-in's
+    cuEventSynchronize) until the producer's GPU work finishes."""
+    import ctypes
+    import threading
+
+    n = name()
+    producer = subprocess.Popen([sys.executable, "-c", HELD_PRODUCER, broker.socket, n], env=broker.env(),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert producer.stdout.readline().strip() == "published", producer.stderr.read()
+        t = client.get(n)
+        calls = fake_driver().tensord_fake_cuda_calls
+        calls.argtypes = [ctypes.c_char_p]
+        syncs = calls(b"cuEventSynchronize")
+        result = {}
+        waiter = threading.Thread(target=lambda: result.setdefault("capsule", t.to_dlpack()))
+        waiter.start()
+        wait_for(lambda: calls(b"cuEventSynchronize") > syncs, what="to_dlpack's host wait")
+        assert waiter.is_alive() and not result, "to_dlpack returned before the producer's work was done"
+        producer.stdin.write("\n")
+        producer.stdin.flush()
+        assert producer.stdout.readline().split() == ["finished", "1"]
+        waiter.join(timeout=30)
+        assert not waiter.is_alive(), "to_dlpack still waits after the producer's work finished"
+        assert ctypes.pythonapi.PyCapsule_IsValid(ctypes.py_object(result["capsule"]), b"dltensor")
+    finally:
+        producer.stdin.write("\n")
+        producer.stdin.flush()
+        producer.communicate(timeout=30)
+
+
+def test_dlpack_takes_the_stream_positionally_as_some_jax_versions_pass_it(client, name):
+    import ctypes
+
+    t = client.empty((16,), "float32", device="cuda:0")
+    n = name()
+    client.publish(t, n, stream=1)
+    got = client.get(n)
+    waits = fake_driver().tensord_fake_cuda_stream_waits
+    waits.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    before = waits(0x5151, -1, 0)
+    got.__dlpack__(0x5151)  # positional, as jax.dlpack does in some versions
+    got.__dlpack__(0x5151, (1, 0))  # stream and max_version, both positional
+    assert waits(0x5151, -1, 0) == before + 2
