@@ -28,11 +28,16 @@ struct DriverCalls {
   int (*pointer_attribute)(void*, int, uint64_t) = nullptr;
   int (*memset_async)(uint64_t, unsigned, size_t, void*) = nullptr;
   int (*copy_async)(uint64_t, uint64_t, size_t, void*) = nullptr;
+  int (*stream_query)(void*) = nullptr;
+  // cuStreamWaitValue32: work queued after it waits until the 32-bit word at a device
+  // address is at least a value (CU_STREAM_WAIT_VALUE_GEQ): a gate the test opens.
+  int (*wait_value32)(void*, uint64_t, uint32_t, unsigned) = nullptr;
   std::string library = "libcuda.so.1";
   std::string why_not;  // empty: usable
 
   static constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
   static constexpr int kPointerDevicePointer = 3;    // CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+  static constexpr int kNotReady = 600;              // CUDA_ERROR_NOT_READY
 
   // Whether the driver knows host pointer `p` as pinned: registered or driver-allocated host
   // memory has a device pointer; plain pageable memory answers CUDA_ERROR_INVALID_VALUE.
@@ -77,6 +82,14 @@ struct DriverCalls {
     get(pointer_attribute, "cuPointerGetAttribute");
     get(memset_async, "cuMemsetD32Async");
     get(copy_async, "cuMemcpyDtoDAsync_v2");
+    // Optional: null where the library lacks them (the stand-in); a test that needs them
+    // says so.
+    auto optional = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+    };
+    optional(stream_query, "cuStreamQuery");
+    // CUDA 12 and later export the stream memory operations as _v2.
+    optional(wait_value32, "cuStreamWaitValue32_v2");
     int count = 0;
     if (why_not.empty() && (init(0) != 0 || device_count(&count) != 0 || count == 0)) {
       why_not = "the driver sees no CUDA device";

@@ -1,9 +1,11 @@
 // The cuda backend on a real NVIDIA driver and GPU, between real processes through the
 // daemon: a device tensor shared by two processes, a producer that exits before its
 // consumer reads, stream order with no host sync between the producer's work and the
-// consumer's read, a release held until the consumer's stream is done, a producer's own
-// memory exported by pointer (and retired when the producer is killed), and pinned host
-// views that stay registered across a recycled buffer. Label: gpu.
+// consumer's read, a release held until the consumer's stream is done (both with the
+// producer's or consumer's stream held shut by a gate the test opens, so that the order is
+// shown, not timed), a recycled device buffer and the consumer's kept mapping of it, a
+// producer's own memory exported by pointer (and retired when the producer is killed), and
+// pinned host views that stay registered across a recycled buffer. Label: gpu.
 //
 // Where there is no driver or no GPU (CI) every test skips, saying why.
 // docs/memory-backends.md and docs/gpu-runs/ say which ran on which GPU.
@@ -31,7 +33,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr unsigned kStreamNonBlocking = DriverCalls::kStreamNonBlocking;  // no implicit sync
-constexpr size_t kScratchWords = size_t{256} << 20;  // 1 GiB of 32-bit words
+constexpr size_t kScratchWords = size_t{16} << 20;  // 64 MiB of 32-bit words: room for DeviceReads
 
 class CudaGpuTest : public ::testing::Test {
  protected:
@@ -47,12 +49,6 @@ class CudaGpuTest : public ::testing::Test {
     if (scratch_ != 0) d().free(scratch_);
   }
   static const DriverCalls& d() { return DriverCalls::Get(); }
-
-  // About half a second of GPU work on `stream` that touches no tensor: whatever is queued
-  // after it runs late, so a missing wait would show.
-  void Busy(void* stream) {
-    for (int i = 0; i < 200; ++i) ASSERT_EQ(d().memset_async(scratch_, static_cast<unsigned>(i), kScratchWords, stream), 0);
-  }
 
   std::string RunPeer(std::vector<std::string> args) {
     args.insert(args.begin(), TENSORD_CUDA_PEER);
@@ -99,34 +95,109 @@ TEST_F(CudaGpuTest, AProducersTensorOutlivesItAndIsReadByAnotherProcess) {
   EXPECT_EQ(RunPeer({"consume", daemon.socket(), "gpu/w", "1000000"}), "device 2 0|ok");
 }
 
+// The producer's stream is held shut by a gate (cuStreamWaitValue32 on a word only the test
+// writes) ahead of the copy that fills the tensor, and stays shut until the consumer, in
+// another process, has queued its read: a consumer that did not wait on the ready event
+// would read the zeros written before. Each precondition is checked, not assumed: the
+// producer's stream is still pending after the publish and again once the consumer has
+// queued its read, and the consumer's own stream is pending then too.
 TEST_F(CudaGpuTest, TheConsumerReadsWhatTheProducersStreamWroteWithNoHostSyncBetween) {
+  if (d().wait_value32 == nullptr || d().stream_query == nullptr) {
+    GTEST_SKIP() << d().library << " lacks cuStreamWaitValue32_v2 or cuStreamQuery: the gate needs them";
+  }
   DaemonProcess daemon;
   auto producer = Connect(daemon);
   ASSERT_NE(producer, nullptr);
   constexpr int64_t kCount = 1 << 20;
   const uint64_t source = Halves(kCount);
   ASSERT_NE(source, 0u);
+  uint64_t gate = 0;
+  ASSERT_EQ(d().alloc(&gate, 4), 0);
   void* stream = nullptr;
+  void* opener = nullptr;
   ASSERT_EQ(d().stream_create(&stream, kStreamNonBlocking), 0);
+  ASSERT_EQ(d().stream_create(&opener, kStreamNonBlocking), 0);
+  ASSERT_EQ(d().memset_async(gate, 0, 1, opener), 0);
+  ASSERT_EQ(d().stream_synchronize(opener), 0);
   TensorSpec spec;
   spec.dtype = dtypes::kFloat32;
   spec.shape = {kCount};
   spec.device = DLDevice{kDLCUDA, 0};
   auto tensor = producer->Allocate("gpu", spec);
   ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
-  Busy(stream);
+  // Zeros first, finished: what a read that does not wait would see.
+  ASSERT_EQ(d().memset_async(reinterpret_cast<uintptr_t>(tensor->mutable_data()), 0, kCount, stream), 0);
+  ASSERT_EQ(d().stream_synchronize(stream), 0);
+  ASSERT_EQ(d().wait_value32(stream, gate, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */), 0);
   ASSERT_TRUE(tensor->CopyFromDevice(reinterpret_cast<const void*>(source), kCount * 4,
                                      reinterpret_cast<uintptr_t>(stream)).ok());
   PublishOptions publish;
   publish.stream = reinterpret_cast<uintptr_t>(stream);
   ASSERT_TRUE(producer->Publish(*tensor, "gpu/o", publish).ok());
-  // No synchronize: the consumer's stream waits on the ready event.
-  EXPECT_EQ(RunPeer({"consume", daemon.socket(), "gpu/o", std::to_string(kCount)}), "device 2 0|ok");
+  ASSERT_EQ(d().stream_query(stream), DriverCalls::kNotReady) << "the gate did not hold the producer's stream";
+
+  ChildProcess consumer({TENSORD_CUDA_PEER, "gated", daemon.socket(), "gpu/o", std::to_string(kCount)});
+  const std::string queued = consumer.WaitForLine("queued", std::chrono::seconds(60));
+  EXPECT_EQ(d().stream_query(stream), DriverCalls::kNotReady)
+      << "the producer's stream finished before the consumer queued its read: the test shows nothing";
+  EXPECT_EQ(queued, "queued pending 1") << "the consumer's stream was not waiting for the producer's";
+  // Open the gate: the copy runs, then the ready event, then the consumer's read.
+  ASSERT_EQ(d().memset_async(gate, 1, 1, opener), 0);
+  ASSERT_EQ(d().stream_synchronize(opener), 0);
+  EXPECT_EQ(consumer.WaitForLine("device", std::chrono::seconds(60)), "device 2 0");
+  EXPECT_EQ(consumer.WaitForLine("", std::chrono::seconds(60)), "ok");
   EXPECT_EQ(d().stream_synchronize(stream), 0);
   d().free(source);
+  d().free(gate);
 }
 
+// A producer's next tensor of the same size in the same namespace lands in the buffer of
+// the last one, once the consumer (another process) has let it go, and the consumer finds
+// its mapping of it kept: the same buffer and the same device address every time.
+TEST_F(CudaGpuTest, ARecycledBufferComesBackToTheProducerAndTheConsumerKeepsItsMapping) {
+  DaemonProcess daemon;
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
+  constexpr int64_t kCount = 1 << 20;
+  constexpr int kItems = 5;
+  ChildProcess consumer({TENSORD_CUDA_PEER, "take-loop", daemon.socket(), "rc/", std::to_string(kCount),
+                         std::to_string(kItems)});
+  std::vector<float> values(kCount);
+  std::vector<std::string> lines;
+  const void* producer_view = nullptr;
+  for (int k = 0; k < kItems; ++k) {
+    {
+      TensorSpec spec;
+      spec.dtype = dtypes::kFloat32;
+      spec.shape = {kCount};
+      spec.device = DLDevice{kDLCUDA, 0};
+      auto tensor = producer->Allocate("rc", spec);
+      ASSERT_TRUE(tensor.ok()) << tensor.status().ToString();
+      if (k == 0) producer_view = tensor->data();
+      EXPECT_EQ(tensor->data(), producer_view) << "item " << k << ": the producer's buffer was mapped again";
+      for (int64_t i = 0; i < kCount; ++i) {
+        values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f + static_cast<float>(k);
+      }
+      ASSERT_EQ(d().copy_in(reinterpret_cast<uintptr_t>(tensor->mutable_data()), values.data(), kCount * 4), 0);
+      ASSERT_TRUE(producer->Publish(*tensor, "rc/" + std::to_string(k)).ok());
+    }
+    ASSERT_TRUE(producer->Flush().ok());  // the producer's own lease is gone before the consumer's
+    lines.push_back(consumer.WaitForLine("took", std::chrono::seconds(60)));
+  }
+  // "took K buffer B at P ok": B and P the same for every item.
+  ASSERT_THAT(lines[0], ::testing::EndsWith(" ok"));
+  const std::string first = lines[0].substr(lines[0].find(" buffer "));
+  for (int k = 0; k < kItems; ++k) {
+    EXPECT_EQ(lines[static_cast<size_t>(k)], "took " + std::to_string(k) + first) << "item " << k;
+  }
+}
+
+// The consumer's "kernel" (work queued after a gate only the test opens) is still pending
+// when it lets go: the lease stays until the gate opens and the work is through.
 TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
+  if (d().wait_value32 == nullptr || d().stream_query == nullptr) {
+    GTEST_SKIP() << d().library << " lacks cuStreamWaitValue32_v2 or cuStreamQuery: the gate needs them";
+  }
   DaemonProcess daemon;
   auto client = Connect(daemon);
   ASSERT_NE(client, nullptr);
@@ -142,19 +213,28 @@ TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
     ASSERT_TRUE(published.ok()) << published.status().ToString();
     tensor_id = published->tensor_id;
   }
+  uint64_t gate = 0;
+  ASSERT_EQ(d().alloc(&gate, 4), 0);
   void* stream = nullptr;
+  void* opener = nullptr;
   ASSERT_EQ(d().stream_create(&stream, kStreamNonBlocking), 0);
+  ASSERT_EQ(d().stream_create(&opener, kStreamNonBlocking), 0);
+  ASSERT_EQ(d().memset_async(gate, 0, 1, opener), 0);
+  ASSERT_EQ(d().stream_synchronize(opener), 0);
   AcquireOptions acquire;
   acquire.stream = reinterpret_cast<uintptr_t>(stream);
   {
     auto held = client->Acquire("gpu/d", acquire);
     ASSERT_TRUE(held.ok()) << held.status().ToString();
-    Busy(stream);  // the "kernel" still running when the consumer lets go
+    ASSERT_EQ(d().wait_value32(stream, gate, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */), 0);
+    ASSERT_EQ(d().memset_async(reinterpret_cast<uintptr_t>(held->data()), 7, 1024, stream), 0);
   }
   ASSERT_TRUE(client->Flush().ok());
+  ASSERT_EQ(d().stream_query(stream), DriverCalls::kNotReady) << "the consumer's work is not pending: the test shows nothing";
   auto stat = client->Stat(TensorId{tensor_id});
   ASSERT_TRUE(stat.ok()) << stat.status().ToString();
   EXPECT_EQ(stat->holders.size(), 1u) << "the lease went before the consumer's stream finished";
+  ASSERT_EQ(d().memset_async(gate, 1, 1, opener), 0);
   ASSERT_EQ(d().stream_synchronize(stream), 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
@@ -164,6 +244,7 @@ TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(stat->holders.empty());
+  d().free(gate);
 }
 
 // A producer's own cuMemAlloc'ed memory (the tensor inside a bigger block), exported by

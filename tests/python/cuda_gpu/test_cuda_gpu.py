@@ -50,8 +50,22 @@ print(x.device, tuple(x.shape), ok, flush=True)
 """ % ELEMENTS
 
 
-CONSUME_WAITING = CONSUME.replace("c.get(sys.argv[2])", "c.get(sys.argv[2], timeout=60)")
-
+# The consumer names itself, waits for the name, and reports whether its stream was still
+# waiting for the producer's work when its read was queued (its query right after).
+CONSUME_WAITING = """
+import sys, torch, tensord
+c = tensord.connect(sys.argv[1], client_name="stream-order-consumer")
+s = torch.cuda.Stream()
+expected = torch.arange(%d, device="cuda:0", dtype=torch.float32) + float(sys.argv[3])
+torch.cuda.synchronize()  # kernels loaded and the expected values made before the wait
+t = c.get(sys.argv[2], timeout=60)
+with torch.cuda.stream(s):
+    x = torch.from_dlpack(t)  # __dlpack__(stream=s): s waits for the producer's ready event
+    same = (x == expected).all()  # queued on s: no host sync yet
+pending = not s.query()
+print(x.device, tuple(x.shape), bool(same), flush=True)
+print("pending", pending, flush=True)
+""" % ELEMENTS
 
 def cuda_backend(client):
     backend = next(b for b in client.status()["backends"] if b["name"] == "cuda")
@@ -77,7 +91,16 @@ def test_a_tensor_outlives_its_torch_producer_and_a_torch_consumer_reads_it(brok
     assert consume(broker, n, 0) == f"cuda:0 ({ELEMENTS},) True"
 
 
+def waiting_sessions(client, client_name):
+    return sum(u["waiting"] for u in client.status(sessions=True)["session_usage"]
+               if u["client_name"] == client_name)
+
+
 def test_the_consumer_sees_what_the_producers_stream_wrote_with_no_host_sync_between(broker, client, name):
+    """A consumer in another process waits for the name (the broker says so, no sleep); the
+    producer queues about 2 s of GPU work ahead of its write, publishes with its stream and
+    checks the work is still pending; the consumer reads at once, its stream still waiting
+    for the producer's (it reports so), and sees the written values, with no host sync."""
     cuda_backend(client)
     t = client.empty((ELEMENTS,), "float32", device="cuda:0")
     x = torch.from_dlpack(t)
@@ -90,10 +113,13 @@ def test_the_consumer_sees_what_the_producers_stream_wrote_with_no_host_sync_bet
     x.zero_()
     torch.cuda.synchronize()
     n = name()
-    # The consumer waits for the name, so it reads within milliseconds of the publish.
     consumer = subprocess.Popen([sys.executable, "-c", CONSUME_WAITING, broker.socket, n, "7"], env=broker.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(5)  # the consumer has imported torch and waits for the name
+    deadline = time.monotonic() + 120
+    while waiting_sessions(client, "stream-order-consumer") == 0:
+        assert consumer.poll() is None, consumer.communicate()[1]
+        assert time.monotonic() < deadline, "the consumer never waited for the name"
+        time.sleep(0.05)
     with torch.cuda.stream(s):
         torch.cuda._sleep(SLEEP_CYCLES)  # a missing wait would read the zeros
         x.copy_(values + 7.0)
@@ -101,7 +127,7 @@ def test_the_consumer_sees_what_the_producers_stream_wrote_with_no_host_sync_bet
     assert not s.query(), "the queued work finished before the publish: the test shows nothing"
     out, err = consumer.communicate(timeout=120)
     assert consumer.returncode == 0, err
-    assert out.strip() == f"cuda:0 ({ELEMENTS},) True"
+    assert out.split("\n")[0:2] == ["cuda:0 (%d,) True" % ELEMENTS, "pending True"], out + err
     s.synchronize()
 
 
