@@ -1,18 +1,24 @@
-"""A CUDA handoff, tensord against torch.multiprocessing, side by side, on a real GPU.
+"""CUDA handoffs, tensord against torch.multiprocessing, side by side in one run, on a real GPU.
 
     build/server/tensord --socket /tmp/b/tensord.sock &
     PYTHONPATH=build/client/python python3 tests/bench/cuda_handoff.py --socket /tmp/b/tensord.sock
 
-A producer process makes N float32 tensors of --mib MiB on cuda:0 (filled on torch's
-current stream) and hands each to a consumer process, which reads every byte (a sum) and
-lets it go:
-  torch.mp   the tensor through a torch.multiprocessing Queue (CUDA IPC; the producer keeps
-             each tensor until the consumer says it is done, as torch requires)
-  tensord    client.empty(device="cuda:0"), filled in place through torch.from_dlpack,
-             publish(stream=torch's stream); the consumer take()s it, .torch() orders its
-             stream on the ready event, and the release waits for its done event
-Prints handoffs/s and GB/s for each. Needs a CUDA build of torch and a GPU: otherwise it
-says so and exits 0. docs/gpu-runs/ keeps what each run on a GPU printed.
+For each size (--sizes, default 4 KiB and 64 MiB), a producer process makes a fresh float32
+tensor per item on cuda:0 (filled on torch's current stream) and hands it to a consumer
+process, which reads every element (a sum) and lets it go:
+  torch.mp          the tensor through a torch.multiprocessing Queue (CUDA IPC; the producer
+                    keeps each tensor until the consumer says it is done, as torch requires)
+  tensord           what a steady producer writes: client.empty(..., device="cuda:0",
+                    ns="handoff") per item, filled in place through torch.from_dlpack,
+                    publish(stream=torch's stream); the consumer take()s the oldest, .torch()
+                    orders its stream on the ready event, and the release waits for its done
+                    event. From the second buffer on, the producer's items land in recycled
+                    buffers the consumer keeps mapped: no driver call on either side.
+  tensord (no ns=)  the same without ns=: every item a fresh device allocation, exported,
+                    imported and mapped by both sides, then freed (issue: the default path)
+Prints `<label> <size>: N /s  G GB/s` per row and tensord's ratio to torch.mp per size.
+Needs a CUDA build of torch and a GPU: otherwise it says so and exits 0. docs/gpu-runs/
+keeps what each run on a GPU printed.
 """
 
 import argparse
@@ -46,10 +52,10 @@ def torch_consumer(queue, done, result):
         del t
         done.put(True)
         n += 1
-    result.put((n, time.perf_counter() - start))
+    result.put((n - 1, time.perf_counter() - start))  # the first item starts the clock
 
 
-def tensord_producer(socket, count, elements):
+def tensord_producer(socket, count, elements, ns, prefix):
     import torch
 
     import tensord
@@ -57,14 +63,14 @@ def tensord_producer(socket, count, elements):
     c = tensord.connect(socket)
     stream = torch.cuda.current_stream().cuda_stream
     for i in range(count):
-        t = c.empty((elements,), "float32", device="cuda:0")
+        t = c.empty((elements,), "float32", device="cuda:0", ns=ns)
         torch.from_dlpack(t).fill_(float(i))
-        c.publish(t, f"handoff/{i:08d}", stream=stream)
+        c.publish(t, f"{prefix}/{i:08d}", stream=stream)
         t.release()
     c.flush()
 
 
-def tensord_consumer(socket, count, result):
+def tensord_consumer(socket, count, prefix, result):
     import torch  # noqa: F401  loaded up front, as the torch.mp consumer has it: not timed
 
     import tensord
@@ -72,20 +78,34 @@ def tensord_consumer(socket, count, result):
     c = tensord.connect(socket)
     start = None
     for _ in range(count):
-        t = c.take("handoff/", timeout=None)
+        t = c.take(prefix + "/", timeout=None)
         if start is None:
             start = time.perf_counter()
         t.torch().sum().item()
         t.release()
     c.flush()
-    result.put((count, time.perf_counter() - start))
+    result.put((count - 1, time.perf_counter() - start))
+
+
+def size_label(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def parse_size(text):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(text[:-len(unit)]) * scale
+    raise argparse.ArgumentTypeError(f"a size like 4KiB or 64MiB, not {text!r}")
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
-    parser.add_argument("--count", type=int, default=200)
-    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--sizes", default="4KiB,64MiB", help="comma-separated, e.g. 4KiB,64MiB")
+    parser.add_argument("--count", type=int, default=0,
+                        help="items per row (default: 2000 up to 1 MiB, 400 above)")
+    parser.add_argument("--no-plain", action="store_true", help="leave out the tensord (no ns=) rows")
     args = parser.parse_args()
     try:
         import torch
@@ -98,32 +118,42 @@ def main():
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    elements = args.mib * (1 << 20) // 4
-    nbytes = elements * 4
 
-    def run(label, producer, consumer):
-        """Starts producer(*producer[1:]) and consumer(*consumer[1:], result) as processes and
-        prints the consumer's rate."""
+    def run(label, nbytes, producer, consumer):
+        """Starts producer(*producer[1:]) and consumer(*consumer[1:], result) as processes,
+        prints the consumer's rate and returns it."""
         result = ctx.Queue()
         procs = [ctx.Process(target=producer[0], args=producer[1:]),
                  ctx.Process(target=consumer[0], args=(*consumer[1:], result))]
         for p in procs:
             p.start()
         try:
-            n, seconds = result.get(timeout=300)
+            n, seconds = result.get(timeout=600)
         except queue_module.Empty:
             for p in procs:
                 p.kill()
-            raise SystemExit(f"cuda_handoff: {label}: no result in 300 s (exit codes "
+            raise SystemExit(f"cuda_handoff: {label}: no result in 600 s (exit codes "
                              f"{[p.exitcode for p in procs]})") from None
         for p in procs:
             p.join()
-        print(f"{label:9} {args.mib} MiB: {n / seconds:.1f} /s  {n * nbytes / seconds / 1e9:.2f} GB/s")
+        rate = n / seconds
+        print(f"{label:9} {size_label(nbytes)}: {rate:.1f} /s  {rate * nbytes / 1e9:.2f} GB/s", flush=True)
+        return rate
 
-    queue, done = ctx.Queue(), ctx.Queue()
-    run("torch.mp", (torch_producer, queue, done, args.count, elements), (torch_consumer, queue, done))
-    run("tensord", (tensord_producer, args.socket, args.count, elements),
-        (tensord_consumer, args.socket, args.count))
+    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+        elements = nbytes // 4
+        count = args.count or (2000 if nbytes <= 1 << 20 else 400)
+        queue, done = ctx.Queue(), ctx.Queue()
+        mp_rate = run("torch.mp", nbytes, (torch_producer, queue, done, count, elements),
+                      (torch_consumer, queue, done))
+        rate = run("tensord", nbytes, (tensord_producer, args.socket, count, elements, "handoff", "handoff"),
+                   (tensord_consumer, args.socket, count, "handoff"))
+        print(f"{'':9} {size_label(nbytes)}: tensord / torch.mp = {rate / mp_rate:.2f}x", flush=True)
+        if not args.no_plain:
+            plain = run("tensord (no ns=)", nbytes,
+                        (tensord_producer, args.socket, count, elements, None, "plain"),
+                        (tensord_consumer, args.socket, count, "plain"))
+            print(f"{'':9} {size_label(nbytes)}: tensord (no ns=) / torch.mp = {plain / mp_rate:.2f}x", flush=True)
     return 0
 
 

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A CUDA tensor handed between two processes that share neither a PID nor an IPC namespace
+# (as two containers without --pid=host or --ipc=host), through a daemon in a third: what
+# Triton's CUDA shared memory and vLLM users cannot do, since pidfd_getfd needs a shared
+# PID namespace. tensord passes the VMM allocation as a POSIX fd over its Unix socket.
+#
+#   tests/gpu/namespaces.sh PYTHON SOCKET    (run by tests/gpu/run-on-gpu.sh, as root)
+#
+# Two rounds, each a torch producer and a torch consumer started with
+# `unshare --pid --ipc --fork`:
+#   synced   the producer synchronizes before it publishes: the memory alone crosses
+#   ordered  about 2 s of GPU work queued ahead of the producer's write, published with its
+#            stream: the consumer's stream must wait on the producer's ready event
+# Each process prints its namespaces and its own pid (1 in a new PID namespace); the
+# consumer prints whether it read the producer's values. Exits non-zero when a round fails.
+set -uo pipefail
+[[ $# -eq 2 ]] || { sed -n 2,15p "$0"; exit 2; }
+py=$1
+export TENSORD_SOCKET=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+trap '' PIPE  # a producer that died leaves its fifo without a reader: say so below, do not die
+
+cat >"$work/producer.py" <<'PY'
+import os, sys, torch, tensord
+name, mode = sys.argv[1], sys.argv[2]
+print("producer pid", os.getpid(), "ns", os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/ipc"), flush=True)
+c = tensord.connect()
+n = 1 << 22
+t = c.empty((n,), "float32", device="cuda:0")
+x = torch.from_dlpack(t)
+values = torch.arange(n, device="cuda:0", dtype=torch.float32) + 3.0
+x.zero_()
+torch.cuda.synchronize()
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    if mode == "ordered":
+        torch.cuda._sleep(4_000_000_000)  # about 2 s: a consumer that does not wait reads zeros
+    x.copy_(values)
+if mode == "synced":
+    s.synchronize()
+c.publish(t, name, stream=s.cuda_stream)
+print("published", mode, "pending", not s.query(), flush=True)
+sys.stdin.readline()  # stays (and its ready event with it) until the consumer is done
+PY
+
+cat >"$work/consumer.py" <<'PY'
+import os, sys, torch, tensord
+print("consumer pid", os.getpid(), "ns", os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/ipc"), flush=True)
+c = tensord.connect()
+t = c.get(sys.argv[1], timeout=60)
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    x = torch.from_dlpack(t)  # s waits for the producer's ready event
+    same = (x == torch.arange(x.numel(), device="cuda:0", dtype=torch.float32) + 3.0).all()
+pending = not s.query()
+print("consumer values", bool(same), "was pending", pending, flush=True)
+PY
+
+echo "script pid ns $(readlink /proc/self/ns/pid) ipc ns $(readlink /proc/self/ns/ipc)"
+status=0
+for mode in synced ordered; do
+  echo "=== $mode"
+  fifo=$work/in.$mode
+  mkfifo "$fifo"
+  unshare --pid --ipc --fork --kill-child "$py" "$work/producer.py" "ns/$mode" "$mode" <"$fifo" >"$work/producer.$mode" 2>&1 &
+  producer=$!
+  exec 3>"$fifo"
+  for _ in $(seq 1200); do
+    grep -q "^published" "$work/producer.$mode" && break
+    kill -0 "$producer" 2>/dev/null || break
+    sleep 0.1
+  done
+  if grep -q "^published" "$work/producer.$mode"; then
+    timeout 180 unshare --pid --ipc --fork --kill-child "$py" "$work/consumer.py" "ns/$mode" >"$work/consumer.$mode" 2>&1
+    echo "consumer exit $?"
+  else
+    echo "the producer did not publish: no consumer" | tee "$work/consumer.$mode"
+  fi
+  echo >&3 2>/dev/null
+  exec 3>&-
+  wait "$producer"
+  echo "producer exit $?"
+  cat "$work/producer.$mode" "$work/consumer.$mode"
+  grep -q "^consumer values True" "$work/consumer.$mode" || status=1
+done
+exit $status
