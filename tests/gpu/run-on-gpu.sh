@@ -58,11 +58,18 @@ else
   echo "core_pattern: not settable ($(cat /proc/sys/kernel/core_pattern)); no cores" >>"$out/env.txt"
 fi
 
-# The C++ tests name the daemon and the peer by their build-tree paths.
-mkdir -p "$repo/build/server" "$repo/build/tests/integration"
-ln -sf "$bundle/bin/tensord" "$repo/build/server/tensord"
-ln -sf "$bundle/bin/tensord_cuda_peer" "$repo/build/tests/integration/tensord_cuda_peer"
-step cuda_gpu_test 240 "$bundle/bin/cuda_gpu_test"
+# A program linked with -ltensord against bin/ (test_readme.py's C++ snippet) loads the
+# library by its soname, which the bundle keeps in lib/.
+[[ -e $bundle/bin/libtensord.so.0 ]] || ln -sf ../lib/libtensord.so.0 "$bundle/bin/libtensord.so.0"
+
+# The C++ tests name the daemon and the peer by the build-tree paths they were compiled with:
+# links to the bundle's there (a real build tree, as on the machine that built the bundle, is
+# left alone).
+for f in $(strings "$bundle/bin/cuda_gpu_test" | grep -E '^/.*/build/(server/tensord|tests/integration/tensord_cuda_peer)$' | sort -u); do
+  mkdir -p "$(dirname "$f")"
+  [[ -e $f && ! -L $f ]] || ln -sf "$bundle/bin/${f##*/}" "$f"
+done
+step cuda_gpu_test 150 "$bundle/bin/cuda_gpu_test"
 
 # The Python package for this interpreter, in a build-tree layout (python/tensord,
 # server/tensord) that the tests and benchmarks take. Built with -g and the debug info split
@@ -73,7 +80,7 @@ build_module() {
   rm -rf "$tree" && mkdir -p "$tree/python/tensord" "$tree/server" "$tree/client/cli" "$tree/obj" || return 1
   ln -sf "$bundle/bin/tensord" "$tree/server/tensord"
   ln -sf "$bundle/bin/tensorctl" "$tree/client/cli/tensorctl"  # the tests find it beside $TENSORD_BIN
-  cp client/python/tensord/*.py client/python/tensord/*.pyi "$tree/python/tensord/"
+  cp client/python/tensord/*.py client/python/tensord/*.pyi client/python/tensord/py.typed "$tree/python/tensord/"
   # _version.py as CMake writes it, from the one project version in CMakeLists.txt.
   local version
   version=$(sed -n 's/^project(tensord VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt) && [[ -n $version ]] || return 1
@@ -106,24 +113,24 @@ print("-I" + sysconfig.get_paths()["include"])') || return 1
   objcopy --only-keep-debug "$module" "$out/_tensord.debug" && strip --strip-debug "$module" || return 1
   PYTHONPATH=$tree/python "$py" -c 'import tensord; print("built", tensord.__file__)'
 }
-if step python_module 240 bash -c "$(declare -f build_module); bundle=$bundle tree=$tree py=$py out=$out build_module"; then
+if step python_module 180 bash -c "$(declare -f build_module); bundle=$bundle tree=$tree py=$py out=$out build_module"; then
   # PYTHONFAULTHANDLER: a Python process that crashes prints where, in the step's log.
   export PYTHONPATH=$tree/python TENSORD_BIN=$tree/server/tensord PYTHONDONTWRITEBYTECODE=1 PYTHONFAULTHANDLER=1
-  step python_cuda_gpu 420 "$py" -m pytest -v -rs -s -p no:cacheprovider tests/python/cuda_gpu
+  step python_cuda_gpu 240 "$py" -m pytest -v -rs -s -p no:cacheprovider tests/python/cuda_gpu
 
   sock_dir=$(mktemp -d)
   tensord --socket "$sock_dir/t.sock" --log-level warn >"$out/handoff_daemon.log" 2>&1 &
   daemon=$!
   sleep 1
-  step cuda_handoff 420 "$py" tests/bench/cuda_handoff.py --socket "$sock_dir/t.sock"
+  step cuda_handoff 240 "$py" tests/bench/cuda_handoff.py --socket "$sock_dir/t.sock"
   if [[ -x $bundle/bin/tensord_cuda_bench ]]; then
-    step cuda_bench 120 "$bundle/bin/tensord_cuda_bench" --socket "$sock_dir/t.sock"
+    step cuda_bench 60 "$bundle/bin/tensord_cuda_bench" --socket "$sock_dir/t.sock"
   fi
   # Producer and consumer each in PID and IPC namespaces of their own (as in two containers
   # that share neither), the daemon in the machine's: device memory crosses as a VMM fd on
   # the socket. Ordered: the consumer's stream waits on the ready event. Synced: the
   # producer synchronizes before it publishes (the memory alone, no event).
-  step namespaces 240 bash tests/gpu/namespaces.sh "$py" "$sock_dir/t.sock"
+  step namespaces 120 bash tests/gpu/namespaces.sh "$py" "$sock_dir/t.sock"
   kill "$daemon"; wait "$daemon"
 
   # `import tensord, torch` has died with SIGSEGV on this image before (docs/gpu-runs): ten
@@ -135,11 +142,11 @@ if step python_module 240 bash -c "$(declare -f build_module); bundle=$bundle tr
     done
     "$py" -m pytest -q -rs -p no:cacheprovider tests/python/test_readme.py -k snippet
   }
-  TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step crash_probe 300 bash -c "$(declare -f crash_probe); py=$py crash_probe"
+  TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step crash_probe 150 bash -c "$(declare -f crash_probe); py=$py crash_probe"
 
-  step daemon_gpu_memory 120 "$py" tests/gpu/daemon_gpu_memory.py "$bundle/bin/tensord"
+  step daemon_gpu_memory 60 "$py" tests/gpu/daemon_gpu_memory.py "$bundle/bin/tensord"
 
-  TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step python_suite 300 "$py" -m pytest -q -rs -p no:cacheprovider \
+  TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step python_suite 200 "$py" -m pytest -q -rs -p no:cacheprovider \
     --ignore=tests/python/cuda_fake --ignore=tests/python/level_zero_fake --ignore=tests/python/cuda_gpu tests/python
 fi
 
