@@ -28,8 +28,26 @@ ResourceExhausted, PermissionDenied, InvalidArgument, Unavailable; other codes r
 with .code set. Timeout is also a TimeoutError, NotFound also a LookupError.
 """
 
-from . import _convert, aio, data
-from . import _client
+def _cxx_runtime_in_global_scope():
+    """Loads the C++ runtime into the process's global symbol scope before the extension,
+    which would otherwise load it privately (RTLD_LOCAL), as a dependency of its own. On the
+    GPU image (torch 2.11, Python 3.12) `import tensord, torch` then died with SIGSEGV in
+    torch's first std::call_once, a null call from pthread_once, 10 times out of 10; with
+    libstdc++ global first, as it is when torch is imported first, 0 out of 10
+    (docs/gpu-runs/2026-11-27-h200-71a1458). Why the order matters is not fully explained:
+    torch's call_once symbols bind to the same libstdc++ either way."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:  # no libstdc++ by that name: the extension's own loader finds its runtime
+        pass
+
+
+_cxx_runtime_in_global_scope()
+
+from . import _convert, aio, data  # noqa: E402  (after the runtime is global)
+from . import _client  # noqa: E402
 from ._client import Client, Watch, connect, dtype_name
 from ._types import Device, DType
 from ._version import __version__  # the project version, written by CMake
