@@ -414,10 +414,13 @@ absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
   }
   publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
   publish->mutable_tags()->insert(options.tags.begin(), options.tags.end());
-  // Device memory: consumers' streams wait on this, after the work queued on ours so far.
-  absl::StatusOr<std::string> ready_fence = view.RecordReady(options.stream);
-  if (!ready_fence.ok()) return Annotate(ready_fence.status(), what);
-  publish->set_ready_fence(*std::move(ready_fence));
+  // Device memory: consumers' streams wait on this, after the work queued on ours so far
+  // (none when the producer says its writes are done).
+  if (options.stream != kNoStream) {
+    absl::StatusOr<std::string> ready_fence = view.RecordReady(options.stream);
+    if (!ready_fence.ok()) return Annotate(ready_fence.status(), what);
+    publish->set_ready_fence(*std::move(ready_fence));
+  }
   if (view.described_here()) {
     // A pooled slot: the broker still has it as uint8[slot]; this is what it holds.
     TensorSpec spec;

@@ -95,6 +95,12 @@ class Wait {
 // cudaStream_t) cast to uintptr_t, or one of these. Host tensors ignore streams.
 inline constexpr uintptr_t kLegacyDefaultStream = 1;     // CU_STREAM_LEGACY
 inline constexpr uintptr_t kPerThreadDefaultStream = 2;  // CU_STREAM_PER_THREAD
+// PublishOptions::stream only (DLPack's -1): the producer's writes are complete (it has
+// synchronized), so no ready event is recorded and consumers' streams wait for nothing. For
+// consumers that cannot open this process's events: one in another PID namespace (a
+// container that shares none with the producer) gets CUDA_ERROR_INVALID_CONTEXT from
+// cuIpcOpenEventHandle, seen on an H200.
+inline constexpr uintptr_t kNoStream = ~uintptr_t{0};
 
 // Identifies a tensor by id instead of by name.
 struct TensorId {
@@ -278,6 +284,7 @@ struct PublishOptions {
   std::chrono::milliseconds ttl{0};  // 0: the binding stays until deleted or replaced
   // Device tensors: the stream the work that wrote the tensor was queued on. Publish
   // records a "ready" event there (no host wait) that every consumer's stream waits on.
+  // kNoStream: the writes are done; no event (see kNoStream).
   uintptr_t stream = kLegacyDefaultStream;
   // Added to the tags the tensor was allocated with (TensorSpec::tags); a key it has
   // already is replaced. Bounded in all as TensorSpec::tags (INVALID_ARGUMENT).

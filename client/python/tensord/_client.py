@@ -7,6 +7,10 @@ from . import _tensord
 from ._tensord import Tensor
 
 
+# Client.publish(stream=-1) as the C++ client reads it (tensord::kNoStream).
+_NO_STREAM = (1 << 64) - 1
+
+
 def dtype_name(dtype):
     """'float32' from 'float32', numpy.float32, numpy.dtype('float32') or torch.float32."""
     if isinstance(dtype, str):
@@ -231,7 +235,10 @@ class Client:
         GPU tensors: stream is the int handle of the stream whose work wrote the tensor
         (torch: torch.cuda.current_stream().cuda_stream); a ready event is recorded there,
         and every consumer's stream waits for it on the GPU. None: the legacy default
-        stream. Host tensors ignore it.
+        stream. -1 (DLPack's "no synchronization"): the writes are done (the producer has
+        synchronized), so no event is recorded; needed when a consumer cannot open this
+        process's events, such as one in another PID namespace (a container that shares none
+        with the producer). Host tensors ignore it.
 
         wait=False sends the publish and returns None at once, without a round trip: a
         producer loop runs ahead of the broker. What the broker refuses (a condition, the
@@ -242,6 +249,8 @@ class Client:
         replaced)."""
         if not isinstance(t, Tensor):
             raise TypeError("publish takes a tensor from client.empty(); use put() for other arrays")
+        if stream == -1:
+            stream = _NO_STREAM
         if not wait:
             self._core.publish_nowait(t, name, if_absent, if_generation, ttl, stream, _tags(tags))
             return None
@@ -259,6 +268,8 @@ class Client:
         published with a ready event there: no host round trip, no host wait. It must be in
         compact C order (.contiguous()). stream: as for publish(); for a torch tensor,
         torch's current stream when not given. tags: a dict of str to str kept with it."""
+        if stream == -1:
+            raise ValueError("put copies on a stream and publishes after it: pass that stream (or None), not -1")
         if stream is None:
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":

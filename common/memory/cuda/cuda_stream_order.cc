@@ -200,6 +200,15 @@ absl::StatusOr<CudaStreamOrder::FenceEvent> CudaStreamOrder::EventOf(const Ready
   std::memcpy(ipc.reserved, decoded->ipc_event.data(), kCudaIpcHandleBytes);
   CUevent opened = nullptr;
   if (CUresult r = driver.cuIpcOpenEventHandle(&opened, ipc); r != CUDA_SUCCESS) {
+    if (r == CUDA_ERROR_INVALID_CONTEXT) {
+      // Seen on an H200 when the producer runs in another PID namespace: legacy IPC events
+      // do not cross it (the memory does, as a VMM fd).
+      return driver.CudaStatus(
+          r, absl::StrCat(what, ": cuIpcOpenEventHandle on cuda:", ordinal,
+                          ": the producer's ready event cannot be opened in this process, as when the producer "
+                          "runs in another PID namespace; such a producer synchronizes its writes and "
+                          "publishes with no ready event (PublishOptions::stream = kNoStream, Python stream=-1)"));
+    }
     if (!ExporterGone(r)) {
       return driver.CudaStatus(r, absl::StrCat(what, ": cuIpcOpenEventHandle on cuda:", ordinal));
     }

@@ -507,6 +507,23 @@ TEST_F(CudaImporterTest, OpenedReadyEventsAreKeptPerSourceAndFence) {
   EXPECT_EQ(producer.Wait(), 0);
 }
 
+// A producer's event this process cannot open for want of a context it shares (seen on an
+// H200 with the producer in another PID namespace) fails the wait saying what to do.
+TEST_F(CudaImporterTest, AnEventThatCannotBeOpenedHereSaysHowToPublishWithout) {
+  Peer producer;
+  StartPeer(&producer, "ready-fence", {});
+  const std::string fence = Receive(producer.sock.get());
+  ASSERT_FALSE(fence.empty());
+  FakeFailNext("cuIpcOpenEventHandle", CUDA_ERROR_INVALID_CONTEXT);
+  absl::Status waited = CudaStreamOrder::Get().WaitReady(ReadyFence{fence, "session-z"}, 0, 0x11, "tensor 3");
+  EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("tensor 3: cuIpcOpenEventHandle on cuda:0"));
+  EXPECT_THAT(waited.message(), HasSubstr("another PID namespace"));
+  EXPECT_THAT(waited.message(), HasSubstr("Python stream=-1"));
+  Send(producer.sock.get(), "done");
+  EXPECT_EQ(producer.Wait(), 0);
+}
+
 // For a consumer with no stream: a host wait that returns once the producer's work is done.
 TEST_F(CudaImporterTest, WaitReadyOnHostReturnsOnceTheProducersWorkIsDone) {
   Peer producer;
