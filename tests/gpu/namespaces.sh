@@ -6,8 +6,9 @@
 #
 #   tests/gpu/namespaces.sh PYTHON SOCKET    (run by tests/gpu/run-on-gpu.sh, as root)
 #
-# Two rounds, each a torch producer and a torch consumer started with
-# `unshare --pid --ipc --fork`:
+# Two rounds, each a torch producer and a torch consumer started with `unshare --pid --ipc
+# --mount --mount-proc --fork` (a /proc of their own PID namespace, as a container has; the
+# CUDA driver's cuInit fails with CUDA_ERROR_OPERATING_SYSTEM under the machine's /proc):
 #   synced   the producer synchronizes before it publishes: the memory alone crosses
 #   ordered  about 2 s of GPU work queued ahead of the producer's write, published with its
 #            stream: the consumer's stream must wait on the producer's ready event
@@ -48,35 +49,44 @@ cat >"$work/consumer.py" <<'PY'
 import os, sys, torch, tensord
 print("consumer pid", os.getpid(), "ns", os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/ipc"), flush=True)
 c = tensord.connect()
-t = c.get(sys.argv[1], timeout=60)
 s = torch.cuda.Stream()
+expected = torch.arange(1 << 22, device="cuda:0", dtype=torch.float32) + 3.0
+with torch.cuda.stream(s):
+    (expected == expected).all()  # kernels loaded before the read: a lazy load synchronizes
+torch.cuda.synchronize()
+print("ready", flush=True)
+t = c.get(sys.argv[1], timeout=120)
 with torch.cuda.stream(s):
     x = torch.from_dlpack(t)  # s waits for the producer's ready event
-    same = (x == torch.arange(x.numel(), device="cuda:0", dtype=torch.float32) + 3.0).all()
+    same = (x == expected).all()
 pending = not s.query()
 print("consumer values", bool(same), "was pending", pending, flush=True)
 PY
 
 echo "script pid ns $(readlink /proc/self/ns/pid) ipc ns $(readlink /proc/self/ns/ipc)"
+isolated=(unshare --pid --ipc --mount --mount-proc --fork --kill-child)
+wait_for_line() {  # wait_for_line FILE PREFIX PID: until FILE has a line starting with PREFIX (120 s)
+  for _ in $(seq 1200); do
+    grep -q "^$2" "$1" && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
 status=0
 for mode in synced ordered; do
   echo "=== $mode"
+  # The consumer first, waiting for the name (its CUDA start-up is over before the publish).
+  timeout 180 "${isolated[@]}" "$py" "$work/consumer.py" "ns/$mode" >"$work/consumer.$mode" 2>&1 &
+  consumer=$!
+  wait_for_line "$work/consumer.$mode" ready "$consumer" || echo "the consumer did not get ready"
   fifo=$work/in.$mode
   mkfifo "$fifo"
-  unshare --pid --ipc --fork --kill-child "$py" "$work/producer.py" "ns/$mode" "$mode" <"$fifo" >"$work/producer.$mode" 2>&1 &
+  "${isolated[@]}" "$py" "$work/producer.py" "ns/$mode" "$mode" <"$fifo" >"$work/producer.$mode" 2>&1 &
   producer=$!
   exec 3>"$fifo"
-  for _ in $(seq 1200); do
-    grep -q "^published" "$work/producer.$mode" && break
-    kill -0 "$producer" 2>/dev/null || break
-    sleep 0.1
-  done
-  if grep -q "^published" "$work/producer.$mode"; then
-    timeout 180 unshare --pid --ipc --fork --kill-child "$py" "$work/consumer.py" "ns/$mode" >"$work/consumer.$mode" 2>&1
-    echo "consumer exit $?"
-  else
-    echo "the producer did not publish: no consumer" | tee "$work/consumer.$mode"
-  fi
+  wait "$consumer"
+  echo "consumer exit $?"
   echo >&3 2>/dev/null
   exec 3>&-
   wait "$producer"

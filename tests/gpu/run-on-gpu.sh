@@ -27,8 +27,11 @@ cd "$repo"
 # shellcheck source=/dev/null
 source "$bundle/env.sh"
 failed=()
+# TENSORD_GPU_STEPS: the steps to run (names as below, space-separated); default all. The
+# module is built whenever a Python step runs.
 step() {  # step NAME SECONDS COMMAND...: runs it with a time limit, output to OUT/NAME.log
   local name=$1 limit=$2; shift 2
+  if [[ -n ${TENSORD_GPU_STEPS:-} && " $TENSORD_GPU_STEPS python_module " != *" $name "* ]]; then return 0; fi
   echo "== $name" >&2
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -60,7 +63,7 @@ fi
 
 # A program linked with -ltensord against bin/ (test_readme.py's C++ snippet) loads the
 # library by its soname, which the bundle keeps in lib/.
-[[ -e $bundle/bin/libtensord.so.0 ]] || ln -sf ../lib/libtensord.so.0 "$bundle/bin/libtensord.so.0"
+[[ -e $bundle/bin/libtensord.so.0 ]] || ln -sf libtensord.so "$bundle/bin/libtensord.so.0"  # bin/ copy: its RUNPATH finds lib/
 
 # The C++ tests name the daemon and the peer by the build-tree paths they were compiled with:
 # links to the bundle's there (a real build tree, as on the machine that built the bundle, is
@@ -135,14 +138,35 @@ if step python_module 180 bash -c "$(declare -f build_module); bundle=$bundle tr
 
   # `import tensord, torch` has died with SIGSEGV on this image before (docs/gpu-runs): ten
   # times here, then the README snippets as test_readme.py runs them; any core is read below.
+  # The package's __init__ is bypassed by raw_first (the extension loaded as tensord/__init__
+  # would, with nothing before it), and LD_DEBUG=bindings says which object each of torch's
+  # std::call_once symbols binds to in each order.
   crash_probe() {
-    local i
+    local i module
+    module=$(ls "$tree"/python/tensord/_tensord*.so)
     for i in 1 2 3 4 5 6 7 8 9 10; do
       "$py" -c 'import tensord, torch; print("imported", torch.__version__)'; echo "import tensord, torch: exit $?"
     done
+    local raw_first="import importlib.machinery as m, importlib.util as u
+l = m.ExtensionFileLoader('tensord._tensord', '$module'); s = u.spec_from_loader('tensord._tensord', l)
+l.exec_module(u.module_from_spec(s)); import torch; print('imported')"
+    for i in 1 2 3; do "$py" -c "$raw_first"; echo "the extension alone, then torch: exit $?"; done
+    local order
+    for order in raw_first torch_first package_first; do
+      case $order in
+        raw_first) code=$raw_first ;;
+        torch_first) code="import torch, tensord" ;;
+        package_first) code="import tensord, torch" ;;
+      esac
+      rm -f /tmp/lddebug.*
+      LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/lddebug "$py" -c "$code" >/dev/null 2>&1; echo "== $order (LD_DEBUG=bindings): exit $?"
+      cat /tmp/lddebug.* | grep -E "\`(__once_proxy|_ZSt11__once_call|_ZSt15__once_callable)'" | grep -E "libtorch_python|libc10.so|libtorch_cpu" | sed 's/^ *[0-9]*: *//' | sort | uniq -c | head -20
+      echo "-- objects defining __once_proxy that anything bound to:"
+      cat /tmp/lddebug.* | grep -E "\`__once_proxy'" | sed -n 's/.* to \([^ ]*\) .*/\1/p' | sort | uniq -c
+    done
     "$py" -m pytest -q -rs -p no:cacheprovider tests/python/test_readme.py -k snippet
   }
-  TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step crash_probe 150 bash -c "$(declare -f crash_probe); py=$py crash_probe"
+  TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step crash_probe 200 bash -c "$(declare -f crash_probe); py=$py tree=$tree crash_probe"
 
   step daemon_gpu_memory 60 "$py" tests/gpu/daemon_gpu_memory.py "$bundle/bin/tensord"
 

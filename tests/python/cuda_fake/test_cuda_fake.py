@@ -314,7 +314,7 @@ print(*(fake.tensord_fake_cuda_calls(s) for s in
 """
 
 
-def test_a_recycled_gpu_buffer_is_written_again_and_read_with_no_new_import(broker, name):
+def test_a_recycled_gpu_buffer_is_written_again_and_read_with_no_new_import(broker, client, name):
     """What a steady torch producer writes: empty(..., device=, ns=) each time, fill, publish
     with its stream; a consumer in another process takes each one. From the second item on,
     the producer gets the same buffer back and the consumer reads it through the import and
@@ -323,9 +323,6 @@ def test_a_recycled_gpu_buffer_is_written_again_and_read_with_no_new_import(brok
     import inspect
 
     items = 5
-    # No lease cache: the producer's lease on what it published goes with its flush, not with
-    # the broker's push after the take, so each next empty() finds the buffer pooled.
-    client = tensord.connect(broker.socket, lease_cache=False)
     source = inspect.getsource(device_pointer)
     consumer = subprocess.Popen([sys.executable, "-c", source + RECYCLED_CONSUMER, broker.socket, str(items)],
                                 env=broker.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -410,3 +407,26 @@ def test_dlpack_takes_the_stream_positionally_as_some_jax_versions_pass_it(clien
     got.__dlpack__(0x5151)  # positional, as jax.dlpack does in some versions
     got.__dlpack__(0x5151, (1, 0))  # stream and max_version, both positional
     assert waits(0x5151, -1, 0) == before + 2
+
+
+def test_a_publish_with_stream_minus_one_records_no_ready_event(client, other, name):
+    """A producer that has synchronized says so with stream=-1: no event is recorded, and a
+    consumer (one that could not open this process's events, in another PID namespace) has
+    nothing to wait for."""
+    import ctypes
+
+    calls = fake_driver().tensord_fake_cuda_calls
+    calls.argtypes = [ctypes.c_char_p]
+    t = client.empty((16,), "float32", device="cuda:0")
+    n = name()
+    records = calls(b"cuEventRecord")
+    client.publish(t, n, stream=-1)
+    assert calls(b"cuEventRecord") == records
+    got = other.get(n)
+    waits = fake_driver().tensord_fake_cuda_stream_waits
+    waits.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    before = waits(0x6161, -1, 0)
+    got.__dlpack__(stream=0x6161)
+    assert waits(0x6161, -1, 0) == before
+    with pytest.raises(ValueError, match="not -1"):
+        client.put(name(), t, stream=-1)

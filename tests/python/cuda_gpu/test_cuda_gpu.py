@@ -57,7 +57,9 @@ import sys, torch, tensord
 c = tensord.connect(sys.argv[1], client_name="stream-order-consumer")
 s = torch.cuda.Stream()
 expected = torch.arange(%d, device="cuda:0", dtype=torch.float32) + float(sys.argv[3])
-torch.cuda.synchronize()  # kernels loaded and the expected values made before the wait
+with torch.cuda.stream(s):
+    (expected == expected).all()  # the kernels below load now: a lazy load synchronizes the context
+torch.cuda.synchronize()
 t = c.get(sys.argv[2], timeout=60)
 with torch.cuda.stream(s):
     x = torch.from_dlpack(t)  # __dlpack__(stream=s): s waits for the producer's ready event
