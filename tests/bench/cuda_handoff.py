@@ -14,8 +14,12 @@ process, which reads every element (a sum) and lets it go:
                     orders its stream on the ready event, and the release waits for its done
                     event. From the second buffer on, the producer's items land in recycled
                     buffers the consumer keeps mapped: no driver call on either side.
-  tensord (no ns=)  the same without ns=: every item a fresh device allocation, exported,
-                    imported and mapped by both sides, then freed (issue: the default path)
+  tensord (tuned)   the same, the producer connected with allocate_ahead=True (its next
+                    empty() is asked for while it fills this one) and publishing with
+                    wait=False (no round trip): what docs/performance.md suggests for a
+                    steady producer
+  tensord (no ns=)  the same as `tensord` without ns=: every item a fresh device
+                    allocation, exported, imported and mapped by both sides, then freed
 Prints `<label> <size>: N /s  G GB/s` per row and tensord's ratio to torch.mp per size.
 Needs a CUDA build of torch and a GPU: otherwise it says so and exits 0. docs/gpu-runs/
 keeps what each run on a GPU printed.
@@ -55,17 +59,17 @@ def torch_consumer(queue, done, result):
     result.put((n - 1, time.perf_counter() - start))  # the first item starts the clock
 
 
-def tensord_producer(socket, count, elements, ns, prefix):
+def tensord_producer(socket, count, elements, ns, prefix, tuned=False):
     import torch
 
     import tensord
 
-    c = tensord.connect(socket)
+    c = tensord.connect(socket, allocate_ahead=tuned)
     stream = torch.cuda.current_stream().cuda_stream
     for i in range(count):
         t = c.empty((elements,), "float32", device="cuda:0", ns=ns)
         torch.from_dlpack(t).fill_(float(i))
-        c.publish(t, f"{prefix}/{i:08d}", stream=stream)
+        c.publish(t, f"{prefix}/{i:08d}", stream=stream, wait=not tuned)
         t.release()
     c.flush()
 
@@ -149,6 +153,10 @@ def main():
         rate = run("tensord", nbytes, (tensord_producer, args.socket, count, elements, "handoff", "handoff"),
                    (tensord_consumer, args.socket, count, "handoff"))
         print(f"{'':9} {size_label(nbytes)}: tensord / torch.mp = {rate / mp_rate:.2f}x", flush=True)
+        tuned = run("tensord (tuned)", nbytes,
+                    (tensord_producer, args.socket, count, elements, "tuned", "tuned", True),
+                    (tensord_consumer, args.socket, count, "tuned"))
+        print(f"{'':9} {size_label(nbytes)}: tensord (tuned) / torch.mp = {tuned / mp_rate:.2f}x", flush=True)
         if not args.no_plain:
             plain = run("tensord (no ns=)", nbytes,
                         (tensord_producer, args.socket, count, elements, None, "plain"),
