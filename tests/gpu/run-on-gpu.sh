@@ -14,11 +14,13 @@
 # LD_LIBRARY_PATH. Steps, most important first: the C++ GPU tests; the module; the Python
 # GPU tests (torch, JAX, CuPy); the CUDA handoff against torch.multiprocessing; producer and
 # consumer in separate PID and IPC namespaces; the `import tensord, torch` crash probe; the
-# device bench; the daemon's own GPU memory; the whole Python suite on this interpreter and
-# torch. Any process that dies of a signal leaves a core (when the kernel lets us set
-# core_pattern), and `crash_stacks.log` has cuda-gdb's native stack of each.
+# device bench; the daemon's own GPU memory; the batch pipeline feeding the GPU; the whole
+# Python suite on this interpreter and torch. TENSORD_GPU_STEPS="name ..." runs only those.
+# Any process that dies of a signal leaves a core (when the kernel lets us set core_pattern),
+# and `crash_stacks.log` has cuda-gdb's native stack of each. OUT may hold more files than a
+# `device` call brings back: tar it.
 set -uo pipefail
-[[ $# -eq 2 ]] || { sed -n 2,15p "$0"; exit 2; }
+[[ $# -eq 2 ]] || { sed -n 2,24p "$0"; exit 2; }
 bundle=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -169,6 +171,9 @@ l.exec_module(u.module_from_spec(s)); import torch; print('imported')"
   TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step crash_probe 200 bash -c "$(declare -f crash_probe); py=$py tree=$tree crash_probe"
 
   step daemon_gpu_memory 60 "$py" tests/gpu/daemon_gpu_memory.py "$bundle/bin/tensord"
+
+  step batch_pipeline_gpu 300 "$py" tests/bench/batch_pipeline.py --build-dir "$tree" --device cuda:0 \
+    --workers 4 --repeat 2 --json-out "$out/batch_pipeline_gpu.json"
 
   TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step python_suite 200 "$py" -m pytest -q -rs -p no:cacheprovider \
     --ignore=tests/python/cuda_fake --ignore=tests/python/level_zero_fake --ignore=tests/python/cuda_gpu tests/python

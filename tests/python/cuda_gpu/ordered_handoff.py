@@ -5,6 +5,7 @@ framework in another process, reads it at once. Stream order holds when the cons
 the written values although the producer's work was still pending when the consumer's
 from_dlpack returned (no host wait there), which this module checks, not assumes."""
 
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +26,29 @@ class Recorder:
         self.calls.append((args, kwargs))
         return self.t.__dlpack__(*args, **kwargs)
 '''
+
+
+def gpu_torch(pytest):
+    """torch with a CUDA GPU, or a module-level skip saying what is missing (no torch, the
+    CUDA stand-in named by TENSORD_LIBCUDA, no GPU)."""
+    torch = pytest.importorskip("torch", reason="needs torch (a CUDA build) and a GPU")
+    if os.environ.get("TENSORD_LIBCUDA"):
+        pytest.skip(f"TENSORD_LIBCUDA={os.environ['TENSORD_LIBCUDA']} names a stand-in: these tests are "
+                    "for a real GPU", allow_module_level=True)
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False): "
+                    "these tests need one", allow_module_level=True)
+    return torch
+
+
+def importable(pytest, what, probe, env=None):
+    """Skips the module unless `probe` (Python code) runs in a fresh interpreter: a framework
+    with its GPU (JAX, CuPy) is checked without loading it into the test process."""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, **(env or {})))
+    if out.returncode != 0:
+        pytest.skip(f"{what} with a GPU is not importable here: " +
+                    (out.stderr.strip().splitlines() or ["?"])[-1], allow_module_level=True)
 
 
 def waiting_sessions(client, client_name):

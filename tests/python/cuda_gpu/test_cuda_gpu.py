@@ -8,7 +8,6 @@ Skips, saying why, without a CUDA build of torch and a GPU (CI, Debian's torch).
 GPU machine by tests/gpu/run-on-gpu.sh; docs/gpu-runs/ keeps what each run printed.
 """
 
-import os
 import subprocess
 import sys
 import time
@@ -17,13 +16,9 @@ import pytest
 
 import tensord
 
-torch = pytest.importorskip("torch", reason="needs torch (a CUDA build) and a GPU")
-if os.environ.get("TENSORD_LIBCUDA"):
-    pytest.skip(f"TENSORD_LIBCUDA={os.environ['TENSORD_LIBCUDA']} names a stand-in: these tests are "
-                "for a real GPU", allow_module_level=True)
-if not torch.cuda.is_available():
-    pytest.skip(f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False): "
-                "these tests need one", allow_module_level=True)
+from ordered_handoff import gpu_torch, waiting_sessions
+
+torch = gpu_torch(pytest)
 
 ELEMENTS = 1 << 22  # 16 MiB of float32
 SLEEP_CYCLES = 4_000_000_000  # about 2 s of GPU time (H100/H200 clocks) queued ahead of a write
@@ -91,11 +86,6 @@ def test_a_tensor_outlives_its_torch_producer_and_a_torch_consumer_reads_it(brok
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "published"
     assert consume(broker, n, 0) == f"cuda:0 ({ELEMENTS},) True"
-
-
-def waiting_sessions(client, client_name):
-    return sum(u["waiting"] for u in client.status(sessions=True)["session_usage"]
-               if u["client_name"] == client_name)
 
 
 def test_the_consumer_sees_what_the_producers_stream_wrote_with_no_host_sync_between(broker, client, name):

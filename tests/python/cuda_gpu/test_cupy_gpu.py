@@ -11,25 +11,13 @@ Skips, saying why, without CuPy with a GPU or a CUDA build of torch (the produce
 GPU machine by tests/gpu/run-on-gpu.sh; docs/gpu-runs/ keeps what each run printed.
 """
 
-import os
-import subprocess
-import sys
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch (a CUDA build) for the producer and a GPU")
-if os.environ.get("TENSORD_LIBCUDA"):
-    pytest.skip(f"TENSORD_LIBCUDA={os.environ['TENSORD_LIBCUDA']} names a stand-in: these tests are for a real "
-                "GPU", allow_module_level=True)
-if not torch.cuda.is_available():
-    pytest.skip(f"torch {torch.__version__} sees no CUDA GPU: these tests need one", allow_module_level=True)
-_probe = subprocess.run([sys.executable, "-c", "import cupy; print(cupy.__version__, cupy.cuda.runtime.getDeviceCount())"],
-                        capture_output=True, text=True, timeout=300)
-if _probe.returncode != 0:
-    pytest.skip("CuPy with a GPU is not importable here: " + (_probe.stderr.strip().splitlines() or ["?"])[-1],
-                allow_module_level=True)
+import ordered_handoff
 
-import ordered_handoff  # noqa: E402
+torch = ordered_handoff.gpu_torch(pytest)
+ordered_handoff.importable(pytest, "CuPy", "import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0")
 
 CUPY_CONSUMER = '''
 import sys, cupy, tensord
