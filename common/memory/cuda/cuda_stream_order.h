@@ -39,7 +39,8 @@
 // Contexts: every call runs in the device's primary context (pushed, then popped), the one
 // the CUDA runtime and torch use, so streams created there are valid here.
 //
-// Not verified on hardware: only the software stand-in (tests/fake_cuda) has run this.
+// Ran on an NVIDIA H200 (docs/gpu-runs/2026-11-27-h200-71a1458): ready and done events
+// between processes, kept opened events. WaitReadyOnHost ran only against the stand-in.
 #pragma once
 
 #include <cuda.h>
