@@ -133,8 +133,9 @@ if step python_module 180 bash -c "$(declare -f build_module); bundle=$bundle tr
   fi
   # Producer and consumer each in PID and IPC namespaces of their own (as in two containers
   # that share neither), the daemon in the machine's: device memory crosses as a VMM fd on
-  # the socket. Ordered: the consumer's stream waits on the ready event. Synced: the
-  # producer synchronizes before it publishes (the memory alone, no event).
+  # the socket. nofence: the producer synchronizes and publishes with stream=-1 (decides the
+  # step); ordered: with a ready event, which an H200 would not open across PID namespaces
+  # (reported only).
   step namespaces 120 bash tests/gpu/namespaces.sh "$py" "$sock_dir/t.sock"
   kill "$daemon"; wait "$daemon"
 
