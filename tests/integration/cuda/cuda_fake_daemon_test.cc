@@ -36,26 +36,32 @@ void* FakeDriver(const char* symbol) {
   return library == nullptr ? nullptr : ::dlsym(library, symbol);
 }
 
+// Makes device `ordinal`'s primary context current on this thread (pushed), cuInit first,
+// as a program with CUDA memory of its own has it.
+bool PushFakePrimaryContext(int ordinal) {
+  using Init = int (*)(unsigned);
+  using Retain = int (*)(void**, int);
+  using Push = int (*)(void*);
+  auto init = reinterpret_cast<Init>(FakeDriver("cuInit"));
+  auto retain = reinterpret_cast<Retain>(FakeDriver("cuDevicePrimaryCtxRetain"));
+  auto push = reinterpret_cast<Push>(FakeDriver("cuCtxPushCurrent_v2"));
+  void* context = nullptr;
+  return init != nullptr && retain != nullptr && push != nullptr && init(0) == 0 && retain(&context, ordinal) == 0 &&
+         push(context) == 0;
+}
+
 // float32[count] (element i is i * 0.5) in a cuMemAlloc'ed block of device `ordinal`, in
 // its primary context, made current on the constructing thread; freed there too.
 class OwnDeviceMemory {
  public:
   OwnDeviceMemory(int ordinal, int64_t count) : bytes_(static_cast<size_t>(count) * sizeof(float)) {
-    using Init = int (*)(unsigned);
-    using Retain = int (*)(void**, int);
-    using Push = int (*)(void*);
     using Alloc = int (*)(uint64_t*, size_t);
     using CopyIn = int (*)(uint64_t, const void*, size_t);
-    auto init = reinterpret_cast<Init>(FakeDriver("cuInit"));
-    auto retain = reinterpret_cast<Retain>(FakeDriver("cuDevicePrimaryCtxRetain"));
-    auto push = reinterpret_cast<Push>(FakeDriver("cuCtxPushCurrent_v2"));
     auto alloc = reinterpret_cast<Alloc>(FakeDriver("cuMemAlloc_v2"));
     auto copy = reinterpret_cast<CopyIn>(FakeDriver("cuMemcpyHtoD_v2"));
     std::vector<float> values(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
-    void* context = nullptr;
-    ok_ = init != nullptr && retain != nullptr && push != nullptr && alloc != nullptr && copy != nullptr &&
-          init(0) == 0 && retain(&context, ordinal) == 0 && push(context) == 0 && alloc(&block_, bytes_) == 0 &&
+    ok_ = alloc != nullptr && copy != nullptr && PushFakePrimaryContext(ordinal) && alloc(&block_, bytes_) == 0 &&
           copy(block_, values.data(), bytes_) == 0;
   }
   ~OwnDeviceMemory() {
@@ -84,22 +90,14 @@ int FakeCalls(const char* symbol) {
 // Writes float32[count] holding i * 0.5 + shift to device memory at `dst` on device 0, as
 // a producer's kernel would (cuMemcpyHtoD in the primary context).
 bool FillOnDevice(void* dst, int64_t count, float shift) {
-  using Init = int (*)(unsigned);
-  using Retain = int (*)(void**, int);
-  using Push = int (*)(void*);
   using Pop = int (*)(void**);
   using CopyIn = int (*)(uint64_t, const void*, size_t);
-  auto init = reinterpret_cast<Init>(FakeDriver("cuInit"));
-  auto retain = reinterpret_cast<Retain>(FakeDriver("cuDevicePrimaryCtxRetain"));
-  auto push = reinterpret_cast<Push>(FakeDriver("cuCtxPushCurrent_v2"));
   auto pop = reinterpret_cast<Pop>(FakeDriver("cuCtxPopCurrent_v2"));
   auto copy = reinterpret_cast<CopyIn>(FakeDriver("cuMemcpyHtoD_v2"));
   std::vector<float> values(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f + shift;
-  void* context = nullptr;
   void* popped = nullptr;
-  return init != nullptr && retain != nullptr && push != nullptr && pop != nullptr && copy != nullptr &&
-         init(0) == 0 && retain(&context, 0) == 0 && push(context) == 0 &&
+  return pop != nullptr && copy != nullptr && PushFakePrimaryContext(0) &&
          copy(reinterpret_cast<uintptr_t>(dst), values.data(), values.size() * sizeof(float)) == 0 &&
          pop(&popped) == 0;
 }

@@ -35,6 +35,38 @@ using ::testing::HasSubstr;
 constexpr unsigned kStreamNonBlocking = DriverCalls::kStreamNonBlocking;  // no implicit sync
 constexpr size_t kScratchWords = size_t{16} << 20;  // 64 MiB of 32-bit words: room for DeviceReads
 
+// A word of device memory that holds streams shut: work queued on a stream after Hold()
+// waits (cuStreamWaitValue32) until Open() writes the word from a stream of its own. What
+// the tests use instead of queueing "enough" work and hoping it is still running.
+class Gate {
+ public:
+  explicit Gate(const DriverCalls& d) : d_(d) {
+    ok_ = d_.alloc(&word_, 4) == 0 && d_.stream_create(&opener_, DriverCalls::kStreamNonBlocking) == 0 &&
+          Write(0);
+  }
+  ~Gate() {
+    if (word_ == 0) return;
+    Open();  // nothing stays held on memory about to be freed, also after a failed assertion
+    d_.free(word_);
+  }
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+
+  bool ok() const { return ok_; }
+  // Work queued on `stream` from now on waits for Open().
+  bool Hold(void* stream) const { return d_.wait_value32(stream, word_, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */) == 0; }
+  bool Open() const { return Write(1); }
+
+ private:
+  bool Write(unsigned value) const {
+    return d_.memset_async(word_, value, 1, opener_) == 0 && d_.stream_synchronize(opener_) == 0;
+  }
+  const DriverCalls& d_;
+  uint64_t word_ = 0;
+  void* opener_ = nullptr;
+  bool ok_ = false;
+};
+
 class CudaGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -111,14 +143,10 @@ TEST_F(CudaGpuTest, TheConsumerReadsWhatTheProducersStreamWroteWithNoHostSyncBet
   constexpr int64_t kCount = 1 << 20;
   const uint64_t source = Halves(kCount);
   ASSERT_NE(source, 0u);
-  uint64_t gate = 0;
-  ASSERT_EQ(d().alloc(&gate, 4), 0);
+  Gate gate(d());
+  ASSERT_TRUE(gate.ok());
   void* stream = nullptr;
-  void* opener = nullptr;
   ASSERT_EQ(d().stream_create(&stream, kStreamNonBlocking), 0);
-  ASSERT_EQ(d().stream_create(&opener, kStreamNonBlocking), 0);
-  ASSERT_EQ(d().memset_async(gate, 0, 1, opener), 0);
-  ASSERT_EQ(d().stream_synchronize(opener), 0);
   TensorSpec spec;
   spec.dtype = dtypes::kFloat32;
   spec.shape = {kCount};
@@ -128,7 +156,7 @@ TEST_F(CudaGpuTest, TheConsumerReadsWhatTheProducersStreamWroteWithNoHostSyncBet
   // Zeros first, finished: what a read that does not wait would see.
   ASSERT_EQ(d().memset_async(reinterpret_cast<uintptr_t>(tensor->mutable_data()), 0, kCount, stream), 0);
   ASSERT_EQ(d().stream_synchronize(stream), 0);
-  ASSERT_EQ(d().wait_value32(stream, gate, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */), 0);
+  ASSERT_TRUE(gate.Hold(stream));
   ASSERT_TRUE(tensor->CopyFromDevice(reinterpret_cast<const void*>(source), kCount * 4,
                                      reinterpret_cast<uintptr_t>(stream)).ok());
   PublishOptions publish;
@@ -142,13 +170,11 @@ TEST_F(CudaGpuTest, TheConsumerReadsWhatTheProducersStreamWroteWithNoHostSyncBet
       << "the producer's stream finished before the consumer queued its read: the test shows nothing";
   EXPECT_EQ(queued, "queued pending 1") << "the consumer's stream was not waiting for the producer's";
   // Open the gate: the copy runs, then the ready event, then the consumer's read.
-  ASSERT_EQ(d().memset_async(gate, 1, 1, opener), 0);
-  ASSERT_EQ(d().stream_synchronize(opener), 0);
+  ASSERT_TRUE(gate.Open());
   EXPECT_EQ(consumer.WaitForLine("device", std::chrono::seconds(60)), "device 2 0");
   EXPECT_EQ(consumer.WaitForLine("", std::chrono::seconds(60)), "ok");
   EXPECT_EQ(d().stream_synchronize(stream), 0);
   d().free(source);
-  d().free(gate);
 }
 
 // A producer's next tensor of the same size in the same namespace lands in the buffer of
@@ -213,20 +239,16 @@ TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
     ASSERT_TRUE(published.ok()) << published.status().ToString();
     tensor_id = published->tensor_id;
   }
-  uint64_t gate = 0;
-  ASSERT_EQ(d().alloc(&gate, 4), 0);
+  Gate gate(d());
+  ASSERT_TRUE(gate.ok());
   void* stream = nullptr;
-  void* opener = nullptr;
   ASSERT_EQ(d().stream_create(&stream, kStreamNonBlocking), 0);
-  ASSERT_EQ(d().stream_create(&opener, kStreamNonBlocking), 0);
-  ASSERT_EQ(d().memset_async(gate, 0, 1, opener), 0);
-  ASSERT_EQ(d().stream_synchronize(opener), 0);
   AcquireOptions acquire;
   acquire.stream = reinterpret_cast<uintptr_t>(stream);
   {
     auto held = client->Acquire("gpu/d", acquire);
     ASSERT_TRUE(held.ok()) << held.status().ToString();
-    ASSERT_EQ(d().wait_value32(stream, gate, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */), 0);
+    ASSERT_TRUE(gate.Hold(stream));
     ASSERT_EQ(d().memset_async(reinterpret_cast<uintptr_t>(held->data()), 7, 1024, stream), 0);
   }
   ASSERT_TRUE(client->Flush().ok());
@@ -234,7 +256,7 @@ TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
   auto stat = client->Stat(TensorId{tensor_id});
   ASSERT_TRUE(stat.ok()) << stat.status().ToString();
   EXPECT_EQ(stat->holders.size(), 1u) << "the lease went before the consumer's stream finished";
-  ASSERT_EQ(d().memset_async(gate, 1, 1, opener), 0);
+  ASSERT_TRUE(gate.Open());
   ASSERT_EQ(d().stream_synchronize(stream), 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
@@ -244,7 +266,6 @@ TEST_F(CudaGpuTest, AReleaseWaitsForTheConsumersStream) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(stat->holders.empty());
-  d().free(gate);
 }
 
 // A producer's own cuMemAlloc'ed memory (the tensor inside a bigger block), exported by

@@ -1,5 +1,6 @@
-"""The producer's half of the GPU stream-order tests for other frameworks' consumers
-(test_jax_gpu.py, test_cupy_gpu.py): torch in this process writes a tensord CUDA tensor
+"""The producer's half of the GPU stream-order tests (torch, JAX and CuPy consumers:
+test_cuda_gpu.py, test_jax_gpu.py, test_cupy_gpu.py), and the skips they share: torch in
+this process writes a tensord CUDA tensor
 behind about 2 s of queued GPU work and publishes it with its stream; the consumer, a
 framework in another process, reads it at once. Stream order holds when the consumer sees
 the written values although the producer's work was still pending when the consumer's

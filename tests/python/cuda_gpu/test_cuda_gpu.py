@@ -10,18 +10,16 @@ GPU machine by tests/gpu/run-on-gpu.sh; docs/gpu-runs/ keeps what each run print
 
 import subprocess
 import sys
-import time
 
 import pytest
 
 import tensord
 
-from ordered_handoff import gpu_torch, waiting_sessions
+import ordered_handoff
 
-torch = gpu_torch(pytest)
+torch = ordered_handoff.gpu_torch(pytest)
 
 ELEMENTS = 1 << 22  # 16 MiB of float32
-SLEEP_CYCLES = 4_000_000_000  # about 2 s of GPU time (H100/H200 clocks) queued ahead of a write
 
 PRODUCE_AND_EXIT = """
 import sys, torch, tensord
@@ -45,24 +43,27 @@ print(x.device, tuple(x.shape), ok, flush=True)
 """ % ELEMENTS
 
 
-# The consumer names itself, waits for the name, and reports whether its stream was still
-# waiting for the producer's work when its read was queued (its query right after).
-CONSUME_WAITING = """
+# The consumer's half of the stream-order test, as ordered_handoff runs it: it names itself
+# (the broker then says when it waits), and reports whether its stream was still waiting
+# for the producer's work when its comparison was queued.
+TORCH_CONSUMER = """
 import sys, torch, tensord
-c = tensord.connect(sys.argv[1], client_name="stream-order-consumer")
+socket, name, n, shift = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+c = tensord.connect(socket, client_name="torch-consumer")
 s = torch.cuda.Stream()
-expected = torch.arange(%d, device="cuda:0", dtype=torch.float32) + float(sys.argv[3])
+expected = torch.arange(n, device="cuda:0", dtype=torch.float32) + shift
 with torch.cuda.stream(s):
     (expected == expected).all()  # the kernels below load now: a lazy load synchronizes the context
 torch.cuda.synchronize()
-t = c.get(sys.argv[2], timeout=60)
+t = c.get(name, timeout=120)
 with torch.cuda.stream(s):
     x = torch.from_dlpack(t)  # __dlpack__(stream=s): s waits for the producer's ready event
+    print("imported", flush=True)
     same = (x == expected).all()  # queued on s: no host sync yet
 pending = not s.query()
-print(x.device, tuple(x.shape), bool(same), flush=True)
-print("pending", pending, flush=True)
-""" % ELEMENTS
+print("values", bool(same))
+print("pending", pending)
+"""
 
 def cuda_backend(client):
     backend = next(b for b in client.status()["backends"] if b["name"] == "cuda")
@@ -90,37 +91,12 @@ def test_a_tensor_outlives_its_torch_producer_and_a_torch_consumer_reads_it(brok
 
 def test_the_consumer_sees_what_the_producers_stream_wrote_with_no_host_sync_between(broker, client, name):
     """A consumer in another process waits for the name (the broker says so, no sleep); the
-    producer queues about 2 s of GPU work ahead of its write, publishes with its stream and
-    checks the work is still pending; the consumer reads at once, its stream still waiting
-    for the producer's (it reports so), and sees the written values, with no host sync."""
+    producer queues about 2 s of GPU work ahead of its write and publishes with its stream;
+    the consumer reads at once, the producer's work still pending after its from_dlpack and
+    its own stream still waiting for it, and sees the written values, with no host sync."""
     cuda_backend(client)
-    t = client.empty((ELEMENTS,), "float32", device="cuda:0")
-    x = torch.from_dlpack(t)
-    values = torch.arange(ELEMENTS, device="cuda:0", dtype=torch.float32)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):  # once, so that no kernel loads lazily below while the sleep runs
-        torch.cuda._sleep(1000)
-        x.copy_(values + 7.0)
-    s.synchronize()
-    x.zero_()
-    torch.cuda.synchronize()
-    n = name()
-    consumer = subprocess.Popen([sys.executable, "-c", CONSUME_WAITING, broker.socket, n, "7"], env=broker.env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while waiting_sessions(client, "stream-order-consumer") == 0:
-        assert consumer.poll() is None, consumer.communicate()[1]
-        assert time.monotonic() < deadline, "the consumer never waited for the name"
-        time.sleep(0.05)
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(SLEEP_CYCLES)  # a missing wait would read the zeros
-        x.copy_(values + 7.0)
-    client.publish(t, n, stream=s.cuda_stream)
-    assert not s.query(), "the queued work finished before the publish: the test shows nothing"
-    out, err = consumer.communicate(timeout=120)
-    assert consumer.returncode == 0, err
-    assert out.split("\n")[0:2] == ["cuda:0 (%d,) True" % ELEMENTS, "pending True"], out + err
-    s.synchronize()
+    lines = ordered_handoff.run(torch, broker, client, name, TORCH_CONSUMER, "torch-consumer")
+    assert lines == ["imported", "values True", "pending True"], lines
 
 
 def test_put_copies_a_torch_cuda_tensor_on_the_gpu_and_get_gives_it_back_as_cuda(client, name):
