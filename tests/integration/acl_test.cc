@@ -37,6 +37,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "tensord/v1/broker.grpc.pb.h"
+#include "tests/gtest_run.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/raw_wire.h"
 #include "tests/integration/second_uid.h"
@@ -631,5 +632,5 @@ TEST_F(AclTest, AGrpcSocketNotServedByTheFdChannelsDaemonNeverSeesTheToken) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--as") return tensord::testing::RunProgramAs(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensord::testing::RunAllTestsReportingSkips();
 }

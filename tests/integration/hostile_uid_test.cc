@@ -30,6 +30,7 @@
 #include "common/fd_channel.h"
 #include "common/memory/host/memfd.h"
 #include "gtest/gtest.h"
+#include "tests/gtest_run.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/integration/proc_info.h"
 #include "tests/integration/raw_wire.h"
@@ -419,5 +420,5 @@ TEST_F(HostileUidTest, SealsAReaderAddsChangeNothingForTheBrokerOrOtherReaders) 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--as") return tensord::testing::RunProgramAs(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensord::testing::RunAllTestsReportingSkips();
 }

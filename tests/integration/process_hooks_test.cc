@@ -21,6 +21,7 @@
 
 #include "gtest/gtest.h"
 #include "tensord/client.h"
+#include "tests/gtest_run.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace tensord {
@@ -140,5 +141,5 @@ TEST(ProcessHooks, OnlyOneOptsOut) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--probe") return tensord::Probe(argv[2]);
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensord::testing::RunAllTestsReportingSkips();
 }
