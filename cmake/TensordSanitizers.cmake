@@ -67,6 +67,14 @@ elseif(NOT TENSORD_SANITIZER STREQUAL "")
 endif()
 
 if(_tensord_san_flags)
+  # -O1 with line tables only (-g1): an instrumented build compiles in about half the time
+  # of -O2 -g (measured with gcc's ASan+UBSan: broker.cc 37 -> 19 s, hostile_test.cc
+  # 50 -> 26 s), and a report still names the function, file and line of every frame,
+  # inlined ones included. Last on the command line, so it wins over the build type's
+  # flags; TENSORD_SANITIZER_OPT_FLAGS="" keeps the build type's.
+  set(TENSORD_SANITIZER_OPT_FLAGS "-O1;-g1" CACHE STRING
+      "Optimization and debug flags of an instrumented build (after the build type's)")
+  list(APPEND _tensord_san_flags ${TENSORD_SANITIZER_OPT_FLAGS})
   if(TENSORD_BUILD_FUZZERS)
     # Coverage feedback for everything the fuzzers link; the fuzzer executables add
     # -fsanitize=fuzzer (libFuzzer's main) themselves.
