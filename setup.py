@@ -4,6 +4,10 @@ build tree (client/python: the .py files, the stubs, the generated _version.py a
 extension), and libtensord.so.0 goes beside the extension, which finds it by $ORIGIN.
 
 TENSORD_CMAKE_ARGS adds arguments to the CMake configure step (say -DCMAKE_BUILD_TYPE=Debug).
+TENSORD_BUILD_DIR packages an existing CMake build tree instead (one configured with the
+Python module for this interpreter, as `cmake -S . -B build` is): it is brought up to date
+and its package taken as it is, with no build of its own. The test suite packages its build
+tree this way (tests/python/pip_install_test.sh).
 """
 
 import os
@@ -41,27 +45,42 @@ class CMakeBuildPy(build_py):
     """build_py that runs the CMake build of the module and copies its package."""
 
     def run(self):
-        tag = sysconfig.get_config_var("SOABI") or f"py{sys.version_info[0]}{sys.version_info[1]}"
-        build_dir = os.path.join(HERE, "build", "pip", tag)
-        configure = ["cmake", "-S", HERE, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-                     f"-DTENSORD_PYTHON_EXECUTABLE={sys.executable}", "-DTENSORD_BUILD_PYTHON=ON",
-                     "-DTENSORD_PYTHON_WHEEL=ON", "-DTENSORD_BUILD_TESTS=OFF", "-DTENSORD_BUILD_BENCH=OFF"]
-        if shutil.which("ninja"):
-            configure += ["-G", "Ninja"]
-        configure += shlex.split(os.environ.get("TENSORD_CMAKE_ARGS", ""))
-        if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
-            self.spawn(configure)
+        prebuilt = os.environ.get("TENSORD_BUILD_DIR")
+        if prebuilt:
+            build_dir = os.path.abspath(prebuilt)
+            if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+                sys.exit(f"setup.py: TENSORD_BUILD_DIR={prebuilt} is not a configured CMake build tree")
+        else:
+            tag = sysconfig.get_config_var("SOABI") or f"py{sys.version_info[0]}{sys.version_info[1]}"
+            build_dir = os.path.join(HERE, "build", "pip", tag)
+            configure = ["cmake", "-S", HERE, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+                         f"-DTENSORD_PYTHON_EXECUTABLE={sys.executable}", "-DTENSORD_BUILD_PYTHON=ON",
+                         "-DTENSORD_BUILD_TESTS=OFF", "-DTENSORD_BUILD_BENCH=OFF"]
+            if shutil.which("ninja"):
+                configure += ["-G", "Ninja"]
+            configure += shlex.split(os.environ.get("TENSORD_CMAKE_ARGS", ""))
+            if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+                self.spawn(configure)
         self.spawn(["cmake", "--build", build_dir, "--target", "tensord_python",
                     "-j", str(os.cpu_count() or 2)])
 
+        # The build tree's package has the wheel's layout (client/python/CMakeLists.txt): the
+        # module, its .py files and stubs, and libtensord.so.0 beside the module as a link,
+        # which the copy follows so the wheel carries the library itself.
         source = os.path.join(build_dir, "python", "tensord")
         target = os.path.join(self.build_lib, "tensord")
         if os.path.exists(target):
             shutil.rmtree(target)
         shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        library = os.path.join(build_dir, "client", "libtensord.so.0")
-        shutil.copy2(os.path.realpath(library), os.path.join(target, "libtensord.so.0"))
-        needed = subprocess.run(["ldd", os.path.join(target, self.extension_file(target))],
+        extension = self.extension_file(target)
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        if suffix and not extension.endswith(suffix):
+            sys.exit(f"setup.py: {build_dir} built {extension} for another interpreter than "
+                     f"{sys.executable} (which loads *{suffix})")
+        library = os.path.join(target, "libtensord.so.0")
+        if not os.path.isfile(library) or os.path.islink(library):
+            sys.exit(f"setup.py: {source} has no libtensord.so.0 beside the module")
+        needed = subprocess.run(["ldd", os.path.join(target, extension)],
                                 capture_output=True, text=True).stdout
         if "libtensord.so.0 => not found" in needed:
             sys.exit("setup.py: the extension does not find libtensord.so.0 beside it: RPATH is not $ORIGIN")
