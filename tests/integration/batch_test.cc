@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -172,32 +173,40 @@ TEST(Batch, AFailedAcquireNamesItsElementAndReleasesTheOthers) {
 TEST(Batch, AcquireManyElementsWaitAtTheSameTime) {
   DaemonProcess daemon;
   auto client = Connect(daemon);
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
   ASSERT_TRUE(PublishBatch(*client, {"ns/now"}, 4, 1.0f, false).ok());
-  std::thread publisher([&] {
-    std::this_thread::sleep_for(200ms);
-    auto producer = Connect(daemon);
-    EXPECT_TRUE(PublishBatch(*producer, {"ns/later0", "ns/later1"}, 4, 5.0f, false).ok());
-  });
+  // Both missing names wait at the broker at once (one after the other would show one at
+  // a time), and only then are they published.
   AcquireOptions patient;
-  patient.wait = Wait::For(20s);
-  auto got = client->AcquireMany({"ns/later1", "ns/now", "ns/later0"}, patient);
-  publisher.join();
+  patient.wait = Wait::For(30s);
+  auto getting = std::async(std::launch::async, [&] {
+    return client->AcquireMany({"ns/later1", "ns/now", "ns/later0"}, patient);
+  });
+  EXPECT_TRUE(testing::WaitForWaiting(*producer, client->session_id(), 2));
+  EXPECT_TRUE(PublishBatch(*producer, {"ns/later0", "ns/later1"}, 4, 5.0f, false).ok());
+  auto got = getting.get();
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(static_cast<const float*>((*got)[0].data())[0], 6.0f);
   EXPECT_EQ(static_cast<const float*>((*got)[1].data())[0], 1.0f);
   EXPECT_EQ(static_cast<const float*>((*got)[2].data())[0], 5.0f);
 
-  // Four names that never come, 1 s each: the batch ends after about one wait, not four
-  // (the bound leaves 2 s to spare for a slow, sanitized run).
+  // Four names that never come: all four wait at once (so the batch ends after one wait,
+  // not four), none gives up before its deadline, and the first is named.
   AcquireOptions brief;
-  brief.wait = Wait::For(1s);
+  brief.wait = Wait::For(3s);  // room for the status polls to see the four waits, sanitized
   const auto start = std::chrono::steady_clock::now();
-  auto expired = client->AcquireMany({"ns/now", "ns/n0", "ns/n1", "ns/n2", "ns/n3"}, brief);
+  auto expiring = std::async(std::launch::async, [&] {
+    return client->AcquireMany({"ns/now", "ns/n0", "ns/n1", "ns/n2", "ns/n3"}, brief);
+  });
+  EXPECT_TRUE(testing::WaitForWaiting(*producer, client->session_id(), 4, 3s));
+  auto expired = expiring.get();
   const auto took = std::chrono::steady_clock::now() - start;
   ASSERT_EQ(expired.status().code(), StatusCode::kDeadlineExceeded) << expired.status().ToString();
   EXPECT_THAT(expired.status().message(), HasSubstr("acquire element 1 of 5 'ns/n0'"));
-  EXPECT_GE(took, 950ms);
-  EXPECT_LT(took, 3s);
+  EXPECT_THAT(expired.status().message(), HasSubstr("3 other elements failed too"));
+  EXPECT_GE(took, 2950ms);
+  EXPECT_TRUE(testing::WaitForWaiting(*producer, client->session_id(), 0));
   ASSERT_TRUE(client->Flush().ok());
   EXPECT_EQ(client->Stat("ns/now")->info.lease_count, 1u);  // only `got`'s
 }

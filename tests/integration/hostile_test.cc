@@ -160,13 +160,34 @@ class HostileTest : public ::testing::Test {
     context.set_wait_for_ready(true);
   }
 
-  v1::StatusResponse GetStatus() {
+  v1::StatusResponse GetStatus(const v1::StatusRequest& request = {}) {
     grpc::ClientContext context;
     Authorize(context, token());
     v1::StatusResponse response;
-    grpc::Status status = stub_->Status(&context, v1::StatusRequest(), &response);
+    grpc::Status status = stub_->Status(&context, request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return response;
+  }
+
+  // Polls the status until `session` has `waiting` acquires and takes waiting at the
+  // broker, or 10 s pass; the failure says what was seen last.
+  ::testing::AssertionResult WaitForWaiting(const RawSession& session, uint64_t waiting) {
+    v1::StatusRequest request;
+    request.set_include_sessions(true);
+    std::string seen = "session not listed";
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;;) {
+      const v1::StatusResponse status = GetStatus(request);
+      for (const v1::SessionUsage& usage : status.session_usage()) {
+        if (usage.id() != session.welcome.session_id()) continue;
+        if (usage.waiting() == waiting) return ::testing::AssertionSuccess();
+        seen = std::to_string(usage.waiting()) + " waiting";
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return ::testing::AssertionFailure() << "session " << session.welcome.session_id() << " never had "
+                                             << waiting << " waiting at the broker in 10 s; last seen: " << seen;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
   }
 
   // The daemon is alive and serving, and nothing was registered or leaked since the baseline.
@@ -537,8 +558,11 @@ TEST_F(HostileTest, ExtremeButValidTimeoutsAndTtlsBehave) {
   v1::SessionRequest request;
   request.set_seq(kU64Max);
   *request.mutable_acquire() = acquire;
+  // The unary wait went when its call was cancelled; then the stream's wait is the one
+  // counted, and the publish comes only once it waits.
+  ASSERT_TRUE(WaitForWaiting(session_, 0));
   ASSERT_TRUE(stream->Write(request));
-  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(WaitForWaiting(session_, 1));
   RawSession producer = OpenSession(daemon_->socket());
   v1::TensorInfo published = Publish(producer, "ns/later", 16);
   v1::SessionResponse reply;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -174,17 +175,20 @@ TEST(Integration, WaitingFollowsTheContract) {
   EXPECT_EQ(expired.status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms);
 
-  std::thread publisher([&] {
-    std::this_thread::sleep_for(200ms);
-    auto producer = Connect(daemon);
-    EXPECT_TRUE(PublishFilled(*producer, "ns/later", 16, 3.0f).ok());
-  });
+  // The publish comes only once the broker holds the acquire as waiting: a publish that
+  // won the race would test an acquire of a bound name instead.
+  auto producer = Connect(daemon);
+  ASSERT_NE(producer, nullptr);
   AcquireOptions patient;
-  patient.wait = Wait::For(10s);
-  auto arrived = client->Acquire("ns/later", patient);
-  publisher.join();
+  patient.wait = Wait::For(30s);
+  auto arriving = std::async(std::launch::async, [&] { return client->Acquire("ns/later", patient); });
+  EXPECT_TRUE(testing::WaitForWaiting(*producer, client->session_id(), 1));
+  EXPECT_TRUE(PublishFilled(*producer, "ns/later", 16, 3.0f).ok());
+  auto arrived = arriving.get();
   ASSERT_TRUE(arrived.ok()) << arrived.status().ToString();
   EXPECT_EQ(static_cast<const float*>(arrived->data())[15], 3.0f);
+  // The granted wait is gone from the broker.
+  EXPECT_TRUE(testing::WaitForWaiting(*producer, client->session_id(), 0));
 }
 
 TEST(Integration, RepublishRetiresTheOldTensorButHoldersKeepTheirData) {
@@ -488,7 +492,8 @@ TEST(Integration, SigtermEndsAWaitingAcquireAndExitsWithoutWaitingForIdleClients
   auto idle = Connect(daemon);
   ASSERT_TRUE(idle->GetStatus().ok());  // connected, nothing in flight
   std::thread stopper([&] {
-    std::this_thread::sleep_for(200ms);
+    // The stop comes once the acquire waits at the broker, so that it is the wait it ends.
+    EXPECT_TRUE(testing::WaitForWaiting(*idle, waiter->session_id(), 1));
     auto start = std::chrono::steady_clock::now();
     int status = daemon.Stop();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

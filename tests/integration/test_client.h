@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <thread>
 
@@ -55,6 +56,37 @@ inline bool WaitForHolders(Client& client, uint64_t tensor_id, size_t holders, s
     if (stat.ok() && stat->holders.size() == holders) return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Polls the broker's status until session `session_id` has `waiting` acquires and takes
+// waiting at the broker, or `timeout` passes: a test that must act only once a wait is
+// registered waits for that state instead of sleeping and hoping. The failure names the
+// session and the count last seen.
+inline ::testing::AssertionResult WaitForWaiting(Client& observer, uint64_t session_id, uint64_t waiting,
+                                                 std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string seen = "no status";
+  for (;;) {
+    StatusOptions options;
+    options.sessions = true;
+    auto status = observer.GetStatus(options);
+    if (status.ok()) {
+      seen = "session not listed";
+      for (const SessionUsage& usage : status->session_usage) {
+        if (usage.id != session_id) continue;
+        if (usage.waiting == waiting) return ::testing::AssertionSuccess();
+        seen = std::to_string(usage.waiting) + " waiting";
+      }
+    } else {
+      seen = status.status().ToString();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return ::testing::AssertionFailure() << "session " << session_id << " never had " << waiting
+                                           << " acquires or takes waiting at the broker within "
+                                           << timeout.count() << " ms; last seen: " << seen;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 

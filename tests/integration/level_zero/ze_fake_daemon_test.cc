@@ -118,13 +118,21 @@ TEST_F(ZeFakeDaemonTest, AReleaseWaitsForTheConsumersCommandList) {
 
   ChildProcess consumer({TENSORD_ZE_PEER, "ordered", daemon.socket(), "xpu/r", "1000"});
   ASSERT_EQ(consumer.WaitForLine(""), "released");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  auto held = client->Stat(TensorId{id});
-  ASSERT_TRUE(held.ok()) << held.status().ToString();
-  EXPECT_EQ(held->holders.size(), 1u);  // its copy has not run: the lease stays
+  // "released" comes after the peer's Flush, which returns once the broker has every
+  // release the peer sent: a release not held back would be gone already, so the lease
+  // still held here is the proof, with no sleep. The window after it covers the sender's
+  // later ticks (every 200 us while a view waits), which must keep holding it too.
+  const auto window_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  do {
+    auto held = client->Stat(TensorId{id});
+    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    ASSERT_EQ(held->holders.size(), 1u) << "the lease went before the consumer's copy ran";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < window_end);
   ASSERT_EQ(::kill(consumer.pid(), SIGUSR1), 0);
   EXPECT_EQ(consumer.WaitForLine(""), "signalled");
-  EXPECT_TRUE(WaitForHolders(*client, id, 0, std::chrono::seconds(10)));
+  EXPECT_TRUE(WaitForHolders(*client, id, 0, std::chrono::seconds(10)))
+      << "the release did not follow the copy it waited for";
 }
 
 // A producer's own device memory (zeMemAllocDevice, the tensor inside the block),

@@ -91,19 +91,20 @@ class RecordingSink : public ReleaseSink {
   std::vector<Clock::time_point> times_;
 };
 
-TEST(ReleaseQueueTest, ASingleReleaseIsSentWithinAboutAMillisecond) {
+TEST(ReleaseQueueTest, ASingleReleaseGoesOutOnItsOwnOnceItsWindowCloses) {
   auto queue = NewQueue();
   RecordingSink sink;
-  ReleaseSender sender(queue, &sink, {});
+  const ReleaseSender::Options options{};
+  ReleaseSender sender(queue, &sink, options);
   LeaseView* view = NewBareView(queue, 7);
   const auto start = Clock::now();
   view->Unref();
-  ASSERT_TRUE(sink.WaitSeen(1));
+  // No flush, no further release and no full batch: the window alone sends it.
+  ASSERT_TRUE(sink.WaitSeen(1)) << "a lone release was never sent";
   EXPECT_EQ(sink.sizes(), std::vector<size_t>{1});
   EXPECT_EQ(sink.seen(), std::vector<uint64_t>{7});
-  // 1 ms of collecting plus scheduling; far below the linger of anything else.
-  EXPECT_LT(sink.times()[0] - start, milliseconds(200));
-  EXPECT_GE(sink.times()[0] - start, std::chrono::microseconds(900));
+  // Not before the window closed (how soon after is for the benchmarks).
+  EXPECT_GE(sink.times()[0] - start, options.max_delay);
 }
 
 TEST(ReleaseQueueTest, ReleasesWithinTheWindowShareOneBatch) {
@@ -159,17 +160,16 @@ TEST(ReleaseQueueTest, AFullBatchOf256IsSentWithoutWaitingAndBatchesNeverExceedI
   ReleaseSender::Options options;
   options.max_delay = std::chrono::seconds(30);  // only the size limit can end a batch
   ReleaseSender sender(queue, &sink, options);
-  const auto start = Clock::now();
   std::vector<LeaseView*> views;
   for (uint64_t i = 0; i < 600; ++i) views.push_back(NewBareView(queue, i));
   for (LeaseView* v : views) v->Unref();
-  ASSERT_TRUE(sink.WaitSeen(512));
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
-  std::vector<size_t> sizes = sink.sizes();
-  ASSERT_GE(sizes.size(), 2u);
-  for (size_t s : sizes) EXPECT_LE(s, 256u);
+  // WaitSeen gives up after 10 s, well inside the window: only full batches can be seen.
+  ASSERT_TRUE(sink.WaitSeen(512)) << "full batches waited for the window";
+  EXPECT_EQ(sink.sizes(), (std::vector<size_t>{256, 256}));
   // The remaining 88 wait for the window (30 s) or a flush.
+  EXPECT_EQ(sink.seen().size(), 512u);
   ASSERT_TRUE(sender.Flush(std::chrono::seconds(10)));
+  EXPECT_EQ(sink.sizes(), (std::vector<size_t>{256, 256, 88}));
   EXPECT_EQ(sink.seen().size(), 600u);
 }
 
