@@ -123,6 +123,13 @@ def session_leases(client, name, session_id):
     )
 
 
+def session_waiting(client, session_id):
+    """How many acquires and takes of a session wait at the broker now (0 for a closed
+    session): what a test waits for instead of sleeping until a consumer is blocked."""
+    usage = client.status(sessions=True)["session_usage"]
+    return sum(u["waiting"] for u in usage if u["id"] == session_id)
+
+
 def wait_for(predicate, timeout=5.0, what="condition"):
     deadline = time.monotonic() + timeout
     while not predicate():

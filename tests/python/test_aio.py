@@ -45,10 +45,13 @@ def test_a_timeout_is_the_callers_and_a_timeout_error(broker, name):
     async def main():
         async with await tensord.aio.connect(broker.socket) as client:
             start = time.monotonic()
-            with pytest.raises(TimeoutError, match="did not arrive within 0.6 s"):
+            with pytest.raises(TimeoutError, match="did not arrive within 0.6 s") as e:
                 await client.get(name(), timeout=0.6)
-            assert 0.55 <= time.monotonic() - start < 3
-            with pytest.raises(tensord.NotFound):
+            # The caller's own timeout, not given up early (no upper bound: a loaded machine
+            # may answer late).
+            assert isinstance(e.value, tensord.Timeout)
+            assert time.monotonic() - start >= 0.55
+            with pytest.raises(tensord.NotFound):  # timeout 0 looks once: no wait to time out
                 await client.take(name(), timeout=0)
 
     run(main())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensord
-from conftest import wait_for
+from conftest import session_waiting, wait_for
 
 
 def test_errors_carry_the_brokers_message(client):
@@ -38,17 +38,16 @@ def test_resource_exhausted(client, name):
 
 def test_timeout_semantics(client, name):
     n = name()
-    start = time.monotonic()
+    # Timeout 0 looks once: the answer is NotFound, never the Timeout of a wait.
     with pytest.raises(tensord.NotFound):
-        client.get(n)  # 0: at once
+        client.get(n)
     with pytest.raises(tensord.NotFound):
         client.take(n, timeout=0.0)
-    assert time.monotonic() - start < 1.0
     start = time.monotonic()
     with pytest.raises(tensord.Timeout) as e:
         client.get(n, timeout=0.5)
-    elapsed = time.monotonic() - start
-    assert 0.45 <= elapsed < 2.0, elapsed
+    # It did not give up early (no upper bound: a loaded machine may answer late).
+    assert time.monotonic() - start >= 0.45
     assert e.value.code == "DEADLINE_EXCEEDED"
     # One timeout, the caller's: not the broker's for the last of the short waits it was made of.
     assert e.value.message == f"'{n}' did not arrive within 0.5 s"
@@ -228,11 +227,11 @@ def test_waits_release_the_gil(client, name):
     assert count > 100_000, "the main thread barely ran while another waited"
 
 
-def test_ctrl_c_interrupts_a_wait(broker):
+def test_ctrl_c_interrupts_a_wait(broker, other):
     code = (
         "import sys, tensord\n"
         "c = tensord.connect()\n"
-        "print('ready', flush=True)\n"
+        "print(c.session_id, flush=True)\n"
         "try:\n"
         "    c.get('py/never', timeout=None)\n"
         "except KeyboardInterrupt:\n"
@@ -241,14 +240,21 @@ def test_ctrl_c_interrupts_a_wait(broker):
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=broker.env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(0.3)
-    start = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), f"the child did not connect: {line!r}"
+        session = int(line)
+        # SIGINT while the get waits at the broker, not before it got there.
+        wait_for(lambda: session_waiting(other, session) == 1, timeout=30,
+                 what="the child's get to wait at the broker")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # only guards against a wait that ignores it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 3, err
-    assert "interrupted" in out
-    assert time.monotonic() - start < 2.0
+    assert out.strip() == "interrupted"
 
 
 def test_closed_client(broker):
@@ -264,21 +270,41 @@ def test_closed_client(broker):
 
 def test_lease_cache_lets_go(broker, other, name):
     n = name()
-    other.put(n, np.zeros(4))
+    other.put(n, np.arange(4.0))
+    tensor_id = other.stat(n)["tensor_id"]
+
+    def held_by(session):
+        """The broker's count of the session's leases on the tensor (0 once it is freed)."""
+        try:
+            holders = other.stat(tensor_id)["holders"]
+        except tensord.NotFound:
+            return 0
+        return sum(h["leases"] for h in holders if h["session_id"] == session.session_id)
+
     cached = tensord.connect(broker.socket, lease_cache=True, lease_cache_linger=0.3)
     a = cached.get(n).numpy()
     del a
     cached.flush()
-
-    def mine():
-        return sum(h["leases"] for h in other.stat(n)["holders"]
-                   if h["session_id"] == cached.session_id)
-
-    wait_for(lambda: mine() == 0, timeout=5, what="the cached lease to linger out")
-    b = cached.get(n)
-    other.delete(n)  # the name moved: the cached lease must not outlive the views
-    b.release()
+    wait_for(lambda: held_by(cached) == 0, timeout=5, what="the cached lease to linger out")
     cached.close()
+
+    # A linger far longer than the wait below: only the name's move can let the lease go.
+    keeper = tensord.connect(broker.socket, lease_cache=True, lease_cache_linger=600)
+    try:
+        keeper.get(n).release()
+        keeper.flush()
+        assert held_by(keeper) == 1, "the cache keeps an idle lease while the name stays"
+        b = keeper.get(n)
+        other.delete(n)  # the name moved: the cached lease must not outlive the views
+        values = b.numpy().tolist()  # the array's own reference goes with it
+        assert values == [0.0, 1.0, 2.0, 3.0], "the view reads the data after the delete"
+        assert held_by(keeper) == 1
+        b.release()
+        keeper.flush()
+        wait_for(lambda: held_by(keeper) == 0, timeout=30,
+                 what="the lease of the deleted name to go with its last view, not linger")
+    finally:
+        keeper.close()
 
 
 def test_publish_without_waiting(client, other, name):
@@ -314,11 +340,28 @@ def test_the_module_keeps_its_own_pybind11_internals():
     # Another extension's pybind11 (torch's) must never adopt ours: a release with the same
     # key would assume its own layout of our record (client/python/CMakeLists.txt).
     import builtins
+    import ctypes
 
-    keys = [k for k in vars(builtins) if k.startswith("__pybind11_internals_")]
-    if not keys:
-        pytest.skip("this pybind11 keeps its internals outside builtins (pybind11 3)")
-    assert any("_tensord_" in k for k in keys), keys
+    # pybind11 2.x keeps the records in builtins (2.11 and later on Python 3.12: in the
+    # interpreter's state dict); pybind11 3 in the state dict, keyed
+    # __pybind11_internals_v<N><compiler type>_<stdlib>_<abi>__ alike.
+    places = [vars(builtins)]
+    unreadable = None
+    try:
+        get_interpreter = ctypes.pythonapi["PyInterpreterState_Get"]
+        get_interpreter.restype, get_interpreter.argtypes = ctypes.c_void_p, []
+        get_dict = ctypes.pythonapi["PyInterpreterState_GetDict"]
+        get_dict.restype, get_dict.argtypes = ctypes.py_object, [ctypes.c_void_p]
+        places.append(get_dict(get_interpreter()))  # a borrowed reference, as py_object takes it
+    except (AttributeError, ValueError) as e:  # no such symbol, or no state dict (NULL)
+        unreadable = e
+    keys = [k for place in places for k in place
+            if isinstance(k, str) and k.startswith("__pybind11_internals_v")]
+    if not keys and unreadable is not None:
+        pytest.skip(f"no pybind11 internals in builtins, and the interpreter's state dict, where "
+                    f"pybind11 3 keeps them, cannot be read here: {unreadable}")
+    assert keys, "import tensord left no pybind11 internals in builtins or the state dict"
+    assert any("_tensord_" in k for k in keys), f"tensord shares another key: {keys}"
 
 
 def test_dtype_and_device_compare_equal_to_numpy_and_torch_spellings(client, name):
@@ -353,8 +396,7 @@ def test_status_counts_a_sessions_calls_waiting_for_a_name(client, other, name):
     n = name()
 
     def waiting():
-        usage = client.status(sessions=True)["session_usage"]
-        return [u["waiting"] for u in usage if u["id"] == other.session_id][0]
+        return session_waiting(client, other.session_id)
 
     assert waiting() == 0
     got = []

@@ -1,7 +1,7 @@
-"""DLPack export: capsule kinds and names, ownership, zero copy, and what Debian's torch 1.13
-and numpy 1.24 refuse (each refusal pinned, with the workaround next to it). Newer releases
-(torch 2.x, numpy 2.x from pip) take some of these; there each test checks the values they
-read instead, so the suite holds for both."""
+"""DLPack export: capsule kinds and names, ownership, zero copy, and what consumers refuse.
+Debian's torch 1.13 and numpy 1.24 refuse more than torch 2.x and numpy 2 from pip: each such
+test asks the consumer what it reads and demands that of tensord's export, the refusal or the
+right values, with the workaround next to it, so the suite holds for both."""
 
 import ctypes
 import gc
@@ -139,23 +139,58 @@ def test_consumer_writes_stay_private_to_the_process(client, broker, floats):
     assert result.stdout.strip() == "0.0"
 
 
-# Refusals of numpy 1.24 / torch 1.13 and the workarounds. `refused_or_read` checks either.
+# What a consumer refuses depends on its release: numpy 1.24 and torch 1.13 here, numpy 2 and
+# torch 2.x from pip elsewhere. Each test first asks the consumer what it reads, with objects
+# that are not tensord's (its own exports or numpy's), then demands exactly that of tensord's
+# export: the old release's refusal where it refuses, the right values (zero-copy, read-only
+# kept read-only) where it reads.
 
 
-def refused_or_read(read, refusal, check):
-    """read() either fails as an older framework does (an exception matching `refusal`, a
-    (types, pattern) pair) or succeeds, and then check(result) must hold."""
-    types, pattern = refusal
+def reads(consume):
+    """Whether consume() succeeds: numpy's and torch's from_dlpack refuse with RuntimeError
+    or BufferError (older releases the one, newer the other)."""
     try:
-        result = read()
-    except types as e:
-        assert pattern in str(e), e
+        consume()
+    except (RuntimeError, BufferError):
         return False
-    check(result)
     return True
 
 
-def test_numpy_refuses_bool_over_dlpack_numpy_method_works(client, name):
+class _Recorder:
+    """An exporter that records the keyword arguments a consumer passes to __dlpack__."""
+
+    def __init__(self):
+        self.kwargs = None
+        self._array = np.zeros(1)
+
+    def __dlpack__(self, **kwargs):
+        self.kwargs = kwargs
+        return self._array.__dlpack__()  # a legacy capsule, which every release reads
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def numpy_asks_for_versioned_capsules():
+    """numpy 2.1 and later pass max_version=(1, 0), so tensord answers with a versioned
+    capsule, which can say read-only; numpy 1.24 passes nothing and gets a legacy one."""
+    recorder = _Recorder()
+    np.from_dlpack(recorder)
+    return (recorder.kwargs.get("max_version") or (0, 0))[0] >= 1
+
+
+def read_or_refused(consumer_reads, read, refusal, check):
+    """read() as the consumer's release does it: where consumer_reads, it succeeds and
+    check(result) must hold; elsewhere it fails with `refusal`, a (types, pattern) pair."""
+    if consumer_reads:
+        check(read())
+    else:
+        types, pattern = refusal
+        with pytest.raises(types, match=pattern):
+            read()
+
+
+def test_numpy_bool_over_dlpack_as_its_release_reads_it_numpy_method_works(client, name):
     n = name("bool")
     client.put(n, np.array([True, False, True]))
     t = client.get(n)
@@ -163,15 +198,17 @@ def test_numpy_refuses_bool_over_dlpack_numpy_method_works(client, name):
 
     def bools(a):
         assert a.dtype == np.bool_ and a.tolist() == [True, False, True]
+        assert data_ptr(a) == t._data_ptr
 
-    refused_or_read(lambda: np.from_dlpack(t), ((RuntimeError, BufferError), "Unsupported dtype"), bools)
-    array = t.numpy()
-    assert array.dtype == np.bool_ and array.tolist() == [True, False, True]
-    assert data_ptr(array) == t._data_ptr
+    # numpy 1.25 and later read kDLBool (and export it: their own round trip says which).
+    numpy_reads_bool = reads(lambda: np.from_dlpack(np.array([True])))
+    read_or_refused(numpy_reads_bool, lambda: np.from_dlpack(t),
+                    ((RuntimeError, BufferError), "Unsupported dtype"), bools)
+    bools(t.numpy())
     assert np.asarray(t).tolist() == [True, False, True]
 
 
-def test_torch_refuses_bool_over_dlpack_torch_method_works(client, name):
+def test_torch_bool_over_dlpack_as_its_release_reads_it_torch_method_works(client, name):
     n = name("bool")
     client.put(n, torch.tensor([[True, False], [False, True]]))
     t = client.get(n)
@@ -180,30 +217,34 @@ def test_torch_refuses_bool_over_dlpack_torch_method_works(client, name):
         assert x.dtype == torch.bool and x.tolist() == [[True, False], [False, True]]
         assert x.data_ptr() == t._data_ptr
 
-    refused_or_read(lambda: torch.from_dlpack(t), (RuntimeError, "Unsupported code 6"), bools)
+    # torch 1.13 neither reads nor exports kDLBool; releases that do, do both.
+    torch_reads_bool = reads(lambda: torch.from_dlpack(torch.tensor([True])))
+    read_or_refused(torch_reads_bool, lambda: torch.from_dlpack(t),
+                    ((RuntimeError, BufferError), "Unsupported code 6"), bools)
     bools(t.torch())
-    # torch 1.13 will not export bool either; put() copies its bytes.
+    # Where torch will not export bool, put() copies its bytes.
     m = name("bool")
-    source = torch.tensor([True, False])
-    refused_or_read(lambda: torch.tensor([True]).__dlpack__(), (RuntimeError, "Bool type is not supported"),
-                    lambda capsule: None)
-    client.put(m, source)
+    client.put(m, torch.tensor([True, False]))
     assert client.get(m).torch().tolist() == [True, False]
 
 
 @pytest.mark.parametrize("dtype,signed", [("uint16", torch.int16), ("uint32", torch.int32),
                                           ("uint64", torch.int64)])
-def test_torch_refuses_wide_unsigned(client, name, dtype, signed):
+def test_torch_wide_unsigned_as_its_release_reads_it(client, name, dtype, signed):
     n = name(dtype)
     values = np.array([1, np.iinfo(dtype).max], dtype=dtype)
     client.put(n, values)
     t = client.get(n)
 
-    def unsigned(x):  # torch 2.3 and later have uint16/32/64
+    def unsigned(x):
         assert x.dtype == getattr(torch, dtype) and x.data_ptr() == t._data_ptr
         assert x[0].item() == 1
 
-    if refused_or_read(lambda: torch.from_dlpack(t), (RuntimeError, "Unsupported kUInt bits"), unsigned):
+    # torch 2.3 and later have uint16/32/64; asked with numpy's export of the same dtype.
+    torch_reads = reads(lambda: torch.from_dlpack(np.zeros(1, dtype=dtype)))
+    read_or_refused(torch_reads, lambda: torch.from_dlpack(t),
+                    ((RuntimeError, BufferError), "Unsupported kUInt bits"), unsigned)
+    if torch_reads:
         unsigned(t.torch())
         unsigned(t.torch(reinterpret_unsigned=True))  # nothing to reinterpret where torch has them
     else:
@@ -224,8 +265,15 @@ def test_bfloat16_works_in_torch_not_in_numpy(client, name):
     assert t.dtype == "bfloat16"
     assert torch.from_dlpack(t).tolist() == [1.5, -2.0]
     assert t.torch().dtype == torch.bfloat16
-    with pytest.raises((RuntimeError, BufferError), match="Unsupported dtype"):
-        np.from_dlpack(t)
+
+    def bfloat16s(a):  # a numpy that reads kDLBfloat has a dtype registered for it
+        assert a.dtype.name == "bfloat16" and a.astype(np.float32).tolist() == [1.5, -2.0]
+        assert data_ptr(a) == t._data_ptr
+
+    # numpy has no bfloat16 of its own; asked with torch's export of one.
+    numpy_reads = reads(lambda: np.from_dlpack(torch.tensor([1.5], dtype=torch.bfloat16)))
+    read_or_refused(numpy_reads, lambda: np.from_dlpack(t),
+                    ((RuntimeError, BufferError), "Unsupported dtype"), bfloat16s)
     with pytest.raises(TypeError, match="numpy has no bfloat16"):
         t.numpy()
 
@@ -252,10 +300,14 @@ def test_readonly_get(client, name):
     with pytest.raises(BufferError, match="read-only"):
         t.__dlpack__()
 
-    def read_only(a):  # numpy 2 asks for a versioned capsule, which says read-only
-        assert not a.flags.writeable and a.tolist() == [0, 1, 2, 3]
+    def read_only(a):  # never a writable view of read-only memory
+        assert not a.flags.writeable, "numpy got a writable array over a read-only mapping"
+        assert a.tolist() == [0, 1, 2, 3] and data_ptr(a) == t._data_ptr
 
-    refused_or_read(lambda: np.from_dlpack(t), (BufferError, "read-only"), read_only)
+    # A numpy that asks for a versioned capsule gets one flagged read-only; one that asks
+    # for a legacy capsule is refused.
+    read_or_refused(numpy_asks_for_versioned_capsules(), lambda: np.from_dlpack(t),
+                    (BufferError, "read-only"), read_only)
     capsule = t.__dlpack__(max_version=(1, 0))
     assert versioned_flags(capsule) & 1, "kDLFlagBitMaskReadOnly"
     array = t.numpy()

@@ -8,12 +8,11 @@ not read here; tests/integration/cuda/ reads them through the driver API.
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 import tensord
-from conftest import wait_for
+from conftest import session_waiting, wait_for
 
 if not os.environ.get("TENSORD_LIBCUDA", "").endswith("libtensord_fake_cuda.so"):
     pytest.skip(
@@ -200,9 +199,13 @@ def test_a_waiting_pinned_take_is_refused_a_gpu_tensor_and_it_stays_bound(client
 
     thread = threading.Thread(target=taker)
     thread.start()
-    time.sleep(0.3)  # the take waits at the broker
-    other.publish(other.empty((4,), "float32", device="cuda:0"), f"{q}0")
-    thread.join(30)
+    try:
+        # Published while the take waits at the broker, not before it got there.
+        wait_for(lambda: session_waiting(other, client.session_id) == 1,
+                 what="the pinned take to wait at the broker")
+    finally:
+        other.publish(other.empty((4,), "float32", device="cuda:0"), f"{q}0")
+        thread.join(30)
     assert errors and "it stays bound" in errors[0], errors
     assert [e["name"] for e in other.list(q)] == [f"{q}0"]
 
