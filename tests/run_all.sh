@@ -17,7 +17,7 @@
 # directory runs them the same way.
 #
 # On a 2-core machine from a fresh clone the whole run takes about 30 minutes (README.md);
-# `tests/run_all.sh build` alone, the quick check, about 10.
+# `tests/run_all.sh build` alone, the quick check, about 9.
 #
 # A failing stage does not stop the later ones (they are independent builds), so one run
 # shows every failure; the script exits non-zero if any stage failed. Only a failure of
