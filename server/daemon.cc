@@ -108,6 +108,33 @@ absl::Status PrepareDirectory(const std::string& socket) {
   return absl::OkStatus();
 }
 
+// Opens (creating it if missing) the lock file beside the socket. Never through a symlink
+// (O_NOFOLLOW: in a world-writable directory another uid could point it at any file, which
+// a root daemon would create or open), and only a regular file of this daemon's uid: one
+// planted by another uid is refused, never locked or used.
+absl::StatusOr<common::UniqueFd> OpenLockFile(const std::string& lock_path) {
+  common::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0600));
+  if (!lock) {
+    // ELOOP, or EACCES where O_CREAT meets a link in a sticky directory: ask what is there.
+    const int error = errno;
+    struct stat planted{};
+    if (lstat(lock_path.c_str(), &planted) == 0 && S_ISLNK(planted.st_mode)) {
+      return absl::PermissionDeniedError(absl::StrCat("lock file ", lock_path,
+                                                      " is a symbolic link: refusing to follow it (remove it)"));
+    }
+    return common::ErrnoToStatus(absl::StrCat("open lock file ", lock_path), error);
+  }
+  struct stat info{};
+  if (fstat(lock.get(), &info) != 0) return common::ErrnoToStatus(absl::StrCat("stat lock file ", lock_path), errno);
+  if (!S_ISREG(info.st_mode) || info.st_uid != geteuid()) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "lock file %s is %s owned by uid %u: refusing to use it (it must be a regular file of this daemon's "
+        "uid %u; remove it)",
+        lock_path, S_ISREG(info.st_mode) ? "a regular file" : "not a regular file", info.st_uid, geteuid()));
+  }
+  return lock;
+}
+
 // The configured socket path, or under socket activation the path systemd bound, which a
 // configured path must agree with (clients and the lock file follow it).
 absl::StatusOr<std::string> SocketPath(const Config& config, const std::optional<ActivationSockets>& activated) {
@@ -182,8 +209,7 @@ absl::Status RunDaemon(const Config& config) {
   // The lock proves we own the socket paths; a second daemon refuses instead of stealing
   // them, unless it takes over: then it takes the lock once the old daemon has gone.
   std::string lock_path = common::LockPath(socket);
-  common::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock) return common::ErrnoToStatus(absl::StrCat("open lock file ", lock_path), errno);
+  TENSORD_ASSIGN_OR_RETURN(common::UniqueFd lock, OpenLockFile(lock_path));
   if (!config.take_over && flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return absl::AlreadyExistsError(absl::StrCat("another tensord is already serving ", socket, " (", lock_path,

@@ -63,6 +63,15 @@ absl::StatusOr<TakenOver> TakeOverFrom(const std::string& socket) {
     return absl::UnavailableError(absl::StrCat("--take-over: no running tensord hands over at ", path, ": ",
                                                connection.status().message()));
   }
+  // Only root or this daemon's own uid may hand a daemon over, as only they may take one
+  // over (HandOverSession::ReadRequest): a socket another uid bound in a shared directory
+  // gets nothing, not even the request, and hands nothing over.
+  TENSORD_ASSIGN_OR_RETURN(common::PeerCredentials peer, common::GetPeerCredentials(connection->get()));
+  if (peer.uid != 0 && peer.uid != getuid()) {
+    return absl::PermissionDeniedError(absl::StrCat("--take-over: ", path, " is served by pid ", peer.pid,
+                                                    " of uid ", peer.uid, ", not root or this daemon's uid ",
+                                                    getuid(), ": refusing to take anything over from it"));
+  }
   TakenOver out;
   out.connection = *std::move(connection);
   const int fd = out.connection.get();

@@ -8,7 +8,9 @@
 //   slot from other users;
 // - metadata (zero-byte tensors with big tags) and host memory outside ACL'd namespaces,
 //   costing the daemon without limit;
-// - seals a reader adds to a buffer it was given.
+// - seals a reader adds to a buffer it was given;
+// - a lock file or a take-over socket planted beside a root daemon's socket in a shared
+//   directory.
 //
 // Needs root (the uid 65534 part runs in forked children); skipped otherwise.
 #include <fcntl.h>
@@ -16,10 +18,13 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -29,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fd_channel.h"
 #include "common/memory/host/memfd.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gtest_run.h"
 #include "tests/integration/daemon_fixture.h"
@@ -412,6 +418,97 @@ TEST_F(HostileUidTest, SealsAReaderAddsChangeNothingForTheBrokerOrOtherReaders) 
   EXPECT_EQ(root["delete"], "OK");
   // Both buffers are gone with their last hold: the sealed one is closed like any other.
   EXPECT_EQ(SettledFdCount(daemon_->pid(), fds_before - 1), fds_before - 1) << FdTargets(daemon_->pid());
+}
+
+// The paths beside a root daemon's socket in a directory every uid may write to (sticky, as
+// /tmp): what uid 65534 plants there must not make root create, open or adopt anything.
+class SharedDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to plant files as uid " << kNobody;
+    root_ = MakeTempDir();  // root's, 0700: what the planted link points into
+    shared_ = root_ + "/shared";
+    ASSERT_EQ(mkdir(shared_.c_str(), 0755), 0);
+    ASSERT_EQ(chmod(shared_.c_str(), 01777), 0);
+    ASSERT_EQ(chmod(root_.c_str(), 0711), 0);  // 65534 may pass through to shared/
+  }
+  void TearDown() override {
+    if (!root_.empty()) std::filesystem::remove_all(root_);
+  }
+  // Runs the daemon on shared/NAME.sock with `extra` flags, as root, until it exits (it must
+  // refuse to start); its exit status and everything it printed.
+  std::pair<int, std::string> RunDaemonUntilExit(const std::string& name, std::vector<std::string> extra) {
+    std::string command = absl::StrCat("exec ", TENSORD_BIN, " --socket ", shared_, "/", name, ".sock --log-level warn");
+    for (const std::string& flag : extra) absl::StrAppend(&command, " ", flag);
+    ChildProcess daemon({"/bin/sh", "-c", command + " 2>&1"});
+    std::string output;
+    for (std::string line; !(line = daemon.WaitForLine("", 30s)).empty();) output += line + "\n";
+    return {daemon.Wait(), output};
+  }
+
+  std::string root_;
+  std::string shared_;
+};
+
+// `ln -s /etc/victim /tmp/X.sock.lock` made root's `tensord --socket /tmp/X.sock` create
+// /etc/victim. The lock file is never followed, and one of another uid is never used.
+TEST_F(SharedDirectoryTest, ALockFileAnotherUidPlantedIsRefusedNeverFollowed) {
+  const std::string victim = root_ + "/victim";
+  Checks planted = RunAs(kNobody, kNogroup, [&](Reporter& report) {
+    report.Check("link", symlink(victim.c_str(), (shared_ + "/a.sock.lock").c_str()) == 0 ? "ok" : ErrnoName(errno));
+    int file = open((shared_ + "/b.sock.lock").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+    report.Check("file", file >= 0 ? "ok" : ErrnoName(errno));
+    if (file >= 0) close(file);
+  });
+  ASSERT_EQ(planted["link"], "ok");
+  ASSERT_EQ(planted["file"], "ok");
+
+  auto [linked_status, linked_output] = RunDaemonUntilExit("a", {});
+  EXPECT_TRUE(WIFEXITED(linked_status) && WEXITSTATUS(linked_status) == 1) << linked_output;
+  EXPECT_THAT(linked_output, ::testing::HasSubstr("is a symbolic link: refusing to follow it")) << linked_output;
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(victim))) << "root created the link's target";
+  EXPECT_FALSE(std::filesystem::exists(shared_ + "/a.sock")) << "the daemon served anyway";
+
+  auto [owned_status, owned_output] = RunDaemonUntilExit("b", {});
+  EXPECT_TRUE(WIFEXITED(owned_status) && WEXITSTATUS(owned_status) == 1) << owned_output;
+  EXPECT_THAT(owned_output, ::testing::HasSubstr(absl::StrCat("owned by uid ", kNobody, ": refusing to use it")))
+      << owned_output;
+  EXPECT_FALSE(std::filesystem::exists(shared_ + "/b.sock")) << "the daemon served anyway";
+}
+
+// Root's `tensord --socket X --take-over` adopted the forged snapshot of a take-over socket
+// another uid had bound. It now asks who answers (SO_PEERCRED) before it sends anything.
+TEST_F(SharedDirectoryTest, TakeOverRefusesADaemonOfAnotherUidBeforeSendingAnything) {
+  const std::string path = shared_ + "/c.sock.takeover";
+  ChildAs impostor(kNobody, kNogroup, [&](Reporter& report, const std::function<void()>& wait) {
+    int listening = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+    bool bound = bind(listening, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                 chmod(path.c_str(), 0777) == 0 && listen(listening, 4) == 0;
+    report.Check("listening", bound ? "ok" : ErrnoName(errno));
+    pollfd incoming{listening, POLLIN, 0};
+    if (poll(&incoming, 1, 30000) != 1) {
+      report.Check("received", "no connection within 30 s");
+      return;
+    }
+    int connection = accept4(listening, nullptr, nullptr, SOCK_CLOEXEC);
+    pollfd sent{connection, POLLIN, 0};
+    char bytes[4096];
+    ssize_t got = connection < 0 || poll(&sent, 1, 30000) != 1 ? -1 : recv(connection, bytes, sizeof(bytes), 0);
+    // What the new daemon sent before it hung up: 0 (end of file) is the right answer.
+    report.Check("received", got < 0 ? "no end of file within 30 s" : std::to_string(got));
+    wait();
+  });
+  ASSERT_EQ(impostor.Await("listening"), "ok");
+
+  auto [status, output] = RunDaemonUntilExit("c", {"--take-over"});
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr(absl::StrCat("of uid ", kNobody, ", not root or this daemon's uid 0")))
+      << output;
+  EXPECT_EQ(impostor.Await("received"), "0") << "the new daemon sent the impostor its take-over request";
+  EXPECT_FALSE(std::filesystem::exists(shared_ + "/c.sock")) << "the daemon served anyway";
 }
 
 }  // namespace
