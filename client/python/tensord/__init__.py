@@ -22,6 +22,9 @@ hand-over token (Client.hand_over): put one in a multiprocessing Queue or Pipe, 
 from a worker, and the receiver unpickles its own zero-copy lease on the same memory. The
 broker holds the tensor for the token, so the sender may let its tensor go at once; an
 unpickled token is spent, and one never unpickled expires after 60 s, leaving nothing.
+A pickle carries no trust: the receiver talks only to a daemon whose uid it trusts itself
+(root, its own, its connect(trusted_daemon_uids=...) for that socket, or
+$TENSORD_TRUSTED_DAEMON_UIDS), and raises PermissionDenied for any other.
 
 Errors are tensord.Error subclasses carrying the broker's message: NotFound, Timeout,
 ResourceExhausted, PermissionDenied, InvalidArgument, Unavailable; other codes raise Error

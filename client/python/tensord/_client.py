@@ -1,5 +1,6 @@
 """tensord.Client: the Python face of one broker session (see tensord's docstring)."""
 
+import os
 import sys
 import threading
 
@@ -180,7 +181,8 @@ class Client:
     lease-cache and allocate_ahead settings), so it can go to a spawned or forkserver
     worker, inside a Dataset or through a multiprocessing Queue: the copy connects to the
     same broker on its first call, and a broker that is down then raises Unavailable from
-    that call, not from unpickling. Leases and tensors are not part of it."""
+    that call, not from unpickling. Leases and tensors are not part of it, and neither is
+    trust: the copy trusts only the daemon uids its receiver does (see connect())."""
 
     def __init__(self, core, settings):
         self.__core = core  # None: connects on first use
@@ -197,7 +199,9 @@ class Client:
             if self.__core is None:
                 if self._closed_before_use:
                     raise ValueError("the tensord client is closed")
-                self.__core = _connect_core(**self._settings)
+                # Only a copy from a pickle gets here (connect() hands its Client a core).
+                socket = self._settings["socket"]
+                self.__core = _connect_core(**self._settings, trusted_daemon_uids=_receiver_trust(socket))
             return self.__core
 
     def __reduce__(self):
@@ -435,12 +439,8 @@ class Client:
 
 def _connect_core(socket, client_name, lease_cache, lease_cache_linger, trusted_daemon_uids=(),
                   allocate_ahead=False):
-    core = _tensord._Client.connect(socket, client_name, lease_cache, lease_cache_linger,
+    return _tensord._Client.connect(socket, client_name, lease_cache, lease_cache_linger,
                                     list(trusted_daemon_uids or ()), bool(allocate_ahead))
-    if trusted_daemon_uids:
-        with _redeemers_lock:
-            _trusted_by_socket[core.socket] = tuple(trusted_daemon_uids)
-    return core
 
 
 def _uid_list(uids):
@@ -459,26 +459,64 @@ def _uid_list(uids):
     return tuple(out)
 
 
+_TRUSTED_UIDS_ENV = "TENSORD_TRUSTED_DAEMON_UIDS"
+
+
+def _uids_from_environment():
+    """$TENSORD_TRUSTED_DAEMON_UIDS read by the C++ client's rule (common/socket_paths.cc):
+    decimal uids separated by commas, spaces and tabs around each ignored."""
+    text = os.environ.get(_TRUSTED_UIDS_ENV, "")
+    if not text.strip(" \t"):
+        return ()
+    uids = []
+    for entry in (part.strip(" \t") for part in text.split(",")):
+        if not (entry.isascii() and entry.isdigit() and len(entry) <= 10 and int(entry) < 2**32 - 1):
+            raise _tensord.InvalidArgument(
+                f"${_TRUSTED_UIDS_ENV}: '{entry}' is not a uid (expected uids as decimal numbers "
+                "separated by commas, such as 10001,10002)")
+        uids.append(int(entry))
+    return tuple(uids)
+
+
+# Trust is never taken from a pickle. The daemon uids (besides root and our own) that a
+# client made by unpickling trusts are the ones this process's own code passed to connect()
+# for that socket, with $TENSORD_TRUSTED_DAEMON_UIDS: a pickle may come from anyone who can
+# write to a queue, a pipe or a file, and it must not make this process talk to (and hand
+# its data to, or take data from) a daemon it would refuse itself. Only connect() adds to
+# this table, and only ever adds.
+_trusted_by_socket: "dict[str, frozenset]" = {}
+# The clients that unpickled Tensors redeem their hand-overs with: one per broker socket in
+# this process, connected on the first use.
+_redeemers: "dict[str, Client]" = {}
+_lock = threading.Lock()  # guards both
+
+
+def _receiver_trust(socket):
+    """The daemon uids a client unpickled here trusts for socket: () leaves it to the C++
+    client, which reads $TENSORD_TRUSTED_DAEMON_UIDS (and refuses a malformed one)."""
+    with _lock:
+        own = _trusted_by_socket.get(socket if socket is not None else _tensord.default_socket_path())
+    if not own:
+        return ()
+    return tuple(sorted(own.union(_uids_from_environment())))
+
+
+# What a pickled Client carries: how to connect, never whom to trust.
+_PICKLED_SETTINGS = ("socket", "client_name", "lease_cache", "lease_cache_linger", "allocate_ahead")
+
+
 def _unpickled_client(settings):
-    return Client(None, settings)
+    # Settings pickled before trust stopped travelling hold "trusted_daemon_uids": dropped,
+    # like any key a crafted pickle adds.
+    return Client(None, {key: settings[key] for key in _PICKLED_SETTINGS if key in settings})
 
 
-# The clients that unpickled Tensors redeem their hand-overs with: one per broker socket
-# (and the uids trusted as its daemon) in this process, connected on the first use.
-_redeemers: "dict[tuple, Client]" = {}
-_redeemers_lock = threading.Lock()
-# The daemon uids a client of this process was told to trust, by socket: a tensor pickled
-# here carries them, so its receiver trusts the daemon its sender did.
-_trusted_by_socket: "dict[str, tuple]" = {}
-
-
-def _redeemer(socket, trusted=()):
-    with _redeemers_lock:
-        client = _redeemers.get((socket, trusted))
+def _redeemer(socket):
+    with _lock:
+        client = _redeemers.get(socket)
         if client is None:
-            client = _redeemers[(socket, trusted)] = _unpickled_client(
-                {"socket": socket, "client_name": None, "lease_cache": True, "lease_cache_linger": 2.0,
-                 "trusted_daemon_uids": trusted})
+            client = _redeemers[socket] = Client(
+                None, {"socket": socket, "client_name": None, "lease_cache": True, "lease_cache_linger": 2.0})
         return client
 
 
@@ -486,13 +524,14 @@ def _pickled_tensor(t):
     # A pickled Tensor is a hand-over token, redeemed when it is unpickled: the receiver gets
     # its own zero-copy lease, and the sender may let its tensor go at once.
     token, socket = t._hand_over()
-    with _redeemers_lock:
-        trusted = _trusted_by_socket.get(socket, ())
-    return (_unpickled_tensor, (socket, token, t.readonly, trusted))
+    return (_unpickled_tensor, (socket, token, t.readonly))
 
 
-def _unpickled_tensor(socket, token, readonly, trusted=()):
-    return _redeemer(socket, tuple(trusted)).redeem(token, readonly=readonly)
+def _unpickled_tensor(socket, token, readonly, _sender_trust=()):
+    # _sender_trust: what pickles made before trust stopped travelling carry; ignored. A
+    # daemon this process does not trust raises PermissionDenied before the token is sent,
+    # and the token stays good.
+    return _redeemer(socket).redeem(token, readonly=readonly)
 
 
 def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_linger=2.0,
@@ -505,7 +544,11 @@ def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_ling
     trusted_daemon_uids: uids besides root and this process's own that the daemon may run
     as (a daemon run as a dedicated user, such as uid 10001 in deploy/); None (or empty):
     $TENSORD_TRUSTED_DAEMON_UIDS (comma-separated uids) if set. A daemon of any other uid is
-    refused with PermissionDenied. Pickled clients and tensors carry the list.
+    refused with PermissionDenied, before anything is sent to it. Pickles never carry the
+    list: a Client or Tensor unpickled in this process trusts, for its socket, the uids that
+    this process's connect() calls gave for that socket and $TENSORD_TRUSTED_DAEMON_UIDS.
+    A spawned worker has the parent's environment but none of its connect() calls: set
+    $TENSORD_TRUSTED_DAEMON_UIDS before it starts, or connect() in it first.
 
     allocate_ahead: for a steady producer (a worker filling batches of one shape): once
     empty(ns=...) was given a recycled-kind buffer, the next empty() of the same shape,
@@ -514,8 +557,11 @@ def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_ling
     gives the early one up. Pickled clients carry the setting."""
     settings = {"socket": None if socket is None else str(socket), "client_name": client_name,
                 "lease_cache": lease_cache, "lease_cache_linger": lease_cache_linger,
-                "trusted_daemon_uids": _uid_list(trusted_daemon_uids),
                 "allocate_ahead": bool(allocate_ahead)}
-    core = _connect_core(**settings)
+    trusted = _uid_list(trusted_daemon_uids)
+    core = _connect_core(**settings, trusted_daemon_uids=trusted)
     settings["socket"] = core.socket  # a copy talks to this broker, whatever its environment
+    if trusted:
+        with _lock:
+            _trusted_by_socket[core.socket] = _trusted_by_socket.get(core.socket, frozenset()).union(trusted)
     return Client(core, settings)
