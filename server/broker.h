@@ -343,7 +343,10 @@ class Broker {
   // GetStatus's optional parts (broker_reads.cc).
   void DescribeSessionsLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DescribeNamespacesLocked(tensord::v1::StatusResponse& response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With a session: only the tensors its uid may read (root and the daemon's uid read all);
+  // with none (the metrics page, the service manager's status line): every tensor.
+  void DescribeNamespacesLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const BrokerOptions options_;

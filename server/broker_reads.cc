@@ -379,7 +379,7 @@ v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t 
   response.set_hand_overs_pending(hand_overs_.size());
   response.set_leases_reclaimed(leases_reclaimed_);
   if (request.include_sessions()) DescribeSessionsLocked(session_id, response);
-  if (request.include_namespaces()) DescribeNamespacesLocked(response);
+  if (request.include_namespaces()) DescribeNamespacesLocked(session_id, response);
   for (v1::BackendStatus& backend : backends_->Describe()) {
     for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
       const std::string key = common::DeviceKey(usage.device());
@@ -441,9 +441,18 @@ void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& res
   }
 }
 
-void Broker::DescribeNamespacesLocked(v1::StatusResponse& response) {
+void Broker::DescribeNamespacesLocked(uint64_t session_id, v1::StatusResponse& response) {
+  // A caller learns of a namespace only what List and Watch would show it: that it exists,
+  // and its tensors' count and bytes, only where it may read.
+  const common::PeerCredentials* caller = nullptr;
+  if (session_id != 0) {
+    const Session* session = sessions_.Find(session_id);
+    if (session == nullptr) return;
+    caller = &session->creds;
+  }
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> usage;  // sorted output
   for (const auto& [id, tensor] : registry_.tensors()) {
+    if (caller != nullptr && !access_.MayReadTensor(*caller, tensor)) continue;
     auto& [tensors, bytes] = usage[{tensor.ns, tensor.device == nullptr ? std::string("host") : tensor.device->key}];
     ++tensors;
     bytes += tensor.layout.nbytes;

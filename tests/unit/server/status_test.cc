@@ -96,6 +96,23 @@ TEST_F(StatusTest, NamespacesAddUpTheirTensorsByDevice) {
   EXPECT_EQ(status.namespace_usage(1).tensors(), 1u);
 }
 
+// A uid with no grant learned every namespace's name, tensor count and bytes from Status,
+// though List and Watch showed it only what it may read.
+TEST_F(StatusTest, AnotherUidSeesOnlyTheNamespacesItMayRead) {
+  uint64_t mine = Open();
+  PublishNew(mine, "secret/x");
+  PublishNew(mine, "shared/y");  // the fixture's ACL lets kOther read `shared`
+  uint64_t theirs = Open(kOther);
+  v1::StatusResponse seen = Status(theirs, false, true);
+  ASSERT_EQ(seen.namespace_usage_size(), 1);
+  EXPECT_EQ(seen.namespace_usage(0).namespace_(), "shared");
+  EXPECT_EQ(seen.namespace_usage(0).tensors(), 1u);
+  EXPECT_EQ(seen.tensors(), 2u);  // the totals are everyone's, as the session count is
+  // The daemon's uid, and the metrics page (no session), see every namespace.
+  EXPECT_EQ(Status(mine, false, true).namespace_usage_size(), 2);
+  EXPECT_EQ(Status(0, false, true).namespace_usage_size(), 2);
+}
+
 TEST_F(StatusTest, LeasesHeldWhenASessionEndsAreCountedAsReclaimed) {
   uint64_t producer = Open();
   PublishNew(producer, "ns/x");
