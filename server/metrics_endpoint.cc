@@ -8,8 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,25 +28,6 @@ using Clock = std::chrono::steady_clock;
 int MillisLeft(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(left);
-}
-
-// Writes all of `data` before `deadline`; false when the peer is gone or too slow.
-bool WriteAll(int fd, std::string_view data, Clock::time_point deadline) {
-  while (!data.empty()) {
-    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (poll(&p, 1, MillisLeft(deadline)) <= 0) return false;
-      continue;
-    }
-    return false;
-  }
-  return true;
 }
 
 std::string Response(std::string_view status, std::string_view content_type, std::string_view body) {
@@ -64,8 +48,17 @@ absl::StatusOr<ListeningSocket> ListenTcp(const MetricsAddress& address) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> list(found, &freeaddrinfo);
+  // No host (":9464") means every address: IPv6's wildcard with IPV6_V6ONLY off takes IPv4
+  // too, so it is tried first; IPv4's alone where the machine has no IPv6.
+  std::vector<addrinfo*> candidates;
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) candidates.push_back(ai);
+  const bool every_address = address.host.empty();
+  if (every_address) {
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [](const addrinfo* ai) { return ai->ai_family == AF_INET6; });
+  }
   int last_errno = 0;
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+  for (addrinfo* ai : candidates) {
     common::UniqueFd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
     if (!fd) {
       last_errno = errno;
@@ -73,6 +66,13 @@ absl::StatusOr<ListeningSocket> ListenTcp(const MetricsAddress& address) {
     }
     int one = 1;
     setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (every_address && ai->ai_family == AF_INET6) {
+      int zero = 0;
+      if (setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) != 0) {
+        last_errno = errno;
+        continue;
+      }
+    }
     if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd.get(), 16) != 0) {
       last_errno = errno;
       continue;
@@ -159,63 +159,104 @@ void MetricsEndpoint::Stop() {
 }
 
 void MetricsEndpoint::Run() {
+  std::vector<Connection> connections;
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[2] = {{socket_.fd.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    fds.clear();
+    fds.push_back({socket_.fd.get(), POLLIN, 0});
+    fds.push_back({wake_fd_.get(), POLLIN, 0});
+    Clock::time_point next_deadline = Clock::time_point::max();
+    for (const Connection& connection : connections) {
+      fds.push_back({connection.fd.get(), static_cast<short>(connection.answering ? POLLOUT : POLLIN), 0});
+      next_deadline = std::min(next_deadline, connection.deadline);
+    }
+    const int timeout = connections.empty() ? -1 : std::max(1, MillisLeft(next_deadline));
+    if (poll(fds.data(), fds.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("metrics endpoint: poll: {}; it stops serving", std::strerror(errno));
       return;
     }
     if (fds[1].revents != 0) return;
-    common::UniqueFd connection(accept4(socket_.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!connection) {
-      if (errno == EMFILE || errno == ENFILE) {
-        // Out of fds: wait a little instead of spinning on the pending connection.
-        poll(&fds[1], 1, 100);
-      }
-      continue;
+    const Clock::time_point now = Clock::now();
+    for (size_t i = 0; i < connections.size(); ++i) {
+      Connection& connection = connections[i];
+      if (fds[i + 2].revents != 0) Progress(connection, now);
+      if (!connection.done && now >= connection.deadline) connection.done = true;  // too slow: dropped
     }
-    Serve(std::move(connection));
+    std::erase_if(connections, [](const Connection& connection) { return connection.done; });
+    if (fds[0].revents != 0) Accept(connections, now);
   }
 }
 
-void MetricsEndpoint::Serve(common::UniqueFd connection) {
-  const Clock::time_point deadline = Clock::now() + kRequestTimeout;
-  std::string request;
-  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos) {
-    if (request.size() >= kMaxRequestBytes) {
-      WriteAll(connection.get(), Response("431 Request Header Fields Too Large", "text/plain", "request too large\n"),
-               Clock::now() + kRequestTimeout);
+void MetricsEndpoint::Accept(std::vector<Connection>& connections, Clock::time_point now) {
+  while (true) {
+    common::UniqueFd fd(accept4(socket_.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of fds: wait a little instead of spinning on the pending connection.
+        pollfd wake{wake_fd_.get(), POLLIN, 0};
+        poll(&wake, 1, 100);
+      }
       return;
     }
-    pollfd p{connection.get(), POLLIN, 0};
-    if (poll(&p, 1, MillisLeft(deadline)) <= 0) return;  // too slow: dropped
-    char buffer[2048];
-    ssize_t n = recv(connection.get(), buffer, std::min(sizeof(buffer), kMaxRequestBytes - request.size()), 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return;
-    request.append(buffer, static_cast<size_t>(n));
+    if (connections.size() >= kMaxConnections) {
+      // Full: the connection that has waited longest goes. A scraper sends its request at
+      // once and is answered at once, so only idle or half-open connections are dropped.
+      auto oldest = std::min_element(connections.begin(), connections.end(),
+                                     [](const Connection& a, const Connection& b) { return a.deadline < b.deadline; });
+      connections.erase(oldest);
+    }
+    Connection& connection = connections.emplace_back();
+    connection.fd = std::move(fd);
+    connection.deadline = now + kRequestTimeout;
   }
+}
+
+void MetricsEndpoint::Progress(Connection& connection, Clock::time_point now) {
+  const int fd = connection.fd.get();
+  if (!connection.answering) {
+    char buffer[2048];
+    ssize_t n = recv(fd, buffer, std::min(sizeof(buffer), kMaxRequestBytes - connection.request.size()), 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      connection.done = true;
+      return;
+    }
+    connection.request.append(buffer, static_cast<size_t>(n));
+    const bool whole = connection.request.find("\r\n\r\n") != std::string::npos ||
+                       connection.request.find("\n\n") != std::string::npos;
+    if (!whole && connection.request.size() < kMaxRequestBytes) return;
+    connection.answer = whole ? Answer(connection.request)
+                              : Response("431 Request Header Fields Too Large", "text/plain", "request too large\n");
+    connection.answering = true;
+    connection.deadline = now + kRequestTimeout;  // as long again to read the answer
+  }
+  while (connection.sent < connection.answer.size()) {
+    ssize_t n = send(fd, connection.answer.data() + connection.sent, connection.answer.size() - connection.sent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) break;
+    connection.sent += static_cast<size_t>(n);
+  }
+  connection.done = true;  // answered (or the peer went): close
+}
+
+std::string MetricsEndpoint::Answer(const std::string& request) const {
   const std::string_view line(request.data(), request.find_first_of("\r\n"));
   const size_t first_space = line.find(' ');
   const size_t second_space = line.find(' ', first_space == std::string_view::npos ? line.size() : first_space + 1);
-  std::string answer;
   if (first_space == std::string_view::npos || second_space == std::string_view::npos) {
-    answer = Response("400 Bad Request", "text/plain", "expected: GET /metrics HTTP/1.1\n");
-  } else {
-    const std::string_view method = line.substr(0, first_space);
-    std::string_view target = line.substr(first_space + 1, second_space - first_space - 1);
-    target = target.substr(0, target.find('?'));
-    if (method != "GET" && method != "HEAD") {
-      answer = Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n");
-    } else if (target != "/metrics") {
-      answer = Response("404 Not Found", "text/plain", "tensord serves its metrics at /metrics\n");
-    } else {
-      answer = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_());
-      if (method == "HEAD") answer.resize(answer.find("\r\n\r\n") + 4);
-    }
+    return Response("400 Bad Request", "text/plain", "expected: GET /metrics HTTP/1.1\n");
   }
-  WriteAll(connection.get(), answer, Clock::now() + kRequestTimeout);
+  const std::string_view method = line.substr(0, first_space);
+  std::string_view target = line.substr(first_space + 1, second_space - first_space - 1);
+  target = target.substr(0, target.find('?'));
+  if (method != "GET" && method != "HEAD") return Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n");
+  if (target != "/metrics") return Response("404 Not Found", "text/plain", "tensord serves its metrics at /metrics\n");
+  std::string answer = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_());
+  if (method == "HEAD") answer.resize(answer.find("\r\n\r\n") + 4);
+  return answer;
 }
 
 }  // namespace tensord::server

@@ -1,10 +1,11 @@
 // MetricsEndpoint: the Prometheus scrape endpoint (--metrics-address), off by default. A
 // plain HTTP/1.x server on one thread: GET /metrics answers 200 with the text format
 // (version 0.0.4) from `render`; any other path 404, any other method 405; every answer
-// closes its connection. A client gets kRequestTimeout to send its request head (at most
-// kMaxRequestBytes) and as long to read the answer, and connections are served one at a
-// time: a scraper is one client every few seconds, and a slow or hostile one delays the
-// next scrape by at most those seconds, never the broker.
+// closes its connection. It serves up to kMaxConnections connections at once, each given
+// kRequestTimeout to send its request head (at most kMaxRequestBytes) and as long again to
+// read the answer; when they are all taken, the one that has waited longest is dropped. So a
+// scraper, which sends its request at once, is answered at once however many slow or
+// half-open connections others keep open, and none of them ever blocks the broker.
 // Thread-safe: Start and Stop from one thread.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
@@ -36,6 +38,7 @@ class MetricsEndpoint {
  public:
   static constexpr std::chrono::seconds kRequestTimeout{2};
   static constexpr size_t kMaxRequestBytes = 8192;
+  static constexpr size_t kMaxConnections = 64;
   using Render = std::function<std::string()>;
 
   MetricsEndpoint() = default;
@@ -50,8 +53,24 @@ class MetricsEndpoint {
   void Stop();
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // One connection: its request head coming in, then its answer going out.
+  struct Connection {
+    common::UniqueFd fd;
+    Clock::time_point deadline;  // for the head, then for the answer
+    std::string request;
+    std::string answer;
+    size_t sent = 0;
+    bool answering = false;
+    bool done = false;  // to be closed
+  };
+
   void Run();
-  void Serve(common::UniqueFd connection);
+  // Takes every pending connection, making room as the class comment says.
+  void Accept(std::vector<Connection>& connections, Clock::time_point now);
+  // Reads what came of the head, or writes what the peer takes of the answer.
+  void Progress(Connection& connection, Clock::time_point now);
+  std::string Answer(const std::string& request) const;
 
   ListeningSocket socket_;
   common::UniqueFd wake_fd_;

@@ -198,13 +198,33 @@ def test_other_paths_and_methods(unix_daemon):
     assert status == 200 and body == ""
 
 
-def test_a_silent_client_does_not_stop_scrapes(unix_daemon):
+def test_silent_and_half_open_clients_do_not_stop_scrapes(unix_daemon):
+    # 20 connections that send half a request head and wait: the endpoint used to serve
+    # one connection at a time, 2 s each, so scrapes (10 s timeout) got nothing for 40 s.
+    path = unix_daemon.metrics_at[5:]
+    held = []
+    for _ in range(20):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(b"GET /metr")
+        held.append(s)
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.connect(unix_daemon.metrics_at[5:])  # sends nothing
-    started = time.monotonic()
+    silent.connect(path)  # sends nothing
+    for _ in range(5):
+        scrape(unix_daemon)
+    # More connections than the endpoint keeps (64): it drops the oldest, never the scraper.
+    crowd = []
+    for _ in range(100):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(b"GET /")
+        crowd.append(s)
     scrape(unix_daemon)
-    assert time.monotonic() - started < 5  # the endpoint gives a silent client 2 s
-    silent.close()
+    first = crowd[0]
+    first.settimeout(10)
+    assert first.recv(1) == b"", "the oldest of 100 half-open connections was kept"
+    for s in held + crowd + [silent]:
+        s.close()
 
 
 def test_tcp_on_a_port_the_kernel_picks(tmp_path):
@@ -214,6 +234,30 @@ def test_tcp_on_a_port_the_kernel_picks(tmp_path):
         assert not d.metrics_at.endswith(":0")
         _, samples = scrape(d)
         assert [l["version"] for n, l, v in samples if n == "tensord_info"] != []
+    finally:
+        d.stop()
+
+
+def has_ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_no_host_serves_every_address(tmp_path):
+    # ":PORT" bound 0.0.0.0 alone, while the docs promise every address.
+    d = Daemon(str(tmp_path), ":0")
+    try:
+        port = int(d.metrics_at.rsplit(":", 1)[1])
+        for host in ("127.0.0.1", "::1"):
+            if host == "::1" and not has_ipv6_loopback():
+                continue  # a machine without IPv6 binds IPv4's wildcard alone
+            connection = http.client.HTTPConnection(host, port, timeout=10)
+            status, _, body = get(connection)
+            assert status == 200 and "tensord_info" in body, (host, status)
     finally:
         d.stop()
 
