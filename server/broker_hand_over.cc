@@ -43,12 +43,17 @@ absl::StatusOr<v1::HandOverResponse> Broker::HandOver(uint64_t session_id, const
         "hand-over: uid ", uid, " has ", pending, " hand-overs pending, the limit (--max-leases-per-session ",
         options_.max_leases_per_session, "): let receivers redeem them or their TTLs run out first"));
   }
+  if (const size_t of_lease = hand_overs_.CountForLease(request.lease_id()); of_lease >= kMaxHandOversPerLease) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hand-over: lease ", request.lease_id(), " has ", of_lease, " hand-overs pending, the most one lease may have (",
+        kMaxHandOversPerLease, "): let receivers redeem them or their TTLs run out first"));
+  }
   TENSORD_RETURN_IF_ERROR(
       uid_quota_.Reserve(uid, UidResource::kMetadataBytes, kHandOverEntryBytes, "a pending hand-over"));
   ++tensor->hand_overs;
   const uint64_t timer_id = timers_.Schedule(TimerQueue::Clock::now() + std::chrono::milliseconds(ttl_ms),
                                              [this, token] { ExpireHandOver(token); });
-  hand_overs_.Add(token, PendingHandOver{tensor->id, uid, timer_id});
+  hand_overs_.Add(token, PendingHandOver{tensor->id, uid, timer_id, request.lease_id()});
   v1::HandOverResponse response;
   response.set_token(std::move(token));
   *response.mutable_tensor() = registry_.Describe(*tensor);

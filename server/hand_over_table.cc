@@ -12,6 +12,7 @@ void HandOverTable::Add(std::string token, PendingHandOver hand_over) {
   const bool added = pending_.emplace(std::move(token), hand_over).second;
   TENSORD_CHECK(added);
   ++per_uid_[uid];
+  ++per_lease_[hand_over.lease_id];
 }
 
 const PendingHandOver* HandOverTable::Find(std::string_view token) const {
@@ -27,12 +28,20 @@ std::optional<PendingHandOver> HandOverTable::Remove(std::string_view token) {
   auto count = per_uid_.find(hand_over.uid);
   TENSORD_CHECK(count != per_uid_.end() && count->second > 0);
   if (--count->second == 0) per_uid_.erase(count);
+  auto of_lease = per_lease_.find(hand_over.lease_id);
+  TENSORD_CHECK(of_lease != per_lease_.end() && of_lease->second > 0);
+  if (--of_lease->second == 0) per_lease_.erase(of_lease);
   return hand_over;
 }
 
 size_t HandOverTable::CountFor(uid_t uid) const {
   auto it = per_uid_.find(uid);
   return it == per_uid_.end() ? 0 : it->second;
+}
+
+size_t HandOverTable::CountForLease(uint64_t lease_id) const {
+  auto it = per_lease_.find(lease_id);
+  return it == per_lease_.end() ? 0 : it->second;
 }
 
 }  // namespace tensord::server

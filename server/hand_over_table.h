@@ -3,7 +3,8 @@
 // read the tensor (the Broker checks). While pending it holds its tensor for the broker
 // (Tensor::hand_overs), bound to no session: its maker may exit before the receiver comes.
 // It ends when redeemed, when its TTL runs out (its timer), or with the broker. Each one
-// counts against its maker's uid (CountFor). Tokens are keys here only; never log one.
+// counts against its maker's uid (CountFor) and the lease it was made from (CountForLease,
+// at most kMaxHandOversPerLease). Tokens are keys here only; never log one.
 // Not thread-safe: the Broker guards it.
 #pragma once
 
@@ -18,10 +19,15 @@
 
 namespace tensord::server {
 
+// The most hand-overs one lease may have pending: plenty for one tensor pickled to every
+// worker of a pool, and a bound on what one lease can make the daemon keep.
+inline constexpr size_t kMaxHandOversPerLease = 1024;
+
 struct PendingHandOver {
   uint64_t tensor_id = 0;
   uid_t uid = 0;            // the maker's, charged for it
   uint64_t timer_id = 0;    // its expiry (TimerQueue)
+  uint64_t lease_id = 0;    // the lease it was made from (lease ids are never reused)
 };
 
 class HandOverTable {
@@ -32,11 +38,13 @@ class HandOverTable {
   // The removed hand-over, or nullopt when the token is not pending.
   std::optional<PendingHandOver> Remove(std::string_view token);
   size_t CountFor(uid_t uid) const;
+  size_t CountForLease(uint64_t lease_id) const;
   size_t size() const { return pending_.size(); }
 
  private:
   absl::flat_hash_map<std::string, PendingHandOver> pending_;
   absl::flat_hash_map<uid_t, size_t> per_uid_;
+  absl::flat_hash_map<uint64_t, size_t> per_lease_;
 };
 
 }  // namespace tensord::server

@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/hand_over_table.h"
 #include "tests/unit/server/broker_fixture.h"
@@ -169,14 +170,31 @@ TEST_F(HandOverTest, PendingHandOversPerUidAndRedeemersLeasesAreCapped) {
   EXPECT_TRUE(HandOver(sender, lease.lease_id()).ok()) << "a redeemed hand-over no longer counts";
 }
 
-TEST(HandOverTableTest, CountsPerUidAndRemovesOnce) {
+// A million tokens on one lease held about 510 MB of the daemon's memory for an hour.
+TEST_F(HandOverTest, PendingHandOversPerLeaseAreCapped) {
+  auto [sender, lease] = HeldBySender("ns/many");
+  for (size_t i = 0; i < kMaxHandOversPerLease; ++i) ASSERT_TRUE(HandOver(sender, lease.lease_id()).ok()) << i;
+  auto over = HandOver(sender, lease.lease_id());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find(absl::StrCat("the most one lease may have (", kMaxHandOversPerLease)),
+            std::string::npos)
+      << over.status();
+  // Another lease of the same session has its own count.
+  auto other = Acquire(sender, "ns/many");
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(HandOver(sender, other->lease_id()).ok());
+}
+
+TEST(HandOverTableTest, CountsPerUidAndLeaseAndRemovesOnce) {
   HandOverTable table;
-  table.Add("a", PendingHandOver{1, 10, 100});
-  table.Add("b", PendingHandOver{2, 10, 101});
-  table.Add("c", PendingHandOver{2, 11, 102});
+  table.Add("a", PendingHandOver{1, 10, 100, 7});
+  table.Add("b", PendingHandOver{2, 10, 101, 8});
+  table.Add("c", PendingHandOver{2, 11, 102, 8});
   EXPECT_EQ(table.size(), 3u);
   EXPECT_EQ(table.CountFor(10), 2u);
   EXPECT_EQ(table.CountFor(12), 0u);
+  EXPECT_EQ(table.CountForLease(8), 2u);
+  EXPECT_EQ(table.CountForLease(9), 0u);
   ASSERT_NE(table.Find("b"), nullptr);
   EXPECT_EQ(table.Find("b")->tensor_id, 2u);
   std::optional<PendingHandOver> removed = table.Remove("b");
@@ -185,6 +203,7 @@ TEST(HandOverTableTest, CountsPerUidAndRemovesOnce) {
   EXPECT_FALSE(table.Remove("b").has_value());
   EXPECT_EQ(table.Find("b"), nullptr);
   EXPECT_EQ(table.CountFor(10), 1u);
+  EXPECT_EQ(table.CountForLease(8), 1u);
   EXPECT_EQ(table.size(), 2u);
 }
 
