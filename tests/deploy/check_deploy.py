@@ -15,7 +15,8 @@ built binaries:
   whole command line (`tensord --print-config` with it); every tensorctl subcommand and flag
   is in `tensorctl --help`;
 - the Kubernetes objects have the kinds and fields docs/deployment.md relies on; the compose
-  services too;
+  services too; a metrics address reachable from outside the pod comes with a NetworkPolicy
+  that lets only named peers reach only the metrics port;
 - the socket path, the volume mount and the clients' TENSORD_SOCKET agree everywhere, and
   so do the uid and gid (10001) and the image tags (the project version);
 - the inline Python programs of the example clients compile.
@@ -827,6 +828,86 @@ def mount_of(container, volume):
     return next((m for m in container.get("volumeMounts") or [] if m.get("name") == volume), None)
 
 
+def selects(selector, labels):
+    """Whether a Kubernetes label selector selects an object with these labels; an empty
+    selector selects everything, an unknown operator nothing."""
+    if not isinstance(selector, dict):
+        return False
+    labels = {k: str(v) for k, v in labels.items()}
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != str(value):
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op = expr.get("key"), expr.get("operator")
+        values = [str(v) for v in expr.get("values") or []]
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": key not in labels or labels[key] not in values,
+              "Exists": key in labels,
+              "DoesNotExist": key not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def empty_selector(selector):
+    return not (dig(selector, "matchLabels") or dig(selector, "matchExpressions"))
+
+
+def check_metrics_policy(report, path, docs, namespace, labels, metrics, port, container_ports):
+    """A metrics address reachable from outside the pod must be limited by a NetworkPolicy
+    of the same namespace that selects the pods and lets in only the metrics port, from
+    named peers. The metrics page shows every namespace's name, tensors and bytes, which the
+    gRPC Status call shows each caller only for the namespaces it may read."""
+    names = {p.get("name") for p in container_ports if p.get("containerPort") == port and p.get("name")}
+    policies = [d for d in docs if d.get("kind") == "NetworkPolicy"
+                and dig(d, "metadata", "namespace") == namespace
+                and selects(dig(d, "spec", "podSelector"), labels)]
+    if not report.expect(bool(policies), path, "NetworkPolicy",
+                         f"none in namespace {namespace} selects the DaemonSet's pods {labels}: "
+                         f"the metrics page on {metrics} is open to every pod of the cluster"):
+        return
+    rules = 0
+    for policy in policies:
+        pf = f"NetworkPolicy {dig(policy, 'metadata', 'name')}"
+        report.expect(policy.get("apiVersion") == "networking.k8s.io/v1", path, f"{pf}.apiVersion",
+                      f"{policy.get('apiVersion')}, not networking.k8s.io/v1")
+        spec = policy.get("spec") or {}
+        types = spec.get("policyTypes")
+        # Without policyTypes a policy limits ingress; with them, only if Ingress is listed.
+        if not report.expect(types is None or "Ingress" in types, path, f"{pf}.spec.policyTypes",
+                             f"{types} leaves out Ingress: the policy does not limit who reaches "
+                             "the pod"):
+            continue
+        for i, rule in enumerate(spec.get("ingress") or []):
+            rf = f"{pf}.spec.ingress[{i}]"
+            rules += 1
+            ports = (rule or {}).get("ports") or []
+            report.expect(bool(ports), path, f"{rf}.ports",
+                          "none: the rule opens every port of the pod, the daemon needs only "
+                          f"the metrics port {port}")
+            for entry in ports:
+                report.expect((entry.get("port") == port or entry.get("port") in names)
+                              and entry.get("protocol", "TCP") == "TCP"
+                              and entry.get("endPort") in (None, port), path, f"{rf}.ports",
+                              f"{entry}: not the metrics port TCP {port}")
+            peers = (rule or {}).get("from") or []
+            report.expect(bool(peers), path, f"{rf}.from",
+                          "none: every source may connect; name the monitoring's namespace")
+            for j, peer in enumerate(peers):
+                peer = peer or {}
+                report.expect(bool(peer), path, f"{rf}.from[{j}]", "an empty peer")
+                if "namespaceSelector" in peer:
+                    report.expect(not empty_selector(peer["namespaceSelector"]), path,
+                                  f"{rf}.from[{j}].namespaceSelector",
+                                  "empty: it selects every namespace of the cluster")
+                if "ipBlock" in peer:
+                    report.expect(not str(dig(peer, "ipBlock", "cidr")).endswith("/0"), path,
+                                  f"{rf}.from[{j}].ipBlock",
+                                  f"{dig(peer, 'ipBlock', 'cidr')} lets in every address")
+    report.expect(rules > 0, path, "NetworkPolicy",
+                  f"no ingress rule lets the monitoring reach the metrics port {port}")
+
+
 def check_daemonset(report, path, daemon, binaries):
     docs = load_docs(report, path)
     if docs is None:
@@ -898,12 +979,14 @@ def check_daemonset(report, path, daemon, binaries):
     # Metrics: the port of --metrics-address is the containerPort and the scrape annotation.
     metrics = option_value(argv, "--metrics-address")
     port = None
+    reachable = False
     if report.expect(metrics is not None and re.fullmatch(r"[\w.:\[\]-]+:\d+", metrics) is not None,
                      path, f"{cf}.args --metrics-address",
                      f"{metrics}: must be HOST:PORT so Prometheus can reach it"):
         port = int(metrics.rsplit(":", 1)[1])
-        report.expect(not metrics.startswith(("127.", "localhost", "[::1]")), path,
-                      f"{cf}.args --metrics-address", f"{metrics} is not reachable from outside the pod")
+        reachable = not metrics.startswith(("127.", "localhost", "[::1]"))
+        report.expect(reachable, path, f"{cf}.args --metrics-address",
+                      f"{metrics} is not reachable from outside the pod")
     ports = [p.get("containerPort") for p in main.get("ports") or []]
     report.expect(port in ports, path, f"{cf}.ports", f"{ports} does not expose the metrics port {port}")
     notes = dig(template, "metadata", "annotations") or {}
@@ -912,6 +995,9 @@ def check_daemonset(report, path, daemon, binaries):
     report.expect(notes.get("prometheus.io/port") == str(port), path,
                   f"{f}.metadata.annotations.prometheus.io/port",
                   f"{notes.get('prometheus.io/port')}, not the metrics port {port}")
+    if reachable:
+        check_metrics_policy(report, path, docs, dig(ds, "metadata", "namespace"), labels, metrics,
+                             port, main.get("ports") or [])
     # Health: exec probes through tensorctl (the grpc probe speaks TCP only).
     for probe in ("readinessProbe", "livenessProbe"):
         command = dig(main, probe, "exec", "command")
@@ -1081,6 +1167,20 @@ MUTATIONS = [
      "prometheus.io/port"),
     ("deploy/k8s/daemonset.yaml", "runAsUser: 10001", "runAsUser: 10002", 1, "runAsUser"),
     ("deploy/k8s/daemonset.yaml", "chown 10001:10001", "chown 0:0", 1, "chowns to 0:0"),
+    ("deploy/k8s/daemonset.yaml", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n",
+     "apiVersion: v1\nkind: ConfigMap\n", 1, "selects the DaemonSet's pods"),
+    ("deploy/k8s/daemonset.yaml", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: tensord\n",
+     "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: tensord-x\n", 1,
+     "selects the DaemonSet's pods"),
+    ("deploy/k8s/daemonset.yaml", "  policyTypes:\n    - Ingress\n", "  policyTypes:\n    - Egress\n", 1,
+     "spec.policyTypes"),
+    ("deploy/k8s/daemonset.yaml", "          port: 9464\n", "          port: 9000\n", 1,
+     "spec.ingress[0].ports"),
+    ("deploy/k8s/daemonset.yaml", '    - from:\n        - namespaceSelector:\n            matchLabels:\n'
+     '              tensord.io/metrics-scraper: "true"\n      ports:', "    - ports:", 1,
+     "spec.ingress[0].from"),
+    ("deploy/k8s/daemonset.yaml", '            matchLabels:\n              tensord.io/metrics-scraper: "true"\n',
+     "            {}\n", 1, "selects every namespace"),
     ("deploy/k8s/training-pod.yaml", "runAsUser: 10001", "runAsUser: 10002", 1, "runAsUser"),
     ("deploy/k8s/training-pod.yaml", "value: /run/tensord/tensord.sock", "value: /run/tensord/x.sock",
      3, "containers[trainer].env.TENSORD_SOCKET"),
