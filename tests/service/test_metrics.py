@@ -198,27 +198,27 @@ def test_other_paths_and_methods(unix_daemon):
     assert status == 200 and body == ""
 
 
+def half_open(path, count, head):
+    """`count` connections to the Unix socket `path`, each having sent `head` and no more."""
+    connections = []
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall(head)
+        connections.append(s)
+    return connections
+
+
 def test_silent_and_half_open_clients_do_not_stop_scrapes(unix_daemon):
     # 20 connections that send half a request head and wait: the endpoint used to serve
     # one connection at a time, 2 s each, so scrapes (10 s timeout) got nothing for 40 s.
     path = unix_daemon.metrics_at[5:]
-    held = []
-    for _ in range(20):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        s.sendall(b"GET /metr")
-        held.append(s)
-    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.connect(path)  # sends nothing
+    held = half_open(path, 20, b"GET /metr")
+    silent = half_open(path, 1, b"")[0]  # sends nothing
     for _ in range(5):
         scrape(unix_daemon)
     # More connections than the endpoint keeps (64): it drops the oldest, never the scraper.
-    crowd = []
-    for _ in range(100):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        s.sendall(b"GET /")
-        crowd.append(s)
+    crowd = half_open(path, 100, b"GET /")
     scrape(unix_daemon)
     first = crowd[0]
     first.settimeout(10)

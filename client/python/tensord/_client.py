@@ -1,6 +1,5 @@
 """tensord.Client: the Python face of one broker session (see tensord's docstring)."""
 
-import os
 import sys
 import threading
 
@@ -459,28 +458,10 @@ def _uid_list(uids):
     return tuple(out)
 
 
-_TRUSTED_UIDS_ENV = "TENSORD_TRUSTED_DAEMON_UIDS"
-
-
-def _uids_from_environment():
-    """$TENSORD_TRUSTED_DAEMON_UIDS read by the C++ client's rule (common/socket_paths.cc):
-    decimal uids separated by commas, spaces and tabs around each ignored."""
-    text = os.environ.get(_TRUSTED_UIDS_ENV, "")
-    if not text.strip(" \t"):
-        return ()
-    uids = []
-    for entry in (part.strip(" \t") for part in text.split(",")):
-        if not (entry.isascii() and entry.isdigit() and len(entry) <= 10 and int(entry) < 2**32 - 1):
-            raise _tensord.InvalidArgument(
-                f"${_TRUSTED_UIDS_ENV}: '{entry}' is not a uid (expected uids as decimal numbers "
-                "separated by commas, such as 10001,10002)")
-        uids.append(int(entry))
-    return tuple(uids)
-
-
-# Trust is never taken from a pickle. The daemon uids (besides root and our own) that a
-# client made by unpickling trusts are the ones this process's own code passed to connect()
-# for that socket, with $TENSORD_TRUSTED_DAEMON_UIDS: a pickle may come from anyone who can
+# Trust is never taken from a pickle. A client made by unpickling trusts (besides root and
+# our own uid) what connect() would here: the uids this process's own code passed to
+# connect() for that socket, or, where it named none, $TENSORD_TRUSTED_DAEMON_UIDS, which
+# the C++ client reads (and refuses when malformed). A pickle may come from anyone who can
 # write to a queue, a pipe or a file, and it must not make this process talk to (and hand
 # its data to, or take data from) a daemon it would refuse itself. Only connect() adds to
 # this table, and only ever adds.
@@ -492,13 +473,11 @@ _lock = threading.Lock()  # guards both
 
 
 def _receiver_trust(socket):
-    """The daemon uids a client unpickled here trusts for socket: () leaves it to the C++
-    client, which reads $TENSORD_TRUSTED_DAEMON_UIDS (and refuses a malformed one)."""
+    """The daemon uids a client unpickled here trusts for socket: () leaves it to the
+    environment, as connect() without trusted_daemon_uids does."""
     with _lock:
-        own = _trusted_by_socket.get(socket if socket is not None else _tensord.default_socket_path())
-    if not own:
-        return ()
-    return tuple(sorted(own.union(_uids_from_environment())))
+        return tuple(sorted(_trusted_by_socket.get(
+            socket if socket is not None else _tensord.default_socket_path(), ())))
 
 
 # What a pickled Client carries: how to connect, never whom to trust.
@@ -546,7 +525,8 @@ def connect(socket=None, *, client_name=None, lease_cache=True, lease_cache_ling
     $TENSORD_TRUSTED_DAEMON_UIDS (comma-separated uids) if set. A daemon of any other uid is
     refused with PermissionDenied, before anything is sent to it. Pickles never carry the
     list: a Client or Tensor unpickled in this process trusts, for its socket, the uids that
-    this process's connect() calls gave for that socket and $TENSORD_TRUSTED_DAEMON_UIDS.
+    this process's connect() calls gave for that socket, or, where they gave none,
+    $TENSORD_TRUSTED_DAEMON_UIDS.
     A spawned worker has the parent's environment but none of its connect() calls: set
     $TENSORD_TRUSTED_DAEMON_UIDS before it starts, or connect() in it first.
 
