@@ -351,8 +351,15 @@ def test_the_module_keeps_its_own_pybind11_internals():
         get_interpreter = ctypes.pythonapi["PyInterpreterState_Get"]
         get_interpreter.restype, get_interpreter.argtypes = ctypes.c_void_p, []
         get_dict = ctypes.pythonapi["PyInterpreterState_GetDict"]
-        get_dict.restype, get_dict.argtypes = ctypes.py_object, [ctypes.c_void_p]
-        places.append(get_dict(get_interpreter()))  # a borrowed reference, as py_object takes it
+        # A borrowed reference: a py_object restype would take it as a new one and drop a
+        # reference the interpreter owns, freeing its state dict, and pybind11's internals in
+        # it, when `places` goes (the Python suite on the GPU image then crashed in a later
+        # test's first numpy call). So the address, and a reference of our own from .value.
+        get_dict.restype, get_dict.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+        state_dict = get_dict(get_interpreter())
+        if not state_dict:
+            raise ValueError("PyInterpreterState_GetDict returned NULL")
+        places.append(ctypes.cast(state_dict, ctypes.py_object).value)
     except (AttributeError, ValueError) as e:  # no such symbol, or no state dict (NULL)
         unreadable = e
     keys = [k for place in places for k in place
