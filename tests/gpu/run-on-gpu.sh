@@ -12,9 +12,10 @@
 # interpreter from client/python against the bundle's libtensord.so and the public headers
 # alone (it is a plain user of the public C++ API); nothing of the bundle is put on
 # LD_LIBRARY_PATH. Steps, most important first: the C++ GPU tests; the module; the Python
-# GPU tests (torch, JAX, CuPy); the CUDA handoff against torch.multiprocessing; producer and
-# consumer in separate PID and IPC namespaces; the `import tensord, torch` crash probe; the
-# device bench; the daemon's own GPU memory; the batch pipeline feeding the GPU; the whole
+# GPU tests (torch, JAX, CuPy); the CUDA handoff against torch.multiprocessing and its calls
+# timed one by one; producer and consumer in separate PID and IPC namespaces; the `import
+# tensord, torch` crash probe and the conditions it depends on; the device bench; the
+# daemon's own GPU memory; the batch pipeline feeding the GPU; the whole
 # Python suite on this interpreter and torch. TENSORD_GPU_STEPS="name ..." runs only those.
 # Any process that dies of a signal leaves a core (when the kernel lets us set core_pattern),
 # and `crash_stacks.log` has cuda-gdb's native stack of each. OUT may hold more files than a
@@ -128,6 +129,7 @@ if step python_module 180 bash -c "$(declare -f build_module); bundle=$bundle tr
   daemon=$!
   sleep 1
   step cuda_handoff 240 "$py" tests/bench/cuda_handoff.py --socket "$sock_dir/t.sock"
+  step cuda_call_times 120 "$py" tests/bench/cuda_call_times.py --socket "$sock_dir/t.sock"
   if [[ -x $bundle/bin/tensord_cuda_bench ]]; then
     step cuda_bench 60 "$bundle/bin/tensord_cuda_bench" --socket "$sock_dir/t.sock"
   fi
@@ -170,6 +172,10 @@ l.exec_module(u.module_from_spec(s)); import torch; print('imported')"
     "$py" -m pytest -q -rs -p no:cacheprovider tests/python/test_readme.py -k snippet
   }
   TENSORD_LIB_DIR=$bundle/bin TENSORD_CXX=${CXX:-g++} step crash_probe 200 bash -c "$(declare -f crash_probe); py=$py tree=$tree crash_probe"
+
+  # What the crash depends on: the package with and without its libstdc++ load, and the
+  # runtime or every library of the bundle preloaded (their TLS static). Reports only.
+  step import_variants 400 bash tests/gpu/import_variants.sh "$py" "$tree" "$bundle"
 
   step daemon_gpu_memory 60 "$py" tests/gpu/daemon_gpu_memory.py "$bundle/bin/tensord"
 
