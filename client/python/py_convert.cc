@@ -63,8 +63,10 @@ DLDataType DtypeFromName(std::string_view name) {
   for (const DtypeEntry& e : kDtypes) {
     if (name == e.name) return e.dtype;
   }
+  std::string valid;
+  for (const DtypeEntry& e : kDtypes) valid += std::string(valid.empty() ? "" : ", ") + e.name;
   throw StatusError(Status(StatusCode::kInvalidArgument,
-                           "unknown dtype '" + std::string(name) + "'"));
+                           "unknown dtype '" + std::string(name) + "': give one of " + valid));
 }
 
 std::optional<std::string> NumpyTypestr(DLDataType dtype) {

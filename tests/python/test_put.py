@@ -1,6 +1,7 @@
 """put(): one copy of any array (DLPack, buffer protocol, array interface; any strides), and
 empty() + publish() without a copy."""
 
+import re
 import sys
 
 import numpy as np
@@ -229,6 +230,24 @@ def test_empty_then_publish_without_a_copy(client, other, name):
 def test_empty_dtype_spellings(client, dtype):
     t = client.empty(4, dtype)
     assert t.dtype == tensord.dtype_name(dtype) and t.shape == (4,)
+
+
+@pytest.mark.parametrize("spelling,expected", [("f4", "float32"), ("<f4", "float32"),
+                                               ("float", "float64"), ("single", "float32"),
+                                               ("i8", "int64"), ("?", "bool"), ("c8", "complex64"),
+                                               ("bfloat16", "bfloat16")])
+def test_empty_takes_every_spelling_numpy_takes(client, spelling, expected):
+    assert client.empty((2,), spelling).dtype == expected
+
+
+@pytest.mark.parametrize("spelling,says", [("f5", "unknown dtype 'f5': give one of bool, int8"),
+                                           (">f4", "not in this machine's byte order"),
+                                           ("U4", "has no tensord counterpart: give one of bool")])
+def test_empty_refuses_a_dtype_naming_the_valid_ones(client, spelling, says):
+    if sys.byteorder != "little" and spelling == ">f4":
+        spelling = "<f4"
+    with pytest.raises(tensord.InvalidArgument, match=re.escape(says)):
+        client.empty((2,), spelling)
 
 
 def test_empty_in_a_namespace_publishes_only_there(client, name):

@@ -11,19 +11,44 @@ from ._tensord import Tensor
 _NO_STREAM = (1 << 64) - 1
 
 
+# tensord's dtype names, as Tensor.dtype gives them.
+_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+
+
 def dtype_name(dtype):
-    """'float32' from 'float32', numpy.float32, numpy.dtype('float32') or torch.float32."""
-    if isinstance(dtype, str):
+    """'float32' from 'float32', from any spelling numpy.dtype() takes ('f4', '<f4',
+    'single', 'float' is numpy's float64), from numpy.float32, numpy.dtype('float32') or
+    torch.float32. A spelling tensord has no dtype for raises InvalidArgument naming the
+    valid ones; an object that is no dtype at all raises TypeError."""
+    if isinstance(dtype, str) and dtype in _DTYPE_NAMES:
         return dtype
     text = str(dtype)
-    if text.startswith("torch."):
+    if not isinstance(dtype, str) and text.startswith("torch."):
         return text[len("torch."):]
+    valid = ", ".join(_DTYPE_NAMES)
     try:
         import numpy
-
-        return numpy.dtype(dtype).name
-    except (ImportError, TypeError) as e:
-        raise TypeError(f"not a dtype: {dtype!r}") from e
+    except ImportError:
+        if isinstance(dtype, str):
+            raise _tensord.InvalidArgument(
+                f"unknown dtype {dtype!r}: give one of {valid} (other spellings need numpy)") from None
+        raise TypeError(f"not a dtype: {dtype!r}") from None
+    try:
+        resolved = numpy.dtype(dtype)
+    except TypeError:
+        if isinstance(dtype, str):
+            raise _tensord.InvalidArgument(
+                f"unknown dtype {dtype!r}: give one of {valid}, or a spelling numpy.dtype() takes") from None
+        raise TypeError(f"not a dtype: {dtype!r}") from None
+    if resolved.byteorder == (">" if sys.byteorder == "little" else "<"):
+        raise _tensord.InvalidArgument(
+            f"dtype {dtype!r} is not in this machine's byte order ({sys.byteorder}-endian), "
+            "which tensord tensors are in")
+    if resolved.name not in _DTYPE_NAMES:
+        raise _tensord.InvalidArgument(f"dtype {dtype!r} (numpy's {resolved.name}) has no tensord "
+                                       f"counterpart: give one of {valid}")
+    return resolved.name
 
 
 # DLPack device types (DLDeviceType) by the names torch and users write.
