@@ -31,6 +31,7 @@
 #include "common/status.h"
 #include "server/arena.h"
 #include "toml++/toml.h"
+#include "tensord_build_info.h"  // generated: cmake/TensordBuildInfo.cmake
 
 #ifndef TENSORD_VERSION
 #define TENSORD_VERSION "0.0.0"
@@ -712,7 +713,8 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print the effective configuration (each value and where it came from) as TOML, and exit");
-  app.set_version_flag("--version", "tensord " TENSORD_VERSION, "print the version and exit");
+  app.set_version_flag("--version", "tensord " TENSORD_VERSION_LINE,
+                       "print the version, the commit built and the memory backends, and exit");
   app.footer(kHelpFooter);
   try {
     app.parse(argc, argv);

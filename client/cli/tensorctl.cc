@@ -43,6 +43,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "tensord/client.h"
+#include "tensord_build_info.h"  // generated: cmake/TensordBuildInfo.cmake
 
 #ifndef TENSORD_VERSION
 #define TENSORD_VERSION "0.0.0"
@@ -774,7 +775,8 @@ int Run(int argc, char** argv) {
                  "$TENSORD_TRUSTED_DAEMON_UIDS)")
       ->check(CLI::Range(uint32_t{0}, uint32_t{UINT32_MAX - 1}));
   app.add_flag("--json", g.json, "machine-readable output");
-  app.set_version_flag("--version", "tensorctl " TENSORD_VERSION, "print the version and exit");
+  app.set_version_flag("--version", "tensorctl " TENSORD_VERSION_LINE,
+                       "print the version, the commit built and the memory backends, and exit");
   app.require_subcommand(1, 1);
   app.fallthrough();  // --socket and --json also after the command
 

@@ -6,7 +6,8 @@ starts a pod. What can be checked without one is checked against the repository 
 built binaries:
 
 - every YAML file (and every ```yaml block of docs/deployment.md) parses;
-- the Dockerfile: its stages, that every COPY source exists in the repository, that the
+- the Dockerfile: its stages, that every COPY source exists in the repository and is what
+  .dockerignore keeps (and nothing else), that the
   folders the top-level CMakeLists.txt needs are copied, that the targets it builds exist,
   that the exec-form ENTRYPOINT runs tensord on the socket the volume holds;
 - the runtime packages cover every shared library `ldd` reports for the built binaries
@@ -400,6 +401,24 @@ def check_dockerfile(report, repo, path, daemon, binaries, libs):
                 report.expect(os.path.exists(os.path.join(repo, src)), path,
                               f"line {ins.line} {ins.keyword} {src}",
                               "does not exist in the repository (the build context)")
+
+    # .dockerignore: sends the builder nothing but what COPY takes (and never .git or a build
+    # folder), and keeps everything COPY takes.
+    # The build context's root, where .dockerignore lives: deploy/docker/Dockerfile's
+    # grandparent (the repository, or the self-test's copy).
+    ignore_path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(path))), ".dockerignore")
+    if report.expect(os.path.exists(ignore_path), ignore_path, "the file",
+                     "is missing: the builder would be sent the whole checkout"):
+        with open(ignore_path) as f:
+            rules = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+        kept = {os.path.normpath(r[1:]) for r in rules if r.startswith("!")}
+        report.expect(rules[:1] == ["*"], ignore_path, "first rule",
+                      "is not `*`: the builder would be sent what no COPY takes")
+        for src in sorted(copied):
+            report.expect(src in kept, ignore_path, f"COPY source {src}",
+                          "is not kept by a `!` rule: the build would not find it")
+        for extra in sorted(kept - copied):
+            report.expect(False, ignore_path, f"`!{extra}`", "sends a path no COPY takes")
 
     run_text = " ".join(i.rest for s in stages if s.name == "build" for i in s.instructions
                         if i.keyword == "RUN")
@@ -1189,6 +1208,9 @@ MUTATIONS = [
     ("deploy/k8s/training-pod.yaml", "path: /run/tensord\n", "path: /run/other\n", 1, "hostPath.path"),
     ("deploy/k8s/training-pod.yaml", "name: trainer", "name: learner", 1, "two workers and a trainer"),
     ("docs/deployment.md", "```yaml\n", "```yaml\n: - [\n", 1, "yaml block"),
+    (".dockerignore", "!server\n", "", 1, "COPY source server"),
+    (".dockerignore", "\n*\n", "\n", 1, "first rule"),
+    (".dockerignore", "!proto\n", "!proto\n!docs\n", 1, "!docs"),
 ]
 
 
@@ -1208,6 +1230,7 @@ def self_test(repo, deploy, docs, binaries, libs):
         copy_deploy = os.path.join(tmp, "deploy")
         for sub in ("docker", "k8s"):
             shutil.copytree(os.path.join(deploy, sub), os.path.join(copy_deploy, sub))
+        shutil.copy(os.path.join(repo, ".dockerignore"), os.path.join(tmp, ".dockerignore"))
         os.makedirs(os.path.join(tmp, "docs"))
         copy_docs = os.path.join(tmp, "docs", "deployment.md")
         shutil.copy(docs, copy_docs)

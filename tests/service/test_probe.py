@@ -57,4 +57,8 @@ def test_both_binaries_say_their_version():
         version = re.search(r"project\(tensord VERSION (\S+)", f.read()).group(1)
     for binary, name in ((TENSORD, "tensord"), (TENSORCTL, "tensorctl")):
         result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
-        assert result.returncode == 0 and result.stdout == f"{name} {version}\n", result
+        # The version, the commit built (git describe; "unknown" without .git) and the
+        # memory backends built (host always).
+        line = re.fullmatch(rf"{name} {re.escape(version)} \(commit ([0-9a-f]{{7,}}(-dirty)?|unknown); "
+                            r"memory backends: host(, cuda)?(, level_zero)?\)\n", result.stdout)
+        assert result.returncode == 0 and line, result
