@@ -7,7 +7,11 @@ TENSORD_CMAKE_ARGS adds arguments to the CMake configure step (say -DCMAKE_BUILD
 TENSORD_BUILD_DIR packages an existing CMake build tree instead (one configured with the
 Python module for this interpreter, as `cmake -S . -B build` is): it is brought up to date
 and its package taken as it is, with no build of its own. The test suite packages its build
-tree this way (tests/python/pip_install_test.sh).
+tree this way (tests/python/pip_install_test.sh). Without it, the checkout's own `build`
+tree is used the same way when it matches (configured with the Python module for an
+interpreter with this one's extension suffix, not instrumented), so `pip install .` after
+the README's build compiles only what changed; TENSORD_REUSE_BUILD=0 asks for a build of
+its own under build/pip instead. `pip install -v` shows CMake's progress.
 """
 
 import os
@@ -41,12 +45,43 @@ class BinaryDistribution(Distribution):
         return True
 
 
+def cmake_cache(build_dir):
+    """The NAME:TYPE=VALUE entries of build_dir's CMakeCache.txt as {NAME: VALUE}."""
+    entries = {}
+    with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+        for line in f:
+            name, sep, value = line.rstrip("\n").partition("=")
+            if sep and not line.startswith(("#", "//")):
+                entries[name.partition(":")[0]] = value
+    return entries
+
+
+def matching_build_tree():
+    """HERE/build, when it would give this interpreter's package (see the docstring); else None."""
+    build_dir = os.path.join(HERE, "build")
+    if os.environ.get("TENSORD_REUSE_BUILD", "1") == "0" or \
+            not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        return None
+    cache = cmake_cache(build_dir)
+    if cache.get("TENSORD_BUILD_PYTHON", "").upper() not in ("ON", "TRUE", "1", "YES") or \
+            cache.get("TENSORD_SANITIZER", ""):
+        return None
+    python = cache.get("TENSORD_PYTHON_EXECUTABLE", "")
+    try:
+        suffix = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
+                                capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return build_dir if suffix and suffix == sysconfig.get_config_var("EXT_SUFFIX") else None
+
+
 class CMakeBuildPy(build_py):
     """build_py that runs the CMake build of the module and copies its package."""
 
     def run(self):
-        prebuilt = os.environ.get("TENSORD_BUILD_DIR")
+        prebuilt = os.environ.get("TENSORD_BUILD_DIR") or matching_build_tree()
         if prebuilt:
+            print(f"setup.py: packaging the build tree {prebuilt}, brought up to date", flush=True)
             build_dir = os.path.abspath(prebuilt)
             if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
                 sys.exit(f"setup.py: TENSORD_BUILD_DIR={prebuilt} is not a configured CMake build tree")
