@@ -647,7 +647,10 @@ TEST(Config, ArenaSettingsComeFromFlagsEnvironmentAndFile) {
 TEST(Config, HelpAndVersionPrintAndCancel) {
   ::testing::internal::CaptureStdout();
   EXPECT_THAT(Load({"--version"}), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
-  EXPECT_THAT(::testing::internal::GetCapturedStdout(), ::testing::MatchesRegex("tensord [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+  // The version, the commit built and the memory backends (cmake/TensordBuildInfo.cmake).
+  EXPECT_THAT(::testing::internal::GetCapturedStdout(),
+              ::testing::MatchesRegex("tensord [0-9]+\\.[0-9]+\\.[0-9]+ \\(commit ([0-9a-f]+(-dirty)?|unknown); "
+                                      "memory backends: host(, cuda)?(, level_zero)?\\)\n"));
 
   ScopedEnv socket("TENSORD_SOCKET", "/srv/tensord-help-test.sock");
   ::testing::internal::CaptureStdout();
