@@ -178,6 +178,10 @@ Result<std::vector<TensorInfo>> Client::List(std::string_view prefix) {
   return Guard("list", [&] { return core_->List(prefix); });
 }
 
+Result<TensorPage> Client::ListPage(std::string_view prefix, const ListPageOptions& options) {
+  return Guard("list", [&] { return core_->ListPage(prefix, options); });
+}
+
 Result<TensorStat> Client::Stat(std::string_view name) {
   return Guard("stat", [&] { return core_->Stat(std::string(name)); });
 }

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iterator>
@@ -16,6 +17,7 @@
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
 #include "client/watcher.h"
+#include "common/protocol_limits.h"
 #include "common/socket_paths.h"
 #include "common/status.h"
 #include "grpc/grpc.h"
@@ -447,23 +449,51 @@ Status ClientCore::Delete(std::string_view name, uint64_t if_generation) {
   return FromGrpc(status);
 }
 
-Result<std::vector<TensorInfo>> ClientCore::List(std::string_view prefix) {
+Result<TensorPage> ClientCore::ListPage(std::string_view prefix, const ListPageOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
   tensord::v1::ListRequest request;
   request.set_prefix(std::string(prefix));
+  request.set_page_token(options.page_token);
+  // Never 0, which asks the broker for an unpaged answer.
+  request.set_page_size(static_cast<uint32_t>(
+      options.limit == 0 ? common::kMaxListPageEntries : std::min(options.limit, common::kMaxListPageEntries)));
   tensord::v1::ListResponse response;
   {
     TENSORD_CALL_OR_RETURN(call, session);
     grpc::Status status = call.stub()->List(call.context(), request, &response);
     if (!status.ok()) return FromGrpc(status);
   }
-  std::vector<TensorInfo> out;
-  out.reserve(static_cast<size_t>(response.tensors_size()));
+  TensorPage page;
+  page.tensors.reserve(static_cast<size_t>(response.tensors_size()));
   for (const tensord::v1::TensorInfo& t : response.tensors()) {
     absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(t, "list entry '" + t.name() + "'");
     if (!valid.ok()) return FromAbsl(valid.status());
-    out.push_back(std::move(valid->info));
+    page.tensors.push_back(std::move(valid->info));
   }
+  page.next_page_token = std::move(*response.mutable_next_page_token());
+  // A page that would not move the listing on would make List go round forever.
+  if (!page.next_page_token.empty() &&
+      (page.tensors.empty() || page.next_page_token <= options.page_token)) {
+    return Status(StatusCode::kDataLoss, "list '" + std::string(prefix) + "': the broker's page after '" +
+                                             options.page_token + "' does not move the listing on");
+  }
+  return page;
+}
+
+Result<std::vector<TensorInfo>> ClientCore::List(std::string_view prefix) {
+  std::vector<TensorInfo> out;
+  ListPageOptions options;
+  do {
+    Result<TensorPage> page = ListPage(prefix, options);
+    if (!page.ok()) return page.status();
+    if (out.empty()) {
+      out = std::move(page->tensors);
+    } else {
+      out.insert(out.end(), std::make_move_iterator(page->tensors.begin()),
+                 std::make_move_iterator(page->tensors.end()));
+    }
+    options.page_token = std::move(page->next_page_token);
+  } while (!options.page_token.empty());
   return out;
 }
 

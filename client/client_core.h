@@ -63,6 +63,7 @@ class ClientCore {
   Result<TensorRef> Redeem(std::string_view token, const AcquireOptions& options);
   Status Delete(std::string_view name, uint64_t if_generation);
   Result<std::vector<TensorInfo>> List(std::string_view prefix);
+  Result<TensorPage> ListPage(std::string_view prefix, const ListPageOptions& options);
   Result<TensorStat> Stat(const Session::Target& target);
   Result<BrokerStatus> GetStatus(const StatusOptions& options = {});
   Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial);

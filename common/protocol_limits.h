@@ -27,6 +27,14 @@ inline constexpr int kMaxBatchRequests = 4096;
 // Serialized bytes either side packs into one batch before it starts the next: far below
 // the 4 MiB gRPC lets a client receive by default, so a batch never fails for its size.
 inline constexpr size_t kMaxBatchBytes = size_t{1} << 20;
+// A paged List answer (ListRequest.page_size set): at most this many entries and this many
+// serialized bytes of them, whatever page_size asks (one entry even when it is larger).
+inline constexpr size_t kMaxListPageEntries = 4096;
+inline constexpr size_t kMaxListPageBytes = kMaxBatchBytes;
+// An unpaged List answer (page_size 0, a client older than paging) in bytes: what gRPC lets a
+// client receive by default (4 MiB), less room for the call's own framing. A listing larger
+// than this is refused with RESOURCE_EXHAUSTED instead of failing in the client.
+inline constexpr size_t kMaxUnpagedListBytes = (size_t{4} << 20) - 4096;
 // Lease ids in one ReleaseRequest: all are released or none, under one broker lock hold.
 inline constexpr size_t kMaxReleaseBatch = 65536;
 // The longest wait (AcquireRequest / TakeRequest timeout_ms) or TTL (PublishRequest.ttl_ms)

@@ -198,9 +198,15 @@ class Broker {
   // size, quotas); one that fails is refused with a logged reason and the rest go on.
   RestoreReport Restore(const tensord::v1::RegistrySnapshot& snapshot, std::vector<common::UniqueFd> fds);
 
-  // Registers a watcher; returns its id for RemoveWatcher.
+  // Registers a watcher; returns its id for RemoveWatcher. With request.initial its current
+  // bindings are left for SendInitialBindings to send.
   absl::StatusOr<uint64_t> AddWatcher(uint64_t session_id, const tensord::v1::WatchRequest& request,
                                       std::shared_ptr<WatchSink> sink);
+  // Pushes the next page of watcher `watcher_id`'s initial bindings (BOUND events in name
+  // order, at most 256 of them or 256 KiB) to its sink, under the lock so that no change
+  // slips in between; changes to names past the page wait for their own page. Returns
+  // whether any are left; false for a watcher that is gone or has none left.
+  bool SendInitialBindings(uint64_t watcher_id);
   void RemoveWatcher(uint64_t watcher_id);
 
   // Cancels every wait and refuses new ones; used by SIGTERM.

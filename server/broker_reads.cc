@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,9 @@ namespace v1 = tensord::v1;
 namespace {
 
 constexpr size_t kMaxWatchers = 4096;
+// One page of a watcher's initial bindings (SendInitialBindings).
+constexpr size_t kInitialBindingsPageEvents = 256;
+constexpr size_t kInitialBindingsPageBytes = 256 * 1024;
 
 template <typename Request>
 bool WantsWait(const Request& request) {
@@ -299,16 +303,59 @@ absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1:
 }
 
 absl::StatusOr<v1::ListResponse> Broker::List(uint64_t session_id, const v1::ListRequest& request) {
-  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(request.prefix()));
+  const std::string& prefix = request.prefix();
+  const std::string& token = request.page_token();
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(prefix));
+  if (!token.empty() && (!common::ValidateName(token).ok() || !common::NameHasPrefix(token, prefix))) {
+    return absl::InvalidArgumentError(absl::StrCat("list ", common::QuoteForError(prefix),
+                                                   ": page_token is not a name under the prefix; pass the "
+                                                   "next_page_token of the last answer for the same prefix"));
+  }
+  const bool paged = request.page_size() > 0;
+  const size_t max_entries = paged ? std::min<size_t>(request.page_size(), common::kMaxListPageEntries)
+                                   : std::numeric_limits<size_t>::max();
+  const size_t max_bytes = paged ? common::kMaxListPageBytes : common::kMaxUnpagedListBytes;
   v1::ListResponse response;
+  size_t bytes = 0;
   absl::MutexLock lock(&mu_);
   TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
   const auto& names = registry_.names();
-  for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
-    if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
-    if (!common::NameHasPrefix(it->first, request.prefix())) continue;
+  // Names are unique and ordered, so resuming after the token never repeats one.
+  auto it = token.empty() ? names.lower_bound(prefix) : names.upper_bound(token);
+  size_t unsent = 0;  // an unpaged answer that does not fit: the names it would have held
+  for (; it != names.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (!common::NameHasPrefix(it->first, prefix)) continue;
     if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
-    if (Tensor* tensor = registry_.Find(it->second)) *response.add_tensors() = registry_.Describe(*tensor);
+    Tensor* tensor = registry_.Find(it->second);
+    if (tensor == nullptr) continue;
+    if (unsent > 0) {
+      ++unsent;
+      continue;
+    }
+    if (static_cast<size_t>(response.tensors_size()) >= max_entries) {
+      response.set_next_page_token(response.tensors(response.tensors_size() - 1).name());
+      break;
+    }
+    v1::TensorInfo info = registry_.Describe(*tensor);
+    // The entry as the repeated field carries it: a tag byte, its length, the message.
+    const size_t entry = info.ByteSizeLong() + 1 + 5;
+    if (bytes + entry > max_bytes && response.tensors_size() > 0) {
+      if (!paged) {
+        unsent = static_cast<size_t>(response.tensors_size()) + 1;
+        continue;
+      }
+      response.set_next_page_token(response.tensors(response.tensors_size() - 1).name());
+      break;
+    }
+    bytes += entry;
+    *response.add_tensors() = std::move(info);
+  }
+  if (unsent > 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("list ", common::QuoteForError(prefix), ": its ", unsent, " names take more than the ",
+                     common::kMaxUnpagedListBytes, " bytes one answer may carry; list them in pages ",
+                     "(ListRequest.page_size, which this client does not send: upgrade it)"));
   }
   return response;
 }
@@ -469,7 +516,6 @@ void Broker::DescribeNamespacesLocked(uint64_t session_id, v1::StatusResponse& r
 absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::WatchRequest& request,
                                             std::shared_ptr<WatchSink> sink) {
   TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(request.prefix()));
-  std::vector<v1::WatchEvent> initial;
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -488,25 +534,42 @@ absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::Watch
       uid_quota_.Release(uid, UidResource::kWatchers, 1);
       return charged;
     }
-    id = watchers_.Add(Watcher{session_id, request.prefix(), session->creds, sink, metadata});
-    if (request.initial()) {
-      // Pushed under the lock so no change can slip in between the snapshot and the stream.
-      const auto& names = registry_.names();
-      for (auto it = names.lower_bound(request.prefix()); it != names.end(); ++it) {
-        if (it->first.compare(0, request.prefix().size(), request.prefix()) != 0) break;
-        if (!common::NameHasPrefix(it->first, request.prefix())) continue;
-        if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
-        Tensor* tensor = registry_.Find(it->second);
-        v1::WatchEvent event;
-        event.set_kind(v1::WatchEvent::KIND_BOUND);
-        event.set_name(it->first);
-        event.set_generation(tensor->generation);
-        *event.mutable_tensor() = registry_.Describe(*tensor);
-        sink->Push(event);
-      }
-    }
+    Watcher watcher{session_id, request.prefix(), session->creds, sink, metadata};
+    watcher.initial_pending = request.initial();
+    id = watchers_.Add(std::move(watcher));
   }
   return id;
+}
+
+bool Broker::SendInitialBindings(uint64_t watcher_id) {
+  absl::MutexLock lock(&mu_);
+  Watcher* watcher = watchers_.Find(watcher_id);
+  if (watcher == nullptr || !watcher->initial_pending) return false;
+  const std::string& prefix = watcher->prefix;
+  const auto& names = registry_.names();
+  auto it = watcher->initial_sent_through.empty() ? names.lower_bound(prefix)
+                                                  : names.upper_bound(watcher->initial_sent_through);
+  size_t events = 0;
+  size_t bytes = 0;
+  for (; it != names.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (events >= kInitialBindingsPageEvents || bytes >= kInitialBindingsPageBytes) return true;
+    if (!common::NameHasPrefix(it->first, prefix)) continue;
+    if (!access_.MayRead(watcher->creds, common::NamespaceOf(it->first))) continue;
+    Tensor* tensor = registry_.Find(it->second);
+    if (tensor == nullptr) continue;
+    v1::WatchEvent event;
+    event.set_kind(v1::WatchEvent::KIND_BOUND);
+    event.set_name(it->first);
+    event.set_generation(tensor->generation);
+    *event.mutable_tensor() = registry_.Describe(*tensor);
+    ++events;
+    bytes += event.ByteSizeLong();
+    watcher->sink->Push(event);
+    watcher->initial_sent_through = it->first;
+  }
+  watcher->initial_pending = false;
+  return false;
 }
 
 void Broker::ReleaseWatcherLocked(const Watcher& watcher) {

@@ -16,6 +16,10 @@ namespace v1 = tensord::v1;
 namespace {
 
 constexpr size_t kMaxQueuedWatchEvents = 4096;
+// The broker reads the next page of a watcher's initial bindings (a few hundred events at
+// most: Broker::SendInitialBindings) once fewer than this many events wait here, so they
+// never crowd out the changes that come meanwhile.
+constexpr size_t kInitialRefillBelow = 1024;
 
 class WatchStream;
 
@@ -26,6 +30,12 @@ class WatchOutbox final : public WatchSink {
   void Close() override;
   void OnWriteDone(bool ok);
   void Cancel();
+  // The watcher asked for its initial bindings (WatchRequest.initial): the broker sends them
+  // a page at a time, each asked for when this queue runs low.
+  void ExpectInitial();
+  // The broker sent a page of initial bindings; `more`: some are left. Returns whether the
+  // caller should have the next page sent now (the queue is still low).
+  bool InitialPageSent(bool more);
   void Detach() {
     absl::MutexLock lock(&mu_);
     stream_ = nullptr;
@@ -37,11 +47,14 @@ class WatchOutbox final : public WatchSink {
   struct Effects {
     WatchStream* stream = nullptr;  // null: nothing to do
     const grpc::ByteBuffer* write = nullptr;  // in_flight_bytes_, while writing_ is set
+    bool send_initial = false;  // have the broker send the next page of initial bindings
     bool finish = false;
     grpc::Status status;  // with `finish`
   };
   // Decides the next write or the finish; the caller delivers them after unlocking.
   [[nodiscard]] Effects Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the next page of initial bindings should be asked for now; marks it asked for.
+  bool TakeInitialTurnLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs what Pump() decided, without mu_. The stream cannot finish while a write is in
   // flight (writing_ set) or before the finish it is told, so it outlives these calls.
   static void Deliver(const Effects& effects);
@@ -53,6 +66,9 @@ class WatchOutbox final : public WatchSink {
   grpc::ByteBuffer in_flight_bytes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reset_owed_ ABSL_GUARDED_BY(mu_) = false;
+  bool initial_pending_ ABSL_GUARDED_BY(mu_) = false;  // initial bindings left to send
+  // A page of initial bindings is being sent: the call does not finish under it.
+  bool initial_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
@@ -77,6 +93,12 @@ class WatchStream final : public SingleRequestCall {
     // Registered: a client waiting for this before it returns from Watch() sees every
     // change made after that.
     StartSendInitialMetadata();
+    if (request.initial()) outbox_->ExpectInitial();
+  }
+  // Has the broker send pages of initial bindings while the outbox wants them.
+  void SendInitialPages() {
+    while (outbox_->InitialPageSent(broker_->SendInitialBindings(watcher_id_))) {
+    }
   }
   void OnWriteDone(bool ok) override { outbox_->OnWriteDone(ok); }
   void OnCancel() override {
@@ -122,6 +144,40 @@ void WatchOutbox::Close() {
   Deliver(effects);
 }
 
+void WatchOutbox::ExpectInitial() {
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    initial_pending_ = true;
+    effects.send_initial = TakeInitialTurnLocked();
+    if (effects.send_initial) effects.stream = stream_;
+  }
+  Deliver(effects);
+}
+
+bool WatchOutbox::InitialPageSent(bool more) {
+  Effects effects;
+  bool again = false;
+  {
+    absl::MutexLock lock(&mu_);
+    initial_in_flight_ = false;
+    initial_pending_ = more;
+    again = TakeInitialTurnLocked();
+    effects = Pump();
+  }
+  Deliver(effects);
+  return again;
+}
+
+bool WatchOutbox::TakeInitialTurnLocked() {
+  if (!initial_pending_ || initial_in_flight_ || closing_ || finished_ || stream_ == nullptr ||
+      queue_.size() >= kInitialRefillBelow) {
+    return false;
+  }
+  initial_in_flight_ = true;
+  return true;
+}
+
 void WatchOutbox::Cancel() {
   Effects effects;
   {
@@ -150,6 +206,8 @@ void WatchOutbox::OnWriteDone(bool ok) {
       queue_.push_back(std::move(reset));
     }
     effects = Pump();
+    effects.send_initial = TakeInitialTurnLocked();
+    if (effects.send_initial) effects.stream = stream_;
   }
   Deliver(effects);
 }
@@ -169,7 +227,7 @@ WatchOutbox::Effects WatchOutbox::Pump() {
     effects.write = &in_flight_bytes_;
     return effects;
   }
-  if (closing_) {
+  if (closing_ && !initial_in_flight_) {
     finished_ = true;
     effects.stream = stream_;
     effects.finish = true;
@@ -182,6 +240,8 @@ void WatchOutbox::Deliver(const Effects& effects) {
   if (effects.stream == nullptr) return;
   if (effects.write != nullptr) effects.stream->StartWrite(effects.write);
   if (effects.finish) effects.stream->Finish(effects.status);
+  // The call cannot finish while the page is asked for (initial_in_flight_).
+  if (effects.send_initial) effects.stream->SendInitialPages();
 }
 
 }  // namespace

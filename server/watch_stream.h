@@ -1,6 +1,8 @@
 // The Watch stream (tensord.v1.Broker/Watch): binding changes under a prefix, as events.
 // A watcher that stops reading gets a single KIND_RESET once it catches up instead of an
-// unbounded backlog (at most 4096 events are queued).
+// unbounded backlog (at most 4096 events are queued). Initial bindings (WatchRequest.initial)
+// do not count against that: the broker reads them a page at a time, each page once the
+// queue runs low, so any number of them arrives whole.
 #pragma once
 
 #include <cstdint>

@@ -20,6 +20,11 @@ std::optional<Watcher> WatcherSet::Remove(uint64_t watcher_id) {
   return watcher;
 }
 
+Watcher* WatcherSet::Find(uint64_t watcher_id) {
+  auto it = watchers_.find(watcher_id);
+  return it == watchers_.end() ? nullptr : &it->second;
+}
+
 std::vector<Watcher> WatcherSet::RemoveSession(uint64_t session_id) {
   std::vector<Watcher> removed;
   for (auto it = watchers_.begin(); it != watchers_.end();) {
@@ -47,6 +52,7 @@ std::vector<std::shared_ptr<WatchSink>> WatcherSet::SinksFor(const tensord::v1::
   for (const auto& [id, watcher] : watchers_) {
     if (!common::NameHasPrefix(event.name(), watcher.prefix)) continue;
     if (!access.MayRead(watcher.creds, common::NamespaceOf(event.name()))) continue;
+    if (watcher.initial_pending && event.name() > watcher.initial_sent_through) continue;
     sinks.push_back(watcher.sink);
   }
   return sinks;

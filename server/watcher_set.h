@@ -38,6 +38,12 @@ struct Watcher {
   common::PeerCredentials creds;
   std::shared_ptr<WatchSink> sink;
   uint64_t metadata_bytes = 0;  // charged to creds.uid
+  // The current bindings under `prefix` are being sent (WatchRequest.initial), a page at a
+  // time in name order; `initial_sent_through` is the last name sent ("": none yet). An
+  // event about a later name is not sent meanwhile: that name's initial event, read when
+  // its page is, shows it.
+  bool initial_pending = false;
+  std::string initial_sent_through = {};
 };
 
 class WatcherSet {
@@ -46,12 +52,15 @@ class WatcherSet {
   uint64_t Add(Watcher watcher);
   // The removed watcher, or nullopt when there is none with that id.
   std::optional<Watcher> Remove(uint64_t watcher_id);
+  // Null when there is none with that id.
+  Watcher* Find(uint64_t watcher_id);
   // Removes and returns the watchers `session_id` opened (its session closed).
   std::vector<Watcher> RemoveSession(uint64_t session_id);
   // Removes and returns every watcher (the broker is stopping).
   std::vector<Watcher> RemoveAll();
 
-  // The sinks `event` goes to, in the order the watchers were added.
+  // The sinks `event` goes to, in the order the watchers were added (a watcher whose initial
+  // bindings have not reached the event's name yet is left out).
   std::vector<std::shared_ptr<WatchSink>> SinksFor(const tensord::v1::WatchEvent& event,
                                                    const AccessPolicy& access) const;
 

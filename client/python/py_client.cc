@@ -403,6 +403,18 @@ class PyClient {
     return out;
   }
 
+  // (descriptions, next_page_token): one page of List.
+  py::tuple ListPage(const std::string& prefix, const std::string& page_token, size_t limit) {
+    std::shared_ptr<Client> client = Core();
+    ListPageOptions options;
+    options.page_token = page_token;
+    options.limit = limit;
+    TensorPage page = Unwrap(WithoutGil([&] { return client->ListPage(prefix, options); }));
+    py::list out;
+    for (const TensorInfo& info : page.tensors) out.append(InfoToDict(info));
+    return py::make_tuple(std::move(out), page.next_page_token);
+  }
+
   py::dict Stat(const std::string& name) {
     std::shared_ptr<Client> client = Core();
     return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(name); })));
@@ -510,6 +522,8 @@ void BindClient(py::module_& m) {
       .def("redeem", &PyClient::Redeem, py::arg("token"), py::arg("readonly") = false, py::arg("pinned") = false)
       .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
       .def("list", &PyClient::List, py::arg("prefix") = "")
+      .def("list_page", &PyClient::ListPage, py::arg("prefix") = "", py::arg("page_token") = "",
+           py::arg("limit") = 0)
       .def("stat", &PyClient::Stat, py::arg("name"))
       .def("stat_by_id", &PyClient::StatById, py::arg("tensor_id"))
       .def("status", &PyClient::BrokerStatusDict, py::arg("sessions") = false)

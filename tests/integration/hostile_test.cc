@@ -1337,6 +1337,68 @@ TEST_F(HostileTest, LeasesAndWaitsPerSessionAreCappedOverGrpc) {
   context.TryCancel();
 }
 
+// What a client older than paged List sends (no page_size) gets every name when they fit in
+// one 4 MiB answer, else a clear RESOURCE_EXHAUSTED instead of a message its gRPC refuses;
+// a paged request is bounded whatever it asks, and page tokens from nowhere are refused.
+TEST_F(HostileTest, ListAnswersOldClientsWholeOrRefusedAndBoundsEveryPage) {
+  ChildProcess peer({TENSORD_TEST_PEER, "publish-many", daemon_->socket(), "old", "25000"});
+  ASSERT_EQ(peer.WaitForLine("published", 60s), "published 25000");
+  peer.Wait();
+  auto list = [this](const v1::ListRequest& request, v1::ListResponse* response) {
+    grpc::ClientContext context;
+    Authorize(context, token());
+    return stub_->List(&context, request, response);
+  };
+
+  v1::ListRequest unpaged;
+  unpaged.set_prefix("old/");
+  v1::ListResponse response;
+  grpc::Status status = list(unpaged, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_NE(status.error_message().find("'old/'"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("25000 names"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("page_size"), std::string::npos) << status.error_message();
+  // A listing that fits is answered whole, as before paging.
+  unpaged.set_prefix("old/" + std::string(190, 'n') + "-000042");
+  response.Clear();
+  status = list(unpaged, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.tensors_size(), 1);
+  EXPECT_EQ(response.tensors(0).name(), unpaged.prefix());
+  EXPECT_TRUE(response.next_page_token().empty());
+
+  // Any page_size: at most 4096 entries and 1 MiB of them, the token its last name.
+  v1::ListRequest paged;
+  paged.set_prefix("old/");
+  paged.set_page_size(std::numeric_limits<uint32_t>::max());
+  response.Clear();
+  status = list(paged, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_GT(response.tensors_size(), 0);
+  EXPECT_LE(response.tensors_size(), 4096);
+  EXPECT_LE(response.ByteSizeLong(), (size_t{1} << 20) + 1024);
+  EXPECT_EQ(response.next_page_token(), response.tensors(response.tensors_size() - 1).name());
+  paged.set_page_size(1);
+  paged.set_page_token(response.next_page_token());
+  const std::string resumed_after = response.next_page_token();
+  response.Clear();
+  status = list(paged, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.tensors_size(), 1);
+  EXPECT_GT(response.tensors(0).name(), resumed_after);
+
+  // Tokens no answer gave: refused, naming the prefix, never echoing a long token.
+  for (const std::string& bad : {std::string("other/x"), std::string("old/../x"), std::string("old/a\0b", 7),
+                                 "old/" + std::string(100000, 'a'), std::string("old")}) {
+    paged.set_page_token(bad);
+    response.Clear();
+    status = list(paged, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.substr(0, 20);
+    EXPECT_NE(status.error_message().find("page_token"), std::string::npos) << status.error_message();
+    EXPECT_LT(status.error_message().size(), size_t{512});
+  }
+}
+
 TEST(HostileDaemon, RaisesItsOwnOpenFileLimit) {
   rlimit ours{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &ours), 0);

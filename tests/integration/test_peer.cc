@@ -4,6 +4,9 @@
 //
 //   produce SOCKET NAME COUNT VALUE      publish float32[COUNT] filled with VALUE, exit
 //   hold SOCKET NAME                      acquire NAME, print "held <sum>", sleep
+//   publish-many SOCKET NS COUNT          publish COUNT zero-byte tensors named
+//                                         "NS/<190 letters>-<6 digits>" (about 200 bytes,
+//                                         in index order), print "published <COUNT>", exit
 //   allocate SOCKET NS COUNT              allocate without publishing, print "allocated <id>", sleep
 //   recycle SOCKET NS COUNT               allocate float32[COUNT], release it unpublished (its
 //                                         buffer waits in this session's pool), print
@@ -23,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -85,6 +89,31 @@ int main(int argc, char** argv) {
     auto published = PublishFilled(*client, argv[3], std::atoll(argv[4]), std::strtof(argv[5], nullptr));
     if (!published.ok()) return Fail("publish", published.status());
     Say("published " + std::to_string(published->tensor_id));
+    return 0;
+  }
+  if (command == "publish-many" && argc == 5) {
+    const std::string ns = argv[3];
+    const size_t count = std::strtoull(argv[4], nullptr, 10);
+    tensord::TensorSpec spec;
+    spec.dtype = tensord::dtypes::kUInt8;
+    spec.shape = {0};
+    for (size_t first = 0; first < count; first += 4096) {
+      const size_t n = std::min<size_t>(4096, count - first);
+      auto refs = client->AllocateMany(ns, std::vector<tensord::TensorSpec>(n, spec));
+      if (!refs.ok()) return Fail("allocate", refs.status());
+      std::vector<std::string> names(n);
+      std::vector<tensord::PublishItem> items;
+      for (size_t i = 0; i < n; ++i) {
+        char digits[16];
+        std::snprintf(digits, sizeof(digits), "-%06zu", first + i);
+        names[i] = ns + "/" + std::string(190, 'n') + digits;
+        items.push_back(tensord::PublishItem{&(*refs)[i], names[i], {}});
+      }
+      auto published = client->PublishMany(items);
+      if (!published.ok()) return Fail("publish", published.status());
+    }
+    if (tensord::Status flushed = client->Flush(); !flushed.ok()) return Fail("flush", flushed);
+    Say("published " + std::to_string(count));
     return 0;
   }
   if (command == "hold" && argc == 4) {

@@ -194,6 +194,23 @@ struct SessionUsage {
   uint64_t waiting = 0;           // its acquires and takes waiting for a name now
 };
 
+// Client::ListPage: where a page starts and how long it may be.
+struct ListPageOptions {
+  // The last page's next_page_token, with the same prefix; empty: the first page.
+  std::string page_token;
+  // The most entries in the page; 0: as many as one answer holds (the broker answers at
+  // most 4096 entries and 1 MiB of them, whatever is asked).
+  size_t limit = 0;
+};
+
+// One page of a listing.
+struct TensorPage {
+  std::vector<TensorInfo> tensors;  // in name order
+  // Empty: nothing is left. Else the ListPageOptions::page_token of the next page (the last
+  // name of this one: the next page starts after it).
+  std::string next_page_token;
+};
+
 struct StatusOptions {
   // List sessions too: every session for root and the daemon's own uid, else only those of
   // the caller's uid.
@@ -539,10 +556,23 @@ class TENSORD_EXPORT Client {
   Result<TensorRef> Redeem(std::string_view token, const AcquireOptions& options = {});
 
   Status Delete(std::string_view name, uint64_t if_generation = 0);
+  // Every name under `prefix` (empty: all; "ns/" a namespace), in name order, however many:
+  // read a page at a time (ListPage), so the answer never outgrows a gRPC message. Each page
+  // is read as the names are at that moment: a name appears at most once, and one bound or
+  // unbound while the pages are read is listed if it was bound when its page was read, so
+  // the result is not a snapshot of one instant.
   Result<std::vector<TensorInfo>> List(std::string_view prefix = "");
+  // One page of that listing, for callers that go through it as it comes: ask again with
+  // the answer's next_page_token (and the same prefix) until it is empty. INVALID_ARGUMENT
+  // for a page token that is not a name under `prefix`. A broker older than paging answers
+  // the whole listing in one page.
+  Result<TensorPage> ListPage(std::string_view prefix, const ListPageOptions& options = {});
   Result<TensorStat> Stat(std::string_view name);
   Result<TensorStat> Stat(TensorId id);
   Result<BrokerStatus> GetStatus(const StatusOptions& options = {});
+  // Binding changes under `prefix`. With `initial`, first a kBound event for every current
+  // binding, in name order, however many; a change meanwhile to a name those events have
+  // not reached yet shows only in that name's own event (one unbound meanwhile: none).
   Result<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial = false);
 
   // Sends queued releases now and waits until the broker has them. Fails when a

@@ -400,8 +400,31 @@ class Client:
         self._core.delete(name, if_generation)
 
     def list(self, prefix=""):
-        """Descriptions (dicts) of the tensors bound under prefix."""
+        """Descriptions (dicts) of the tensors bound under prefix, in name order, however
+        many: read from the broker a page at a time. Each page is read as the names are
+        then, so a name appears at most once, and one bound or unbound meanwhile is listed
+        if it was bound when its page was read."""
         return self._core.list(prefix)
+
+    def list_page(self, prefix="", page_token="", limit=0):
+        """One page of list(prefix): (descriptions, next_page_token). Pass next_page_token
+        back, with the same prefix, for the next page; "" means nothing is left. limit bounds
+        the page's length (0: as many as one answer holds, at most 4096)."""
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"list_page: limit is an int, not {limit!r}")
+        if limit < 0:
+            raise _tensord.InvalidArgument(f"list of '{prefix}': a page of {limit} entries; give 0 or more")
+        return self._core.list_page(prefix, page_token, min(limit, 1 << 32))
+
+    def iter_list(self, prefix=""):
+        """The descriptions list(prefix) returns, one at a time, a page read when the last is
+        used up: for going through a large listing without holding all of it."""
+        token = ""
+        while True:
+            page, token = self.list_page(prefix, token)
+            yield from page
+            if not token:
+                return
 
     def stat(self, name):
         """A tensor's description plus 'holders': one dict per session holding leases

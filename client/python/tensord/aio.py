@@ -103,6 +103,10 @@ class AsyncClient:
         """As Client.list."""
         return await asyncio.to_thread(self.client.list, prefix)
 
+    async def list_page(self, prefix="", page_token="", limit=0):
+        """As Client.list_page."""
+        return await asyncio.to_thread(self.client.list_page, prefix, page_token, limit)
+
     async def stat(self, name):
         """As Client.stat."""
         return await asyncio.to_thread(self.client.stat, name)

@@ -75,6 +75,24 @@ TEST_F(WatcherSetTest, AnEventGoesOnlyToWatchersThatMayReadItsNamespace) {
   EXPECT_THAT(SinksFor("loose"), ElementsAre(daemon));
 }
 
+TEST_F(WatcherSetTest, AWatcherSendingItsInitialBindingsHearsOnlyOfNamesItHasSent) {
+  auto sink = std::make_shared<NullSink>();
+  Watcher watcher{1, "open/", common::PeerCredentials{kReader, 100, 1}, sink, 0};
+  watcher.initial_pending = true;
+  const uint64_t id = set_.Add(std::move(watcher));
+  auto settled = Add(2, "open/", kReader);
+  // Nothing sent yet: every name's initial event is still to come.
+  EXPECT_THAT(SinksFor("open/a"), ElementsAre(settled));
+  set_.Find(id)->initial_sent_through = "open/m";
+  EXPECT_THAT(SinksFor("open/a"), ElementsAre(sink, settled));
+  EXPECT_THAT(SinksFor("open/m"), ElementsAre(sink, settled));
+  EXPECT_THAT(SinksFor("open/m/x"), ElementsAre(settled));
+  EXPECT_THAT(SinksFor("open/z"), ElementsAre(settled));
+  set_.Find(id)->initial_pending = false;  // all sent
+  EXPECT_THAT(SinksFor("open/z"), ElementsAre(sink, settled));
+  EXPECT_EQ(set_.Find(id + 100), nullptr);
+}
+
 TEST_F(WatcherSetTest, RemovingBySessionIdAndAll) {
   auto a = Add(1, "open/", kReader);
   auto b = Add(2, "open/", kReader);
