@@ -34,8 +34,12 @@ bool AccessPolicy::MayRead(const common::PeerCredentials& creds, std::string_vie
 }
 
 bool AccessPolicy::MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const {
-  if (!tensor.ns.empty()) return MayRead(creds, tensor.ns);
-  return creds.uid == tensor.producer_uid || MayRead(creds, "");
+  return MayReadIn(creds, tensor.ns, tensor.producer_uid);
+}
+
+bool AccessPolicy::MayReadIn(const common::PeerCredentials& creds, std::string_view ns, uid_t producer_uid) const {
+  if (!ns.empty()) return MayRead(creds, ns);
+  return creds.uid == producer_uid || MayRead(creds, "");
 }
 
 uint64_t AccessPolicy::UidHostBytes(std::string_view ns, uint64_t size) const {

@@ -36,6 +36,8 @@ class AccessPolicy {
   // Whether `tensor` may be read with `creds`: by its namespace's ACL, or, with no namespace
   // yet, by its producer's uid only.
   bool MayReadTensor(const common::PeerCredentials& creds, const Tensor& tensor) const;
+  // The same rule for a tensor in `ns` made by `producer_uid`.
+  bool MayReadIn(const common::PeerCredentials& creds, std::string_view ns, uid_t producer_uid) const;
   // Host bytes of a dedicated buffer of `size` in `ns` that count against the producer's
   // per-uid quota: all of them outside every namespace an ACL names, none inside one.
   uint64_t UidHostBytes(std::string_view ns, uint64_t size) const;

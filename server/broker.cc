@@ -342,8 +342,7 @@ v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool b
   session.leases.insert(lease_id);
   ++session.leases_granted;
   uid_quota_.Add(session.creds.uid, UidResource::kMetadataBytes, kLeaseEntryBytes);
-  ++tensor.holders[session.id];
-  if (by_name) tensor.name_holders.insert(session.id);
+  registry_.AddHolder(tensor, session.id, by_name);
   ++tensor.leases;
   v1::AcquireResponse response;
   response.set_lease_id(lease_id);
@@ -358,12 +357,7 @@ void Broker::DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effe
   Tensor* tensor = registry_.Find(lease.tensor_id);
   TENSORD_CHECK(tensor != nullptr && tensor->leases > 0);
   --tensor->leases;
-  auto holder = tensor->holders.find(lease.session_id);
-  TENSORD_CHECK(holder != tensor->holders.end());
-  if (--holder->second == 0) {
-    tensor->holders.erase(holder);
-    tensor->name_holders.erase(lease.session_id);
-  }
+  registry_.RemoveHolder(*tensor, lease.session_id);
   MaybeRemoveLocked(*tensor, effects);
 }
 
@@ -939,11 +933,10 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
       tensor->desc = request.desc();
       tensor->desc.clear_strides();
       *tensor->desc.mutable_device() = tensor->device->device.device;
-      tensor->layout = *std::move(new_layout);
     }
+    registry_.SetNamespaceAndLayout(*tensor, std::string(ns), new_layout ? *std::move(new_layout) : tensor->layout);
     tensor->state = v1::TENSOR_STATE_SEALED;
     ++session->publishes;
-    tensor->ns = std::string(ns);
     if (merged_tags) tensor->tags = *std::move(merged_tags);
     if (!request.ready_fence().empty()) {
       tensor->ready_fence = request.ready_fence();
@@ -1017,6 +1010,16 @@ void Broker::ExpireTtl(uint64_t tensor_id, uint64_t generation) {
     UnbindLocked(*tensor, effects);
   }
   Deliver(effects);
+}
+
+bool Broker::UsageMatchesRecountForTest() {
+  absl::MutexLock lock(&mu_);
+  return registry_.usage() == registry_.RecountUsageForTest();
+}
+
+size_t Broker::UsageRowsForTest() {
+  absl::MutexLock lock(&mu_);
+  return registry_.usage().namespaces().size();
 }
 
 }  // namespace tensord::server

@@ -171,7 +171,14 @@ class Broker {
   // Counts, memory and backends; with request.include_sessions the sessions `session_id`'s
   // uid may see (every one for root and the daemon's uid, else its own uid's; session 0:
   // the daemon itself, which sees all), with include_namespaces what each namespace holds.
+  // Its cost grows with the namespaces and sessions, never with the tensors: the per-namespace
+  // and per-session figures are running counts (TensorRegistry::usage).
   tensord::v1::StatusResponse GetStatus(const tensord::v1::StatusRequest& request = {}, uint64_t session_id = 0);
+  // Whether those running figures equal a recount of every tensor and lease.
+  bool UsageMatchesRecountForTest();
+  // The namespace rows GetStatus walks (one per namespace, device and, without a namespace,
+  // producer uid).
+  size_t UsageRowsForTest();
 
   // Hand-over to a new daemon (tensord --take-over; broker_snapshot.cc).
   struct Snapshot {

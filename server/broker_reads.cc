@@ -449,16 +449,7 @@ void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& res
     const uid_t uid = caller->creds.uid;
     if (uid != 0 && uid != options_.daemon_uid) only_uid = uid;
   }
-  struct Produced {
-    uint64_t tensors = 0, bytes = 0;
-  };
-  absl::flat_hash_map<uint64_t, Produced> produced;
-  for (const auto& [id, tensor] : registry_.tensors()) {
-    if (tensor.producer_session == 0) continue;
-    Produced& p = produced[tensor.producer_session];
-    ++p.tensors;
-    p.bytes += tensor.layout.nbytes;
-  }
+  // Running figures (UsageCounters): the cost is the sessions', whatever the tensor count.
   for (const auto& [id, session] : sessions_.sessions()) {
     if (only_uid && session.creds.uid != *only_uid) continue;
     v1::SessionUsage& usage = *response.add_session_usage();
@@ -470,18 +461,10 @@ void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& res
     usage.set_opened_unix_ms(session.opened_unix_ms);
     usage.set_leases(session.leases.size());
     // A tensor leased twice holds its bytes once.
-    absl::flat_hash_set<uint64_t> leased;
-    uint64_t bytes = 0;
-    for (uint64_t lease_id : session.leases) {
-      const Lease* lease = leases_.Find(lease_id, id);
-      if (lease == nullptr || !leased.insert(lease->tensor_id).second) continue;
-      if (const Tensor* tensor = registry_.Find(lease->tensor_id)) bytes += tensor->layout.nbytes;
-    }
-    usage.set_bytes_leased(bytes);
-    if (auto it = produced.find(id); it != produced.end()) {
-      usage.set_tensors_produced(it->second.tensors);
-      usage.set_bytes_produced(it->second.bytes);
-    }
+    const UsageCounters::SessionFigures figures = registry_.usage().ForSession(id);
+    usage.set_bytes_leased(figures.bytes_leased);
+    usage.set_tensors_produced(figures.tensors_produced);
+    usage.set_bytes_produced(figures.bytes_produced);
     usage.set_leases_granted(session.leases_granted);
     usage.set_publishes(session.publishes);
     usage.set_waiting(session.waits);
@@ -497,12 +480,13 @@ void Broker::DescribeNamespacesLocked(uint64_t session_id, v1::StatusResponse& r
     if (session == nullptr) return;
     caller = &session->creds;
   }
+  // Running figures (UsageCounters): the cost is the namespaces', whatever the tensor count.
   std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> usage;  // sorted output
-  for (const auto& [id, tensor] : registry_.tensors()) {
-    if (caller != nullptr && !access_.MayReadTensor(*caller, tensor)) continue;
-    auto& [tensors, bytes] = usage[{tensor.ns, tensor.device == nullptr ? std::string("host") : tensor.device->key}];
-    ++tensors;
-    bytes += tensor.layout.nbytes;
+  for (const auto& [key, figures] : registry_.usage().namespaces()) {
+    if (caller != nullptr && !access_.MayReadIn(*caller, key.ns, key.producer_uid)) continue;
+    auto& [tensors, bytes] = usage[{key.ns, key.device == nullptr ? std::string("host") : key.device->key}];
+    tensors += figures.tensors;
+    bytes += figures.bytes;
   }
   for (const auto& [key, value] : usage) {
     v1::NamespaceUsage& entry = *response.add_namespace_usage();

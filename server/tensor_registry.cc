@@ -16,7 +16,46 @@ Tensor& TensorRegistry::AddTensor(Tensor tensor) {
   }
   auto [it, inserted] = tensors_.emplace(id, std::move(tensor));
   TENSORD_CHECK(inserted);
+  Count(usage_, it->second, true);
   return it->second;
+}
+
+void TensorRegistry::Count(UsageCounters& counters, const Tensor& tensor, bool count) {
+  const uint64_t bytes = tensor.layout.nbytes;
+  if (count) {
+    counters.AddTensor(tensor.ns, tensor.device, tensor.producer_uid, tensor.producer_session, bytes);
+    for (const auto& [session_id, leases] : tensor.holders) counters.AddHolder(session_id, bytes);
+  } else {
+    counters.RemoveTensor(tensor.ns, tensor.device, tensor.producer_uid, tensor.producer_session, bytes);
+    for (const auto& [session_id, leases] : tensor.holders) counters.RemoveHolder(session_id, bytes);
+  }
+}
+
+void TensorRegistry::SetNamespaceAndLayout(Tensor& tensor, std::string ns, common::TensorLayout layout) {
+  Count(usage_, tensor, false);
+  tensor.ns = std::move(ns);
+  tensor.layout = std::move(layout);
+  Count(usage_, tensor, true);
+}
+
+void TensorRegistry::AddHolder(Tensor& tensor, uint64_t session_id, bool by_name) {
+  if (++tensor.holders[session_id] == 1) usage_.AddHolder(session_id, tensor.layout.nbytes);
+  if (by_name) tensor.name_holders.insert(session_id);
+}
+
+void TensorRegistry::RemoveHolder(Tensor& tensor, uint64_t session_id) {
+  auto holder = tensor.holders.find(session_id);
+  TENSORD_CHECK(holder != tensor.holders.end() && holder->second > 0);
+  if (--holder->second > 0) return;
+  tensor.holders.erase(holder);
+  tensor.name_holders.erase(session_id);
+  usage_.RemoveHolder(session_id, tensor.layout.nbytes);
+}
+
+UsageCounters TensorRegistry::RecountUsageForTest() const {
+  UsageCounters counters;
+  for (const auto& [id, tensor] : tensors_) Count(counters, tensor, true);
+  return counters;
 }
 
 void TensorRegistry::AddBuffer(Buffer buffer) {
@@ -88,6 +127,7 @@ std::unique_ptr<common::BackendBuffer> TensorRegistry::Remove(uint64_t tensor_id
   uint64_t buffer_id = it->second.buffer_id;
   uint64_t offset = it->second.offset;
   uint64_t slot_bytes = it->second.slot_bytes;
+  Count(usage_, it->second, false);
   tensors_.erase(it);
   if (buffer_id == 0) return nullptr;
   auto buffer = buffers_.find(buffer_id);

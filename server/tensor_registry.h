@@ -2,6 +2,9 @@
 //
 // A tensor lives while it is bound to a name, any lease holds it or a hand-over is pending
 // for it (the broker drops it through Remove once none is true). A buffer lives while any tensor points into it.
+// It keeps the running usage figures Status reports (UsageCounters): a registered tensor's
+// namespace, layout and holders therefore change only through it (SetNamespaceAndLayout,
+// AddHolder, RemoveHolder).
 // Not thread-safe: the Broker guards it with its mutex.
 #pragma once
 
@@ -20,6 +23,7 @@
 #include "common/memory/memory_backend.h"
 #include "server/arena.h"
 #include "server/backend_registry.h"
+#include "server/usage_counters.h"
 #include "common/tensor_desc.h"
 #include "tensord/v1/tensor.pb.h"
 
@@ -73,7 +77,8 @@ struct Tensor {
   uint64_t uid_host_bytes = 0;
   uint32_t leases = 0;
   uint32_t hand_overs = 0;  // pending hand-overs (HandOverTable) holding it
-  absl::flat_hash_map<uint64_t, uint32_t> holders;  // session id -> leases it holds here
+  // Session id -> leases it holds here. Once registered: changed by TensorRegistry only.
+  absl::flat_hash_map<uint64_t, uint32_t> holders;
   // Holders that acquired it by name: only they may cache the lease under that name, so
   // only they hear that it retired (a take's or a producer's lease is never cached).
   absl::flat_hash_set<uint64_t> name_holders;
@@ -108,6 +113,13 @@ class TensorRegistry {
   // Removes the binding of `tensor` (if any); the tensor keeps its generation.
   void Unbind(Tensor& tensor);
 
+  // A registered tensor gets its namespace and layout at publish.
+  void SetNamespaceAndLayout(Tensor& tensor, std::string ns, common::TensorLayout layout);
+  // One more lease of `session_id` on `tensor` (`by_name`: acquired by its name, so the
+  // session hears when it retires) / one fewer.
+  void AddHolder(Tensor& tensor, uint64_t session_id, bool by_name);
+  void RemoveHolder(Tensor& tensor, uint64_t session_id);
+
   // Removes a tensor that has no binding, lease or pending hand-over (freeing its arena slot); returns
   // its buffer's memory when this was the buffer's last tensor and the buffer is not an
   // arena whose owner still lives, so the caller can free it off the RPC threads.
@@ -124,7 +136,16 @@ class TensorRegistry {
 
   tensord::v1::TensorInfo Describe(const Tensor& tensor) const;
 
+  // Running figures by namespace and by session; O(1) to read, whatever the tensor count.
+  const UsageCounters& usage() const { return usage_; }
+  // The same figures counted afresh from every tensor: what usage() must equal.
+  UsageCounters RecountUsageForTest() const;
+
  private:
+  // Adds (or, with `count` false, removes) `tensor` in `counters`, its holders included.
+  static void Count(UsageCounters& counters, const Tensor& tensor, bool count);
+
+  UsageCounters usage_;
   uint64_t last_tensor_id_ = 0;
   uint64_t last_buffer_id_ = 0;
   uint64_t last_generation_ = 0;

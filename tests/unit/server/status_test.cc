@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/unit/server/broker_fixture.h"
@@ -124,6 +126,97 @@ TEST_F(StatusTest, LeasesHeldWhenASessionEndsAreCountedAsReclaimed) {
   EXPECT_EQ(broker_->GetStatus().leases_reclaimed(), 2u);
   broker_->CloseSession(producer);  // held none
   EXPECT_EQ(broker_->GetStatus().leases_reclaimed(), 2u);
+}
+
+// Status's figures are running counts kept where tensors and leases change: after every
+// kind of change they equal a recount of every tensor and lease.
+TEST_F(StatusTest, RunningFiguresEqualARecountAfterEveryKindOfChange) {
+  auto check = [&](const char* after) { EXPECT_TRUE(broker_->UsageMatchesRecountForTest()) << "after " << after; };
+  uint64_t producer = Open();
+  uint64_t reader = Open();
+  uint64_t other = Open(kOther);
+  PublishNew(producer, "a/x");
+  PublishNew(producer, "a/y");
+  PublishNew(producer, "shared/q/1");
+  PublishNew(producer, "shared/q/2");
+  check("publishes");
+  PublishNew(producer, "a/x");  // replaces a/x: the old one goes
+  check("a replacement");
+  auto held = Acquire(reader, "a/y");
+  auto held_twice = Acquire(reader, "a/y");
+  ASSERT_TRUE(held.ok() && held_twice.ok());
+  check("acquires");
+  Delete(producer, "a/y");  // still leased: it stays, unbound
+  check("a delete of a leased tensor");
+  Release(reader, held->lease_id());
+  check("a release of one of two leases");
+  Release(reader, held_twice->lease_id());
+  check("the last release");
+  // Allocated without a namespace, published unnamed with a smaller description: its row
+  // is its producer uid's, its bytes the new description's.
+  auto unnamed = Allocate(other, "", 64);
+  ASSERT_TRUE(unnamed.ok()) << unnamed.status();
+  check("an allocation without a namespace");
+  Seal(other, *unnamed);
+  v1::PublishRequest publish;
+  publish.set_tensor_id(unnamed->tensor().tensor_id());
+  *publish.mutable_desc() = Float32Request("", 8).desc();
+  ASSERT_TRUE(broker_->Publish(other, publish).ok());
+  check("an unnamed publish with a new description");
+  std::promise<absl::StatusOr<v1::AcquireResponse>> taken;
+  v1::TakeRequest take;
+  take.set_name_or_prefix("shared/q/");
+  broker_->Take(reader, take, [&](absl::StatusOr<v1::AcquireResponse> r) { taken.set_value(std::move(r)); });
+  ASSERT_TRUE(taken.get_future().get().ok());
+  check("a take");
+  auto zero = Allocate(producer, "a", 0);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_TRUE(Publish(producer, zero->tensor().tensor_id(), "a/zero").ok());
+  ASSERT_TRUE(Acquire(reader, "a/zero").ok());
+  check("a zero-byte tensor published and acquired");
+  ASSERT_TRUE(Acquire(reader, "a/x").ok());
+  broker_->CloseSession(reader);  // its leases go with it, and the tensor it took
+  check("the death of a taker");
+  broker_->CloseSession(other);  // its unnamed tensor goes
+  check("the death of an unnamed tensor's producer");
+  broker_->CloseSession(producer);  // its named tensors stay, produced by no open session
+  check("a producer's death");
+
+  // The figures themselves: a/x, a/zero and shared/q/2 remain, each counted once.
+  v1::StatusResponse status = Status(0, true, true);
+  EXPECT_EQ(status.tensors(), 3u);
+  ASSERT_EQ(status.namespace_usage_size(), 2);
+  EXPECT_EQ(status.namespace_usage(0).namespace_(), "a");
+  EXPECT_EQ(status.namespace_usage(0).tensors(), 2u);
+  EXPECT_EQ(status.namespace_usage(0).bytes(), kTensorBytes);
+  EXPECT_EQ(status.namespace_usage(1).namespace_(), "shared");
+  EXPECT_EQ(status.namespace_usage(1).tensors(), 1u);
+  EXPECT_EQ(status.session_usage_size(), 0);
+}
+
+// Status walked every tensor under the broker's lock: with 150,000 zero-byte tensors, one
+// caller looping it stalled every other client. Now it walks one row per namespace and
+// device, and the sessions, however many tensors there are.
+TEST_F(StatusTest, StatusWalksNamespaceRowsNotTensors) {
+  Start([](BrokerOptions& options) { options.max_leases_per_session = 1 << 20; });
+  uint64_t producer = Open();
+  for (int i = 0; i < 2; ++i) PublishNew(producer, "few/t" + std::to_string(i));
+  EXPECT_EQ(broker_->UsageRowsForTest(), 1u);
+  constexpr int kMany = 50000;
+  for (int i = 0; i < kMany; ++i) {
+    auto allocated = Allocate(producer, "many", 0);
+    ASSERT_TRUE(allocated.ok()) << allocated.status();
+    ASSERT_TRUE(Publish(producer, allocated->tensor().tensor_id(), "many/t" + std::to_string(i)).ok());
+  }
+  EXPECT_EQ(broker_->UsageRowsForTest(), 2u);
+  v1::StatusResponse status = Status(producer, true, true);
+  ASSERT_EQ(status.namespace_usage_size(), 2);
+  EXPECT_EQ(status.namespace_usage(1).namespace_(), "many");
+  EXPECT_EQ(status.namespace_usage(1).tensors(), static_cast<uint64_t>(kMany));
+  ASSERT_EQ(status.session_usage_size(), 1);
+  EXPECT_EQ(status.session_usage(0).tensors_produced(), kMany + 2u);
+  EXPECT_EQ(status.session_usage(0).leases(), static_cast<uint64_t>(kMany));  // the producer's own
+  EXPECT_TRUE(broker_->UsageMatchesRecountForTest());
 }
 
 }  // namespace
