@@ -129,6 +129,10 @@ Result<TensorRef> Client::Redeem(std::string_view token, const AcquireOptions& o
   return Guard("redeem", [&] { return core_->Redeem(token, options); });
 }
 
+Result<CancelledHandOvers> Client::CancelHandOvers(const std::vector<std::string>& tokens) {
+  return Guard("cancel hand-overs", [&] { return core_->CancelHandOvers(tokens); });
+}
+
 Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
   return Take(name_or_prefix, TakeOptions{.wait = wait});
 }

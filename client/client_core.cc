@@ -392,6 +392,24 @@ Result<TensorRef> ClientCore::Redeem(std::string_view token, const AcquireOption
   return ToOrderedRef(session->Redeem(token, options), options.stream);
 }
 
+Result<CancelledHandOvers> ClientCore::CancelHandOvers(const std::vector<std::string>& tokens) {
+  if (tokens.size() > common::kMaxCancelHandOversBatch) {
+    return Status(StatusCode::kInvalidArgument,
+                  "cancel hand-overs: " + std::to_string(tokens.size()) + " tokens; at most " +
+                      std::to_string(common::kMaxCancelHandOversBatch) + " per call (none was cancelled)");
+  }
+  TENSORD_SESSION_OR_RETURN(session);
+  tensord::v1::CancelHandOversRequest request;
+  request.mutable_tokens()->Assign(tokens.begin(), tokens.end());
+  tensord::v1::CancelHandOversResponse response;
+  {
+    TENSORD_CALL_OR_RETURN(call, session);
+    grpc::Status status = call.stub()->CancelHandOvers(call.context(), request, &response);
+    if (!status.ok()) return FromGrpc(status);
+  }
+  return CancelledHandOvers{response.cancelled(), response.not_found()};
+}
+
 Result<TensorRef> ClientCore::Take(std::string_view name_or_prefix, const TakeOptions& options) {
   TENSORD_SESSION_OR_RETURN(session);
   return ToOrderedRef(session->Take(name_or_prefix, options), kLegacyDefaultStream);

@@ -61,6 +61,7 @@ class ClientCore {
                                              const AcquireOptions& options);
   Result<HandOverToken> HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl);
   Result<TensorRef> Redeem(std::string_view token, const AcquireOptions& options);
+  Result<CancelledHandOvers> CancelHandOvers(const std::vector<std::string>& tokens);
   Status Delete(std::string_view name, uint64_t if_generation);
   Result<std::vector<TensorInfo>> List(std::string_view prefix);
   Result<TensorPage> ListPage(std::string_view prefix, const ListPageOptions& options);

@@ -148,6 +148,12 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   }
   std::sort(out.session_usage.begin(), out.session_usage.end(),
             [](const SessionUsage& a, const SessionUsage& b) { return a.id < b.id; });
+  for (const tensord::v1::HandOverUsage& usage : status.hand_over_usage()) {
+    out.hand_over_pins.push_back(
+        HandOverPins{usage.uid(), usage.hand_overs(), usage.host_bytes(), usage.device_bytes()});
+  }
+  std::sort(out.hand_over_pins.begin(), out.hand_over_pins.end(),
+            [](const HandOverPins& a, const HandOverPins& b) { return a.uid < b.uid; });
   for (const tensord::v1::BackendStatus& backend : status.backends()) {
     BackendInfo info;
     info.name = backend.name();

@@ -47,6 +47,8 @@ inline constexpr uint64_t kDefaultHandOverTtlMs = 60 * 1000;
 inline constexpr uint64_t kMaxHandOverTtlMs = 3600 * 1000;
 // A hand-over token: 256 random bits as hex digits.
 inline constexpr size_t kHandOverTokenBytes = 32;
+// The most tokens one CancelHandOvers request may name.
+inline constexpr size_t kMaxCancelHandOversBatch = 65536;
 
 // --- What a tensor's record holds in the broker for its life ---
 

@@ -8,7 +8,7 @@
 // after the mutex is released.
 //
 // Rules it keeps: a tensor lives while bound, leased or handed over (a hand-over token
-// neither redeemed nor expired); closing a session releases every lease it held and
+// neither redeemed, expired nor cancelled); closing a session releases every lease it held and
 // cancels its waits, but leaves the hand-overs it made pending; a tensor in memory its producer owns
 // (BackendBuffer::OwnedByProducer: legacy CUDA IPC) retires when that producer's session
 // closes, since the memory may go with its process: its name is unbound, new acquires by
@@ -159,9 +159,23 @@ class Broker {
   // token leaves nothing behind. NOT_FOUND (no such lease here), FAILED_PRECONDITION (not
   // published; memory gone with its producer), INVALID_ARGUMENT (a TTL over an hour),
   // RESOURCE_EXHAUSTED (the uid's pending hand-overs reach --max-leases-per-session, or its
-  // metadata quota).
+  // metadata quota, or the host memory it would pin: see below).
+  //
+  // The memory a pending hand-over holds alive (its tensor's dedicated buffer, or arena
+  // slot) counts against its maker's uid until it ends (redeemed, expired, cancelled): host
+  // memory in UidResource::kHostBytes (--max-host-bytes-per-uid, wherever the tensor lives,
+  // ACL'd namespaces included, since the maker need not be the writer), device memory in
+  // the figures only (no per-uid device quota exists). Each tensor counts once per uid,
+  // however many tokens the uid has pending on it; a lease never counts its memory (it
+  // ends with its session's process, a token does not), so a tensor both leased and handed
+  // over by one uid counts once, for the hand-over.
   absl::StatusOr<tensord::v1::HandOverResponse> HandOver(uint64_t session_id,
                                                          const tensord::v1::HandOverRequest& request);
+  // Ends pending hand-overs made by `session_id`'s uid (the given tokens, or all of them),
+  // as their expiry would. INVALID_ARGUMENT for more than common::kMaxCancelHandOversBatch
+  // tokens (nothing cancelled).
+  absl::StatusOr<tensord::v1::CancelHandOversResponse> CancelHandOvers(
+      uint64_t session_id, const tensord::v1::CancelHandOversRequest& request);
   absl::StatusOr<tensord::v1::DeleteResponse> Delete(uint64_t session_id,
                                                      const tensord::v1::DeleteRequest& request);
   absl::StatusOr<tensord::v1::ListResponse> List(uint64_t session_id,
@@ -278,8 +292,9 @@ class Broker {
   // a tensor whose memory went with its producer ends it.
   absl::StatusOr<tensord::v1::AcquireResponse> RedeemHandOver(uint64_t session_id, std::string_view token);
   void ExpireHandOver(const std::string& token);
-  // Gives back what a hand-over removed from hand_overs_ held: its uid's charge and its hold
-  // on the tensor (which may go with it); `cancel_timer` unless its timer is what fired.
+  // Gives back what a hand-over removed from hand_overs_ held: its uid's charges (the pinned
+  // memory with its uid's last token on the tensor) and its hold on the tensor (which may go
+  // with it); `cancel_timer` unless its timer is what fired.
   void EndHandOverLocked(const PendingHandOver& hand_over, bool cancel_timer, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a lease its session (of uid `holder_uid`) no longer holds.
@@ -359,6 +374,10 @@ class Broker {
   // With a session: only the tensors its uid may read (root and the daemon's uid read all);
   // with none (the metrics page, the service manager's status line): every tensor.
   void DescribeNamespacesLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The memory pending hand-overs pin, by maker uid (every uid for session 0, root and the
+  // daemon's uid; else the caller's own). broker_hand_over.cc.
+  void DescribeHandOversLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.

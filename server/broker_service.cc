@@ -156,6 +156,10 @@ void BrokerService::Register(AsyncServer* server) {
   UnaryNow<v1::StatusRequest, v1::StatusResponse>(
       server, RpcMethod::kStatus,
       [broker](uint64_t session, const v1::StatusRequest& request) { return broker->GetStatus(request, session); });
+  UnaryNow<v1::CancelHandOversRequest, v1::CancelHandOversResponse>(
+      server, RpcMethod::kCancelHandOvers, [broker](uint64_t session, const v1::CancelHandOversRequest& request) {
+        return broker->CancelHandOvers(session, request);
+      });
 }
 
 }  // namespace tensord::server

@@ -20,6 +20,7 @@ const char* RpcMethodName(RpcMethod method) {
     case RpcMethod::kStat: return "Stat";
     case RpcMethod::kHandOver: return "HandOver";
     case RpcMethod::kStatus: return "Status";
+    case RpcMethod::kCancelHandOvers: return "CancelHandOvers";
     case RpcMethod::kCount: break;
   }
   return "unknown";

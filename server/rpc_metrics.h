@@ -16,7 +16,7 @@
 namespace tensord::server {
 
 enum class RpcMethod : uint8_t {
-  kAllocate, kAcquire, kTake, kExport, kPublish, kRelease, kDelete, kList, kStat, kHandOver, kStatus,
+  kAllocate, kAcquire, kTake, kExport, kPublish, kRelease, kDelete, kList, kStat, kHandOver, kStatus, kCancelHandOvers,
   kCount  // not a method
 };
 enum class RpcTransport : uint8_t { kUnary, kSession, kCount };

@@ -18,7 +18,8 @@ std::string_view Noun(UidResource resource) {
     case UidResource::kWaits: return "pending acquires and takes";
     case UidResource::kWatchers: return "watchers";
     case UidResource::kMetadataBytes: return "bytes of daemon memory for metadata";
-    case UidResource::kHostBytes: return "bytes of host memory outside ACL'd namespaces";
+    case UidResource::kHostBytes:
+      return "bytes of host memory (its buffers outside ACL'd namespaces, and what its pending hand-overs pin)";
   }
   return "units";
 }

@@ -29,7 +29,9 @@ enum class UidResource {
   kWaits,         // pending acquires and takes
   kWatchers,
   kMetadataBytes, // names, descriptions, tags, leases, waits and watchers kept for the uid
-  kHostBytes,     // dedicated host buffers outside namespaces that have an ACL
+  // Dedicated host buffers outside namespaces that have an ACL, and the host memory the
+  // uid's pending hand-overs hold alive (each tensor once, wherever it lives).
+  kHostBytes,
 };
 inline constexpr size_t kUidResourceCount = 6;
 

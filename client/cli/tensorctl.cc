@@ -387,6 +387,19 @@ std::string SessionsJson(const std::vector<SessionUsage>& sessions, const RateMa
   return out + "]";
 }
 
+std::string HandOverPinsJson(const std::vector<HandOverPins>& pins) {
+  std::string out = "[";
+  for (const HandOverPins& p : pins) {
+    char entry[256];
+    std::snprintf(entry, sizeof(entry),
+                  "{\"uid\":%u,\"hand_overs\":%" PRIu64 ",\"host_bytes\":%" PRIu64 ",\"device_bytes\":%" PRIu64 "}",
+                  p.uid, p.hand_overs, p.host_bytes, p.device_bytes);
+    if (out.size() > 1) out += ",";
+    out += entry;
+  }
+  return out + "]";
+}
+
 std::string StatusJson(const BrokerStatus& s, const RateMap* rates) {
   char head[1024];
   std::snprintf(head, sizeof(head),
@@ -399,7 +412,8 @@ std::string StatusJson(const BrokerStatus& s, const RateMap* rates) {
                 s.host_bytes_limit, s.tensors, s.named_tensors, s.buffers, s.leases, s.sessions,
                 JsonString(s.socket).c_str(), s.releases_not_found, s.host_bytes_pooled, s.pooled_buffers,
                 s.hand_overs_pending, s.leases_reclaimed);
-  return std::string(head) + ",\"backends\":" + BackendsJson(s.backends) +
+  return std::string(head) + ",\"hand_over_pins\":" + HandOverPinsJson(s.hand_over_pins) +
+         ",\"backends\":" + BackendsJson(s.backends) +
          ",\"session_usage\":" + SessionsJson(s.session_usage, rates) + "}";
 }
 
@@ -465,6 +479,11 @@ int CmdStatus(Client& client, const Globals& g) {
               " releases of unheld leases), %" PRIu64 " hand-overs pending, %" PRIu64
               " reclaimed from ended sessions\n",
               s.leases, s.sessions, s.releases_not_found, s.hand_overs_pending, s.leases_reclaimed);
+  // Memory only pending hand-overs may be keeping, by the uid charged for it.
+  for (const HandOverPins& p : s.hand_over_pins) {
+    std::printf("pinned       uid %u: %s host, %s device memory held by %" PRIu64 " pending hand-overs\n", p.uid,
+                BytesText(p.host_bytes).c_str(), BytesText(p.device_bytes).c_str(), p.hand_overs);
+  }
   // Every other backend, and by device what the broker holds there (host memory is above).
   for (const BackendInfo& b : s.backends) {
     if (b.name == "host") continue;

@@ -390,6 +390,14 @@ class PyClient {
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
+  uint64_t CancelHandOvers(std::optional<std::vector<std::string>> tokens) {
+    std::shared_ptr<Client> client = Core();
+    const std::vector<std::string> given = tokens.value_or(std::vector<std::string>());
+    // An empty list names no token; only None cancels every one.
+    if (tokens && given.empty()) return 0;
+    return Unwrap(WithoutGil([&] { return client->CancelHandOvers(given); })).cancelled;
+  }
+
   void Delete(const std::string& name, std::optional<uint64_t> if_generation) {
     std::shared_ptr<Client> client = Core();
     ThrowIfError(WithoutGil([&] { return client->Delete(name, if_generation.value_or(0)); }));
@@ -519,6 +527,7 @@ void BindClient(py::module_& m) {
       .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
            py::arg("timeout") = 0.0, py::arg("pinned") = false, py::arg("readonly") = false)
       .def("hand_over", &PyClient::HandOver, py::arg("tensor"), py::arg("ttl") = py::none())
+      .def("cancel_hand_overs", &PyClient::CancelHandOvers, py::arg("tokens") = py::none())
       .def("redeem", &PyClient::Redeem, py::arg("token"), py::arg("readonly") = false, py::arg("pinned") = false)
       .def("delete", &PyClient::Delete, py::arg("name"), py::arg("if_generation") = py::none())
       .def("list", &PyClient::List, py::arg("prefix") = "")

@@ -180,6 +180,16 @@ py::dict StatusToDict(const BrokerStatus& s, bool sessions) {
   d["pooled_buffers"] = s.pooled_buffers;
   d["hand_overs_pending"] = s.hand_overs_pending;
   d["leases_reclaimed"] = s.leases_reclaimed;
+  py::list pins;
+  for (const HandOverPins& p : s.hand_over_pins) {
+    py::dict e;
+    e["uid"] = p.uid;
+    e["hand_overs"] = p.hand_overs;
+    e["host_bytes"] = p.host_bytes;
+    e["device_bytes"] = p.device_bytes;
+    pins.append(e);
+  }
+  d["hand_over_pins"] = pins;
   if (sessions) {
     py::list list;
     for (const SessionUsage& u : s.session_usage) {

@@ -373,6 +373,89 @@ TEST_F(HostileUidTest, MetadataAndHostMemoryOutsideAclNamespacesAreBoundedPerUid
   EXPECT_LT(RssKiB(daemon_pid) - rss_before_kib, int64_t{32} << 10) << "KiB of daemon memory";
 }
 
+// A uid that may only read a namespace acquired its tensors, handed each over for an hour
+// and exited: the owner deleted them, 903 MiB stayed in use, charged to no one, and the
+// owner's next large put failed. What pending hand-overs pin now counts against their
+// maker's --max-host-bytes-per-uid (16 MiB here), and the maker may cancel them.
+TEST_F(HostileUidTest, HandOversPinOnlyTheirMakersHostQuotaAndTheMakerCancelsThem) {
+  constexpr int64_t kFloats = (6 << 20) / 4;  // 6 MiB a tensor
+  Checks owner = RunAs(0, 0, [&](Reporter& report) {
+    Wire wire(socket_);
+    for (int i = 0; i < 4; ++i) report.Check(absl::StrCat("put", i), wire.PublishFilled(absl::StrCat("shared/big", i), kFloats, 1.0f));
+  });
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(owner[absl::StrCat("put", i)], "OK");
+  auto status_of = [&](Wire& wire, v1::StatusResponse* status) {
+    grpc::ClientContext context;
+    wire.Prepare(context);
+    return wire.stub().Status(&context, v1::StatusRequest(), status);
+  };
+  Checks reader = RunAs(kNobody, kNogroup, [&](Reporter& report) {
+    Wire wire(socket_);
+    int made = 0;
+    grpc::Status refused;
+    for (int i = 0; i < 4; ++i) {
+      v1::AcquireResponse lease;
+      if (!wire.AcquireName(absl::StrCat("shared/big", i), &lease).ok()) break;
+      v1::HandOverRequest request;
+      request.set_lease_id(lease.lease_id());
+      request.set_ttl_ms(3600 * 1000);
+      v1::HandOverResponse token;
+      grpc::ClientContext context;
+      wire.Prepare(context);
+      refused = wire.stub().HandOver(&context, request, &token);
+      if (!refused.ok()) break;
+      ++made;
+    }
+    report.Check("made", std::to_string(made));
+    report.Check("refused", CodeName(refused.error_code()) + " " + refused.error_message());
+    v1::StatusResponse status;
+    report.Check("status", status_of(wire, &status));
+    report.Check("pins", std::to_string(status.hand_over_usage_size()));
+    if (status.hand_over_usage_size() == 1) {
+      report.Check("pin_uid", std::to_string(status.hand_over_usage(0).uid()));
+      report.Check("pin_bytes", std::to_string(status.hand_over_usage(0).host_bytes()));
+    }
+  });  // the reader exits; its tokens stay
+  EXPECT_EQ(reader["made"], "2") << "16 MiB hold two 6 MiB buffers, not three";
+  EXPECT_EQ(reader["refused"].rfind("RESOURCE_EXHAUSTED", 0), 0u) << reader["refused"];
+  EXPECT_NE(reader["refused"].find("--max-host-bytes-per-uid 16777216"), std::string::npos) << reader["refused"];
+  EXPECT_EQ(reader["status"], "OK");
+  EXPECT_EQ(reader["pins"], "1");
+  EXPECT_EQ(reader["pin_uid"], std::to_string(kNobody));
+  EXPECT_EQ(reader["pin_bytes"], std::to_string(12 << 20));
+
+  // The owner deletes its tensors; the two handed over stay, and 56 MiB do not fit beside them.
+  Checks crowded = RunAs(0, 0, [&](Reporter& report) {
+    Wire wire(socket_);
+    for (int i = 0; i < 4; ++i) report.Check(absl::StrCat("rm", i), CodeName(wire.Delete(absl::StrCat("shared/big", i)).error_code()));
+    v1::AllocateResponse response;
+    grpc::Status put = wire.Allocate("shared", (56 << 20) / 4, &response);
+    report.Check("put", CodeName(put.error_code()));
+    v1::StatusResponse status;
+    report.Check("status", status_of(wire, &status));
+    report.Check("pins", status.hand_over_usage_size() == 1 ? std::to_string(status.hand_over_usage(0).hand_overs()) : "none");
+  });
+  EXPECT_EQ(crowded["put"], "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(crowded["pins"], "2") << "root sees every uid's pins";
+
+  Checks cancelled = RunAs(kNobody, kNogroup, [&](Reporter& report) {
+    Wire wire(socket_);
+    v1::CancelHandOversResponse response;
+    grpc::ClientContext context;
+    wire.Prepare(context);
+    report.Check("cancel", wire.stub().CancelHandOvers(&context, v1::CancelHandOversRequest(), &response));
+    report.Check("cancelled", std::to_string(response.cancelled()));
+  });
+  EXPECT_EQ(cancelled["cancel"], "OK");
+  EXPECT_EQ(cancelled["cancelled"], "2");
+  Checks roomy = RunAs(0, 0, [&](Reporter& report) {
+    Wire wire(socket_);
+    v1::AllocateResponse response;
+    report.Check("put", CodeName(wire.Allocate("shared", (56 << 20) / 4, &response).error_code()));
+  });
+  EXPECT_EQ(roomy["put"], "OK") << "the memory went with the cancelled tokens";
+}
+
 TEST_F(HostileUidTest, SealsAReaderAddsChangeNothingForTheBrokerOrOtherReaders) {
   const int fds_before = StableFdCount(daemon_->pid());
   Checks reader = RunAs(kNobody, kNogroup, [&](Reporter& report) {

@@ -3,6 +3,7 @@ Datasets; the copy connects on its first call. A Tensor pickles as a hand-over t
 receiver redeems for a zero-copy lease of its own."""
 
 import multiprocessing
+import os
 import pickle
 
 import numpy as np
@@ -121,6 +122,38 @@ def test_a_hand_over_nobody_redeems_expires_leaving_nothing(client, name):
     assert client.status()["hand_overs_pending"] == 0
     with pytest.raises(tensord.NotFound):
         client.redeem(token)
+
+
+def test_a_maker_cancels_its_hand_overs_and_the_memory_they_pinned_goes(client, name):
+    first, second = name(), name()
+    client.put(first, np.zeros(1 << 20, dtype=np.float32))  # 4 MiB, a buffer of its own
+    client.put(second, np.zeros(1 << 20, dtype=np.float32))
+    a, b = client.take(first), client.take(second)
+    tensors = client.status()["tensors"]
+    one = client.hand_over(a, ttl=3600)
+    again = client.hand_over(a, ttl=3600)  # the same memory: pinned once
+    other = client.hand_over(b, ttl=3600)
+    a.release()
+    b.release()
+    client.flush()
+    (pins,) = [p for p in client.status()["hand_over_pins"] if p["uid"] == os.getuid()]
+    assert pins["hand_overs"] == 3
+    assert pins["host_bytes"] >= 2 * (4 << 20)
+    assert pins["host_bytes"] < 3 * (4 << 20)
+
+    assert client.cancel_hand_overs([one, "not-a-token"]) == 1
+    assert client.cancel_hand_overs([]) == 0  # names no token: cancels nothing
+    with pytest.raises(tensord.NotFound):
+        client.redeem(one)
+    assert client.status()["tensors"] == tensors, "the second token still holds the first tensor"
+    assert client.cancel_hand_overs() == 2  # every one left
+    assert client.status()["tensors"] == tensors - 2
+    assert client.status()["hand_overs_pending"] == 0
+    assert all(p["uid"] != os.getuid() for p in client.status()["hand_over_pins"])
+    with pytest.raises(tensord.NotFound):
+        client.redeem(other)
+    with pytest.raises(tensord.NotFound):
+        client.redeem(again)
 
 
 def test_handing_over_needs_a_published_tensor_and_a_sane_ttl(client):

@@ -92,6 +92,24 @@ def test_status_and_top_trace_memory_to_the_process_holding_it(broker, client, n
     del held
 
 
+def test_status_shows_the_memory_pending_hand_overs_pin_by_uid(broker, client, name):
+    n = name()
+    client.put(n, np.zeros(1 << 20, np.float32))  # 4 MiB, a buffer of its own
+    t = client.take(n)
+    client.hand_over(t, ttl=3600)
+    t.release()
+    client.flush()
+    from_ctl = json.loads(ctl(broker, "status"))["hand_over_pins"]
+    assert from_ctl == as_json(client.status()["hand_over_pins"])
+    (mine,) = [p for p in from_ctl if p["uid"] == os.getuid()]
+    assert mine["hand_overs"] == 1 and mine["host_bytes"] >= 4 << 20 and mine["device_bytes"] == 0
+    human = subprocess.run([TENSORCTL, "--socket", broker.socket, "status"], capture_output=True, text=True,
+                           timeout=30).stdout
+    assert f"pinned       uid {os.getuid()}: 4.0 MiB host, 0 B device memory held by 1 pending hand-overs" in human, human
+    assert client.cancel_hand_overs() == 1
+    assert all(p["uid"] != os.getuid() for p in json.loads(ctl(broker, "status"))["hand_over_pins"])
+
+
 def test_watch_events_are_python_dicts(broker, client, name):
     import select
 

@@ -211,6 +211,16 @@ struct TensorPage {
   std::string next_page_token;
 };
 
+// What one uid's pending hand-overs hold alive, each tensor once. The host bytes count
+// against the uid's --max-host-bytes-per-uid (but for its own buffers, which count there
+// already); no per-uid quota binds device memory.
+struct HandOverPins {
+  uint32_t uid = 0;
+  uint64_t hand_overs = 0;
+  uint64_t host_bytes = 0;
+  uint64_t device_bytes = 0;
+};
+
 struct StatusOptions {
   // List sessions too: every session for root and the daemon's own uid, else only those of
   // the caller's uid.
@@ -241,6 +251,9 @@ struct BrokerStatus {
   uint64_t leases_reclaimed = 0;
   std::vector<BackendInfo> backends;  // host first
   std::vector<SessionUsage> session_usage;  // with StatusOptions::sessions; by id
+  // Memory pending hand-overs hold alive, by the uid that made them (every uid for root and
+  // the daemon's uid, else only the caller's); by uid.
+  std::vector<HandOverPins> hand_over_pins;
 };
 
 struct WatchEvent {
@@ -316,6 +329,14 @@ struct HandOverToken {
   std::string token;
   TensorInfo tensor;  // what it hands over
   std::chrono::milliseconds ttl{0};  // how long it stays redeemable, as the broker granted
+};
+
+// Client::CancelHandOvers's result.
+struct CancelledHandOvers {
+  uint64_t cancelled = 0;
+  // Tokens given that named no pending hand-over of this uid: redeemed, expired, cancelled,
+  // never made, or another uid's.
+  uint64_t not_found = 0;
 };
 
 // One element of Client::AllocateMany.
@@ -545,7 +566,9 @@ class TENSORD_EXPORT Client {
   // (not published yet: publish it, unnamed if you like; a TensorRef whose lease is another
   // session's: this client's earlier one, or a parent's inherited across fork(); memory
   // gone with its producer); RESOURCE_EXHAUSTED (this uid has
-  // --max-leases-per-session hand-overs pending).
+  // --max-leases-per-session hand-overs pending, or the memory they would hold alive passes
+  // its --max-host-bytes-per-uid: until the token ends, the tensor's memory counts against
+  // this uid, once however many tokens it has on the tensor).
   Result<HandOverToken> HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // The receiving side of HandOver: a lease on the tensor, mapped as `options` say
   // (readonly, pinned, stream; wait and min_generation do not apply: a token is there or
@@ -554,6 +577,12 @@ class TENSORD_EXPORT Client {
   // the tensor (the token stays redeemable); FAILED_PRECONDITION when its memory went with
   // its producer.
   Result<TensorRef> Redeem(std::string_view token, const AcquireOptions& options = {});
+  // Ends hand-overs this uid made (from any of its processes) that are still pending: the
+  // given tokens, or with none every one. Their tensors go when nothing else holds them,
+  // and the memory stops counting against this uid. A token that is not this uid's pending
+  // hand-over is counted in not_found. INVALID_ARGUMENT for more than 65,536 tokens
+  // (nothing is cancelled).
+  Result<CancelledHandOvers> CancelHandOvers(const std::vector<std::string>& tokens = {});
 
   Status Delete(std::string_view name, uint64_t if_generation = 0);
   // Every name under `prefix` (empty: all; "ns/" a namespace), in name order, however many:

@@ -387,6 +387,14 @@ class Client:
         when this uid may not read the tensor."""
         return self._core.redeem(token, readonly, pinned)
 
+    def cancel_hand_overs(self, tokens=None):
+        """Ends hand_over() tokens this uid made (in any of its processes) that are still
+        pending, and returns how many it ended: the given tokens (an iterable of str), or
+        with None every one. Until a token is redeemed, expires or is cancelled, the memory
+        of its tensor counts against this uid's --max-host-bytes-per-uid. Tokens that are
+        not this uid's pending hand-overs (redeemed, expired, another uid's) are skipped."""
+        return self._core.cancel_hand_overs(None if tokens is None else list(tokens))
+
     def watch(self, prefix="", initial=False):
         """A Watch of binding changes under prefix (initial=True starts with the current
         bindings)."""

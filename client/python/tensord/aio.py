@@ -95,6 +95,10 @@ class AsyncClient:
         """As Client.redeem."""
         return await asyncio.to_thread(self.client.redeem, token, readonly, pinned)
 
+    async def cancel_hand_overs(self, tokens=None):
+        """As Client.cancel_hand_overs."""
+        return await asyncio.to_thread(self.client.cancel_hand_overs, tokens)
+
     async def delete(self, name, if_generation=None):
         """As Client.delete."""
         return await asyncio.to_thread(self.client.delete, name, if_generation)
