@@ -20,4 +20,10 @@ std::string HumanBytes(uint64_t bytes) {
   return text;
 }
 
+std::string ExactAndHumanBytes(uint64_t bytes) {
+  std::string text = std::to_string(bytes) + " bytes";
+  if (bytes >= 1024) text += " (" + HumanBytes(bytes) + ")";
+  return text;
+}
+
 }  // namespace tensord::common

@@ -10,4 +10,8 @@ namespace tensord::common {
 
 std::string HumanBytes(uint64_t bytes);
 
+// "8192 bytes (8.0 KiB)": the exact count, with HumanBytes beside it from 1 KiB up
+// ("512 bytes" below), for messages where both matter (a quota refusal).
+std::string ExactAndHumanBytes(uint64_t bytes);
+
 }  // namespace tensord::common

@@ -1,6 +1,9 @@
 #include "common/names.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -112,6 +115,31 @@ std::string QuoteForError(std::string_view text) {
     return absl::StrCat("'", absl::string_view(text.data(), kShown), "...'");
   }
   return absl::StrCat("'", absl::string_view(text.data(), text.size()), "'");
+}
+
+std::optional<size_t> EditDistanceWithin(std::string_view a, std::string_view b, size_t limit) {
+  if (a.size() > b.size()) std::swap(a, b);
+  if (b.size() - a.size() > limit) return std::nullopt;
+  // One row of the distance table, over a; only cells within `limit` of the diagonal can
+  // stay within the limit, so the rest stay at `over`.
+  const size_t over = limit + 1;
+  std::vector<size_t> row(a.size() + 1, over), next(a.size() + 1, over);
+  for (size_t i = 0; i <= std::min(a.size(), limit); ++i) row[i] = i;
+  for (size_t j = 1; j <= b.size(); ++j) {
+    std::fill(next.begin(), next.end(), over);
+    if (j <= limit) next[0] = j;
+    const size_t from = j > limit ? j - limit : 1;
+    const size_t to = std::min(a.size(), j + limit);
+    size_t best = next[0];
+    for (size_t i = from; i <= to; ++i) {
+      const size_t substitute = row[i - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      next[i] = std::min({substitute, row[i] + 1, next[i - 1] + 1, over});
+      best = std::min(best, next[i]);
+    }
+    if (best > limit) return std::nullopt;
+    std::swap(row, next);
+  }
+  return row[a.size()] <= limit ? std::optional<size_t>(row[a.size()]) : std::nullopt;
 }
 
 }  // namespace tensord::common

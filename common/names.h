@@ -7,6 +7,7 @@
 // Errors: INVALID_ARGUMENT that quotes the (truncated) name and says which rule it broke.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,5 +30,9 @@ bool NameHasPrefix(std::string_view name, std::string_view prefix);
 // `text` in single quotes for an error message, cut after 128 bytes ("...") so a 100 kB
 // name does not make a 100 kB error.
 std::string QuoteForError(std::string_view text);
+
+// The Levenshtein distance of a and b when it is at most `limit`, else nullopt; costs
+// O(min(|a|, |b|) * limit), so it is cheap to ask of long names with a small limit.
+std::optional<size_t> EditDistanceWithin(std::string_view a, std::string_view b, size_t limit);
 
 }  // namespace tensord::common

@@ -33,6 +33,16 @@ bool WantsWait(const Request& request) {
          (request.has_forever() ? request.forever() : request.timeout_ms() > 0);
 }
 
+// NOT_FOUND for a name nothing is bound to: `lead` and the name, and a bound name of its
+// namespace a typo away if there is one. Only after the caller's access to that namespace
+// was checked, so the hint tells nothing it could not list.
+absl::Status NotBound(const TensorRegistry& registry, std::string_view lead, const std::string& name) {
+  std::optional<std::string> nearest = registry.NearestBoundName(name);
+  return absl::NotFoundError(absl::StrCat(common::AbslView(lead), common::QuoteForError(name),
+                                          nearest ? absl::StrCat(" (did you mean ", common::QuoteForError(*nearest), "?)")
+                                                  : std::string()));
+}
+
 }  // namespace
 
 absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view target) {
@@ -141,7 +151,7 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
                                                   tensor->generation, ", below the ",
                                                   waiter.min_generation, " asked for"));
       } else if (!WantsWait(request)) {
-        result = absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(waiter.target)));
+        result = NotBound(registry_, "no tensor is bound to ", waiter.target);
       }
     } else {
       // An id names no namespace, so the answer is the same for a tensor that does not exist
@@ -209,8 +219,8 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
           UnbindLocked(*tensor, effects);
         }
       } else if (!WantsWait(request)) {
-        result = absl::NotFoundError(absl::StrCat("nothing is bound ", prefix ? "under " : "to ",
-                                                  common::QuoteForError(target)));
+        result = prefix ? absl::NotFoundError(absl::StrCat("nothing is bound under ", common::QuoteForError(target)))
+                        : NotBound(registry_, "nothing is bound to ", target);
       } else if (shutting_down_) {
         result = absl::CancelledError("tensord is shutting down");
       } else if (absl::Status cap = ReserveWaitLocked(**session, target); !cap.ok()) {
@@ -288,7 +298,7 @@ absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1:
     TENSORD_RETURN_IF_ERROR(CheckNamesMayChangeLocked());
     Tensor* tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
+      return NotBound(registry_, "no tensor is bound to ", request.name());
     }
     if (request.if_generation() != 0 && tensor->generation != request.if_generation()) {
       return absl::AbortedError(absl::StrCat(common::QuoteForError(request.name()), " is at generation ",
@@ -376,7 +386,7 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
     TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), false));
     tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
-      return absl::NotFoundError(absl::StrCat("no tensor is bound to ", common::QuoteForError(request.name())));
+      return NotBound(registry_, "no tensor is bound to ", request.name());
     }
   } else {
     tensor = registry_.Find(request.tensor_id());

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/human_bytes.h"
 
 namespace tensord::server {
 
@@ -16,8 +17,8 @@ absl::Status MemoryQuota::Reserve(std::string_view key, uint64_t bytes, std::str
   auto it = devices_.find(key);
   if (it == devices_.end()) {
     if (bytes == 0) return absl::OkStatus();
-    return absl::ResourceExhaustedError(absl::StrCat(std::string(what), " needs ", bytes, " bytes of memory on ",
-                                                     std::string(key),
+    return absl::ResourceExhaustedError(absl::StrCat(std::string(what), " needs ", common::ExactAndHumanBytes(bytes),
+                                                     " of memory on ", std::string(key),
                                                      ": tensord has no memory quota for that device"));
   }
   Device& device = it->second;
@@ -25,8 +26,9 @@ absl::Status MemoryQuota::Reserve(std::string_view key, uint64_t bytes, std::str
     // Host memory keeps the words it always had; other devices are named by their key.
     std::string memory = key == kHost ? "host memory" : absl::StrCat("memory on ", std::string(key));
     return absl::ResourceExhaustedError(absl::StrCat(
-        std::string(what), " needs ", bytes, " bytes of ", memory, ": ", device.in_use,
-        " bytes are in use of the limit of ", device.limit, " (", device.flag, ")"));
+        std::string(what), " needs ", common::ExactAndHumanBytes(bytes), " of ", memory, ": ",
+        common::ExactAndHumanBytes(device.in_use), " are in use of the limit of ",
+        common::ExactAndHumanBytes(device.limit), " (", device.flag, ")"));
   }
   device.in_use += bytes;
   return absl::OkStatus();

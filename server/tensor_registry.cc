@@ -1,7 +1,9 @@
 #include "server/tensor_registry.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "common/check.h"
 #include "common/names.h"
 
@@ -72,6 +74,39 @@ Tensor* TensorRegistry::Find(uint64_t tensor_id) {
 Buffer* TensorRegistry::FindBuffer(uint64_t buffer_id) {
   auto it = buffers_.find(buffer_id);
   return it == buffers_.end() ? nullptr : &it->second;
+}
+
+std::optional<std::string> TensorRegistry::NearestBoundName(std::string_view name) const {
+  constexpr int kNeighbours = 8;  // each side of where `name` would sort
+  // Up to a third of the name's length after its namespace, at most 3 edits; none for
+  // names too short to tell a typo from another name ("a/x" and "a/y").
+  const std::string_view ns = common::NamespaceOf(name);
+  const size_t limit = std::min<size_t>((name.size() - ns.size()) / 3, 3);
+  if (limit == 0) return std::nullopt;
+  std::optional<std::string> nearest;
+  size_t nearest_distance = limit + 1;
+  // Names that differ from `name` only in digits are a numbered series ("batch/0001" is no
+  // typo of "batch/0002", just published before it).
+  auto differs_only_in_digits = [&](const std::string& candidate) {
+    if (candidate.size() != name.size()) return false;
+    for (size_t i = 0; i < name.size(); ++i) {
+      if (candidate[i] != name[i] && !(absl::ascii_isdigit(candidate[i]) && absl::ascii_isdigit(name[i]))) return false;
+    }
+    return true;
+  };
+  auto consider = [&](const std::string& candidate) {
+    if (common::NamespaceOf(candidate) != ns || differs_only_in_digits(candidate)) return;
+    if (auto distance = common::EditDistanceWithin(name, candidate, limit); distance && *distance < nearest_distance) {
+      nearest = candidate;
+      nearest_distance = *distance;
+    }
+  };
+  const auto at = names_.lower_bound(std::string(name));
+  auto forward = at;
+  for (int i = 0; i < kNeighbours && forward != names_.end(); ++i, ++forward) consider(forward->first);
+  auto backward = at;
+  for (int i = 0; i < kNeighbours && backward != names_.begin(); ++i) consider((--backward)->first);
+  return nearest;
 }
 
 Tensor* TensorRegistry::FindByName(const std::string& name) {

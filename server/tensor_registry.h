@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -106,6 +107,10 @@ class TensorRegistry {
   Buffer* FindBuffer(uint64_t buffer_id);
   // The tensor bound to `name`, or null.
   Tensor* FindByName(const std::string& name);
+  // A bound name of `name`'s namespace a few edits away from it (a typo's likely target),
+  // among the names next to it in order; nullopt when none is close. Bounded work, whatever
+  // the number of names: a caller may ask on every miss.
+  std::optional<std::string> NearestBoundName(std::string_view name) const;
 
   // Binds `name` to `tensor` (sets its name and generation) and returns the id of the
   // tensor that was bound before, or 0. The caller retires the old one.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/human_bytes.h"
 #include "common/status.h"
 
 namespace tensord::server {
@@ -49,9 +50,15 @@ absl::Status UidQuota::CheckRoom(uid_t uid, UidResource resource, uint64_t amoun
   const uint64_t held = InUse(uid, resource);
   const uint64_t limit = limits_[resource];
   if (limit == 0 || Exempt(uid) || (amount <= limit && held <= limit - amount)) return absl::OkStatus();
+  // Byte counts also as people read them ("6291456 (6.0 MiB)"); the flag's value stays exact.
+  const bool bytes = resource == UidResource::kMetadataBytes || resource == UidResource::kHostBytes;
+  auto count = [bytes](uint64_t n) {
+    return bytes && n >= 1024 ? absl::StrCat(n, " (", common::HumanBytes(n), ")") : absl::StrCat(n);
+  };
   return absl::ResourceExhaustedError(absl::StrCat(
-      common::AbslView(what), " needs ", amount, " more ", common::AbslView(Noun(resource)), ": uid ", uid,
-      " holds ", held, " of the limit per uid (", common::AbslView(FlagName(resource)), " ", limit, ")"));
+      common::AbslView(what), " needs ", count(amount), " more ", common::AbslView(Noun(resource)), ": uid ", uid,
+      " holds ", count(held), " of the limit per uid (", common::AbslView(FlagName(resource)), " ", limit,
+      bytes && limit >= 1024 ? absl::StrCat(", ", common::HumanBytes(limit)) : "", ")"));
 }
 
 absl::Status UidQuota::Reserve(uid_t uid, UidResource resource, uint64_t amount, std::string_view what) {

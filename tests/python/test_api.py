@@ -25,6 +25,19 @@ def test_errors_carry_the_brokers_message(client):
         assert issubclass(cls, tensord.Error) and cls.__module__ == "tensord"
 
 
+def test_a_missing_name_suggests_a_bound_one_a_typo_away(client, name):
+    n = name("weights")
+    client.put(n, np.zeros(2, dtype=np.float32))
+    typo = n.replace("weights", "wieghts")
+    for call in (lambda: client.get(typo), lambda: client.take(typo), lambda: client.stat(typo),
+                 lambda: client.delete(typo)):
+        with pytest.raises(tensord.NotFound, match=f"did you mean '{n}'"):
+            call()
+    with pytest.raises(tensord.NotFound) as e:  # nothing near: no hint
+        client.get(name("entirely-different-") + "-x")
+    assert "did you mean" not in str(e.value)
+
+
 def test_connect_without_a_broker_is_unavailable(tmp_path):
     with pytest.raises(tensord.Unavailable) as e:
         tensord.connect(str(tmp_path / "none.sock"))

@@ -98,5 +98,21 @@ TEST(NameHasPrefixTest, SegmentAware) {
   EXPECT_FALSE(NameHasPrefix("b", "a"));
 }
 
+TEST(EditDistanceWithinTest, CountsEditsUpToTheLimit) {
+  EXPECT_EQ(EditDistanceWithin("weights", "weights", 2), 0u);
+  EXPECT_EQ(EditDistanceWithin("weights", "wieghts", 2), 2u);  // a transposition is two edits
+  EXPECT_EQ(EditDistanceWithin("weights", "weight", 2), 1u);
+  EXPECT_EQ(EditDistanceWithin("weight", "weights", 2), 1u);
+  EXPECT_EQ(EditDistanceWithin("kitten", "sitting", 3), 3u);
+  EXPECT_EQ(EditDistanceWithin("kitten", "sitting", 2), std::nullopt);
+  EXPECT_EQ(EditDistanceWithin("", "abc", 3), 3u);
+  EXPECT_EQ(EditDistanceWithin("", "abcd", 3), std::nullopt);
+  EXPECT_EQ(EditDistanceWithin("abcdef", "uvwxyz", 3), std::nullopt);
+  // Long names cost the band, not the square: a 512-byte name against itself and one edit.
+  const std::string long_name(512, 'a');
+  EXPECT_EQ(EditDistanceWithin(long_name, long_name + "b", 1), 1u);
+  EXPECT_EQ(EditDistanceWithin(long_name, "b" + long_name.substr(1), 1), 1u);
+}
+
 }  // namespace
 }  // namespace tensord::common

@@ -30,8 +30,8 @@ TEST(MemoryQuotaTest, HostRefusalKeepsItsMessageAndReservesNothing) {
   absl::Status refused = quota.Reserve(MemoryQuota::kHost, 8192, "exporting a memfd");
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(refused.message(),
-            "exporting a memfd needs 8192 bytes of host memory: 4096 bytes are in use of the limit of "
-            "10000 (--max-host-bytes)");
+            "exporting a memfd needs 8192 bytes (8.0 KiB) of host memory: 4096 bytes (4.0 KiB) are in use "
+            "of the limit of 10000 bytes (9.8 KiB) (--max-host-bytes)");
   EXPECT_EQ(quota.InUse(MemoryQuota::kHost), 4096u);
   // More than the whole limit: refused without overflow, whatever is in use.
   EXPECT_EQ(quota.Reserve(MemoryQuota::kHost, UINT64_MAX, "huge").code(), absl::StatusCode::kResourceExhausted);
@@ -49,8 +49,8 @@ TEST(MemoryQuotaTest, DevicesAreIndependentAndNamedInRefusals) {
   absl::Status refused = quota.Reserve(kGpu, 4096, "allocating a tensor");
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(refused.message(),
-            "allocating a tensor needs 4096 bytes of memory on cuda:GPU-0a1b2c3d: 1048576 bytes are in use "
-            "of the limit of 1048576 (--max-device-bytes)");
+            "allocating a tensor needs 4096 bytes (4.0 KiB) of memory on cuda:GPU-0a1b2c3d: 1048576 bytes "
+            "(1.0 MiB) are in use of the limit of 1048576 bytes (1.0 MiB) (--max-device-bytes)");
   // Releasing one device frees nothing on the other.
   quota.Release(MemoryQuota::kHost, 4096);
   EXPECT_EQ(quota.InUse(kGpu), 1u << 20);

@@ -72,6 +72,19 @@ TEST(TensorRegistry, OldestUnderPicksTheLowestGenerationWithinThePrefixOnly) {
   EXPECT_EQ(registry.OldestUnder("q/")->id, outside);
 }
 
+TEST(TensorRegistry, NearestBoundNameIsATypoAwayInTheSameNamespace) {
+  TensorRegistry registry;
+  for (const char* name : {"demo/weights", "demo/batch/0001", "other/weights", "demo/x"}) {
+    registry.Bind(name, *registry.Find(registry.AddTensor(NamedTensor(registry)).id), registry.NextGeneration());
+  }
+  EXPECT_EQ(registry.NearestBoundName("demo/wieghts"), "demo/weights");
+  EXPECT_EQ(registry.NearestBoundName("demo/weight"), "demo/weights");
+  EXPECT_EQ(registry.NearestBoundName("demox/weights"), std::nullopt);  // another namespace
+  EXPECT_EQ(registry.NearestBoundName("demo/batch/0002"), std::nullopt);  // a series, not a typo
+  EXPECT_EQ(registry.NearestBoundName("demo/y"), std::nullopt);           // one letter is no typo of another
+  EXPECT_EQ(registry.NearestBoundName("demo/completely-else"), std::nullopt);
+}
+
 TEST(TensorRegistry, OldestUnderFollowsRebindsAndUnbinds) {
   TensorRegistry registry;
   std::vector<uint64_t> ids;
