@@ -5,7 +5,7 @@ Debian python3 (this interpreter, /usr/bin/python3 under ctest) from the reposit
 against a test daemon of its own ($TENSORD_SOCKET points at it, as for any child process
 here), with a time limit: a snippet that blocks fails instead of hanging the suite.
 
-README.md's ```cpp block is a whole program. It is compiled as written against the source
+docs/cpp-api.md's ```cpp block is a whole program. It is compiled as written against the source
 tree's public headers (client/include, and abi/include for the tensord/dlpack.h and
 tensord/status.h that client.h includes) and the build tree's libtensord.so with -Wall
 -Wextra -Wpedantic -Werror (an ignored [[nodiscard]] result is an error), then run against a
@@ -36,6 +36,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 READMES = ["README.md", os.path.join("client", "python", "README.md")]
+CPP_DOC = os.path.join("docs", "cpp-api.md")  # the C++ API's page: one whole program
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _NOT_RUN = re.compile(r"<!--\s*not run:\s*(.*?)\s*-->\s*$")
@@ -69,7 +70,7 @@ def test_the_readmes_have_the_snippets_this_file_runs():
     # A renamed fence or a moved file would otherwise leave nothing to run, silently.
     for path in READMES:
         assert blocks(path, "python"), f"no ```python block in {path}"
-    assert len(blocks("README.md", "cpp")) == 1, "README.md should hold one ```cpp program"
+    assert len(blocks(CPP_DOC, "cpp")) == 1, f"{CPP_DOC} should hold one ```cpp program"
 
 
 @pytest.mark.parametrize("code", _params("python", READMES))
@@ -93,7 +94,7 @@ def _lib_dir():
     return lib_dir
 
 
-@pytest.mark.parametrize("code", _params("cpp", ["README.md"]))
+@pytest.mark.parametrize("code", _params("cpp", [CPP_DOC]))
 def test_cpp_snippet_compiles_without_warnings_and_runs(broker, tmp_path, code):
     source = tmp_path / "readme_snippet.cc"
     source.write_text(code)
@@ -107,11 +108,11 @@ def test_cpp_snippet_compiles_without_warnings_and_runs(broker, tmp_path, code):
     ]
     built = subprocess.run(compile_cmd, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, (
-        f"README.md's C++ snippet does not compile cleanly:\n{' '.join(compile_cmd)}\n"
+        f"docs/cpp-api.md's C++ program does not compile cleanly:\n{' '.join(compile_cmd)}\n"
         f"{built.stderr}")
     try:
         ran = subprocess.run([str(program)], cwd=tmp_path, env=broker.env(),
                              capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        pytest.fail("README.md's C++ snippet did not finish in 60 s")
-    assert ran.returncode == 0, f"README.md's C++ snippet failed:\n{ran.stdout}{ran.stderr}"
+        pytest.fail("docs/cpp-api.md's C++ program did not finish in 60 s")
+    assert ran.returncode == 0, f"docs/cpp-api.md's C++ program failed:\n{ran.stdout}{ran.stderr}"
