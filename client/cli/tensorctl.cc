@@ -698,7 +698,43 @@ int CmdGet(Client& client, const Globals& g, const std::string& name, const std:
   return 0;
 }
 
+// `rm PREFIX/`: every name under the prefix, a page at a time. Each is deleted only at the
+// generation listed, so a name published again meanwhile keeps its new tensor; one deleted
+// by someone else meanwhile is counted as gone.
+int CmdRmPrefix(Client& client, const Globals& g, const std::string& prefix) {
+  uint64_t deleted = 0, kept = 0, gone = 0;
+  ListPageOptions page;
+  do {
+    Result<TensorPage> listed = client.ListPage(prefix, page);
+    if (!listed.ok()) return Fail("rm " + prefix, listed.status());
+    for (const TensorInfo& info : listed->tensors) {
+      Status s = client.Delete(info.name, info.generation);
+      if (s.ok()) {
+        ++deleted;
+      } else if (s.code() == StatusCode::kAborted) {
+        ++kept;
+      } else if (s.code() == StatusCode::kNotFound) {
+        ++gone;
+      } else {
+        return Fail("rm " + info.name + " (under " + prefix + ", after " + std::to_string(deleted) + " removed)", s);
+      }
+    }
+    page.page_token = listed->next_page_token;
+  } while (!page.page_token.empty());
+  if (g.json) {
+    std::printf("{\"deleted_prefix\":%s,\"deleted\":%" PRIu64 ",\"kept\":%" PRIu64 ",\"gone\":%" PRIu64 "}\n",
+                JsonString(prefix).c_str(), deleted, kept, gone);
+  } else {
+    std::printf("removed %" PRIu64 " %s under %s", deleted, deleted == 1 ? "name" : "names", prefix.c_str());
+    if (kept > 0) std::printf("; %" PRIu64 " published again meanwhile, kept", kept);
+    if (gone > 0) std::printf("; %" PRIu64 " removed by someone else meanwhile", gone);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int CmdRm(Client& client, const Globals& g, const std::string& name) {
+  if (name.ends_with('/')) return CmdRmPrefix(client, g, name);
   Status s = client.Delete(name);
   if (!s.ok()) return Fail("rm " + name, s);
   if (g.json) std::printf("{\"deleted\":%s}\n", JsonString(name).c_str());
@@ -817,8 +853,8 @@ int Run(int argc, char** argv) {
   get->add_option("-o,--output", get_out, "write the tensor to this .npy file");
   get->add_option("--wait", get_wait, "wait up to SECONDS for the name to appear (inf: forever)");
   std::string rm_name;
-  auto* rm = app.add_subcommand("rm", "unbind NAME");
-  rm->add_option("NAME", rm_name)->required();
+  auto* rm = app.add_subcommand("rm", "unbind NAME, or every name under PREFIX/ (a trailing /)");
+  rm->add_option("NAME", rm_name, "a name, or a prefix ending in / (every name under it)")->required();
   std::string watch_prefix;
   auto* watch = app.add_subcommand("watch", "print binding changes until Ctrl-C");
   watch->add_option("PREFIX", watch_prefix, "only names under this prefix");

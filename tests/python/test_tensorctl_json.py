@@ -137,3 +137,20 @@ def test_watch_events_are_python_dicts(broker, client, name):
         watcher.wait(10)
     assert from_ctl == as_json(seen[(from_ctl["name"], from_ctl["generation"])])
     assert from_ctl["kind"] == "bound" and from_ctl["tensor"]["name"] == from_ctl["name"]
+
+
+def test_rm_of_a_prefix_removes_every_name_under_it_and_nothing_else(broker, client, name):
+    queue = name("batches") + "/"
+    names = [f"{queue}{i:05d}" for i in range(5000)]  # more than one page of a listing
+    for start in range(0, len(names), 1000):
+        client.put_many({n: np.zeros(0, np.float32) for n in names[start:start + 1000]})
+    outside = queue.rstrip("/") + "-other"  # shares the prefix's characters, not its segment
+    client.put(outside, np.zeros(1, np.float32))
+    done = json.loads(ctl(broker, "rm", queue))
+    assert done == {"deleted_prefix": queue, "deleted": 5000, "kept": 0, "gone": 0}
+    assert client.list(queue) == []
+    assert client.stat(outside)["name"] == outside
+    client.put(f"{queue}again", np.zeros(1, np.float32))
+    plain = subprocess.run([TENSORCTL, "--socket", broker.socket, "rm", queue], capture_output=True, text=True,
+                           timeout=30)
+    assert plain.returncode == 0 and plain.stdout == f"removed 1 name under {queue}\n", plain
