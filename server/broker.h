@@ -368,6 +368,10 @@ class Broker {
   Snapshot SnapshotLocked(const std::set<uint64_t>* stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // UNAVAILABLE while FreezeAndSnapshot's freeze holds.
   absl::Status CheckNamesMayChangeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whose per-uid Status figures `session_id` sees, in `only_uid`: every uid (nullopt) for
+  // session 0 (the metrics page, the service manager), root and the daemon's uid; else its
+  // own uid. False when the session is gone (nothing to show). broker_reads.cc.
+  bool StatusScopeLocked(uint64_t session_id, std::optional<uid_t>& only_uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetStatus's optional parts (broker_reads.cc).
   void DescribeSessionsLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -183,12 +183,7 @@ absl::StatusOr<v1::CancelHandOversResponse> Broker::CancelHandOvers(uint64_t ses
 
 void Broker::DescribeHandOversLocked(uint64_t session_id, v1::StatusResponse& response) {
   std::optional<uid_t> only_uid;  // nullopt: every uid
-  if (session_id != 0) {
-    const Session* caller = sessions_.Find(session_id);
-    if (caller == nullptr) return;
-    const uid_t uid = caller->creds.uid;
-    if (uid != 0 && uid != options_.daemon_uid) only_uid = uid;
-  }
+  if (!StatusScopeLocked(session_id, only_uid)) return;
   std::map<uid_t, HandOverPins> sorted;  // one entry per uid with a hand-over pending
   if (only_uid) {
     if (HandOverPins pins = hand_overs_.PinsOf(*only_uid); pins.hand_overs > 0) sorted.emplace(*only_uid, pins);

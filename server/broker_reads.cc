@@ -452,14 +452,19 @@ v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t 
   return response;
 }
 
+bool Broker::StatusScopeLocked(uint64_t session_id, std::optional<uid_t>& only_uid) {
+  only_uid.reset();
+  if (session_id == 0) return true;
+  const Session* caller = sessions_.Find(session_id);
+  if (caller == nullptr) return false;
+  const uid_t uid = caller->creds.uid;
+  if (uid != 0 && uid != options_.daemon_uid) only_uid = uid;
+  return true;
+}
+
 void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& response) {
   std::optional<uid_t> only_uid;  // nullopt: every session
-  if (session_id != 0) {
-    const Session* caller = sessions_.Find(session_id);
-    if (caller == nullptr) return;
-    const uid_t uid = caller->creds.uid;
-    if (uid != 0 && uid != options_.daemon_uid) only_uid = uid;
-  }
+  if (!StatusScopeLocked(session_id, only_uid)) return;
   // Running figures (UsageCounters): the cost is the sessions', whatever the tensor count.
   for (const auto& [id, session] : sessions_.sessions()) {
     if (only_uid && session.creds.uid != *only_uid) continue;
