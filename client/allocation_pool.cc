@@ -8,7 +8,7 @@
 namespace tensord::internal {
 namespace {
 
-// The broker's arena slots are whole pages of at least 4 KiB (server/arena.h); a class is
+// The broker's arena slots are whole pages of at least 4 KiB (server/memory/arena.h); a class is
 // a whole number of them, so an entry fills its slot exactly.
 uint64_t PageBytes() {
   static const uint64_t page = std::max<uint64_t>(4096, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));

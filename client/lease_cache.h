@@ -1,6 +1,6 @@
 // LeaseCache: this client's record of the leases its session holds: an index of its
 // LeaseViews, and the lease cache proper (DESIGN.md "Lease cache"). Not the broker's lease
-// table (server/lease_table.h), which says who holds what across sessions.
+// table (server/state/lease_table.h), which says who holds what across sessions.
 //
 //  - held: (tensor id, view kind) -> the view holding this session's lease on that tensor,
 //    so a second acquire of a tensor we hold adds a reference instead of keeping a second

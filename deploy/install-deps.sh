@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libdlpack-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # systemd's notify protocol and socket activation (server/systemd.h); systemd-analyze
+  # systemd's notify protocol and socket activation (server/daemon/systemd.h); systemd-analyze
   # checks deploy/systemd's units (tests/service)
   libsystemd-dev systemd
   # the daemon's allocator (server/CMakeLists.txt): many small messages per request

@@ -1,6 +1,6 @@
 // MemoryBackend: one implementation per memory kind, chosen by the DLPack device type of a
 // tensor description (host memfds; CUDA and Level Zero plug in here). The broker holds
-// them in a BackendRegistry (server/backend_registry.h) and never looks inside a buffer:
+// them in a BackendRegistry (server/memory/backend_registry.h) and never looks inside a buffer:
 // everything that depends on the memory kind is a call on this seam.
 //
 // A backend allocates broker-owned buffers on one of its devices, or adopts memory a

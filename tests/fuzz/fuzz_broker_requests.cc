@@ -1,4 +1,4 @@
-// The Broker's request handlers (server/broker.h), in-process, driven by a sequence of
+// The Broker's request handlers (server/broker/broker.h), in-process, driven by a sequence of
 // operations decoded from the input: each op picks a handler by a byte and builds its
 // request from the following bytes (extreme integers, long and odd names, known and random
 // ids, several identities), or parses the request from raw bytes. A fresh Broker serves
@@ -41,7 +41,7 @@
 #include "common/names.h"
 #include "common/tensor_desc.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/broker.h"
+#include "server/broker/broker.h"
 #include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_check.h"
 

@@ -1,4 +1,4 @@
-#include "server/access_policy.h"
+#include "server/access/access_policy.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,13 +42,10 @@ TEST(AccessPolicyTest, RootAndTheDaemonUidMayDoAnything) {
 
 TEST(AccessPolicyTest, AnUnpublishedTensorIsItsProducersOnly) {
   AccessPolicy policy = Policy();
-  Tensor tensor;
-  tensor.producer_uid = 2005;
-  EXPECT_TRUE(policy.MayReadTensor(Creds(2005), tensor));
-  EXPECT_FALSE(policy.MayReadTensor(Creds(2001), tensor));
-  tensor.ns = "team";
-  EXPECT_FALSE(policy.MayReadTensor(Creds(2005), tensor));
-  EXPECT_TRUE(policy.MayReadTensor(Creds(2001), tensor));
+  EXPECT_TRUE(policy.MayReadIn(Creds(2005), "", 2005));
+  EXPECT_FALSE(policy.MayReadIn(Creds(2001), "", 2005));
+  EXPECT_FALSE(policy.MayReadIn(Creds(2005), "team", 2005));
+  EXPECT_TRUE(policy.MayReadIn(Creds(2001), "team", 2005));
 }
 
 TEST(AccessPolicyTest, HostBytesInAnAclNamespaceAreNotTheProducers) {

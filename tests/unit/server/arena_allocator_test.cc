@@ -1,10 +1,10 @@
-#include "server/arena_allocator.h"
+#include "server/placement/arena_allocator.h"
 
 #include <memory>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/arena.h"
+#include "server/memory/arena.h"
 
 namespace tensord::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/arena.h"
+#include "server/memory/arena.h"
 
 #include <random>
 #include <set>

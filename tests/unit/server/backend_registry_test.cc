@@ -1,4 +1,4 @@
-#include "server/backend_registry.h"
+#include "server/memory/backend_registry.h"
 
 #include "common/memory/device_names.h"
 #include "common/memory/host/host_backend.h"

@@ -12,7 +12,7 @@
 #include "common/memory/host/host_backend.h"
 #include "common/memory/host/memfd.h"
 #include "gtest/gtest.h"
-#include "server/broker.h"
+#include "server/broker/broker.h"
 
 namespace tensord::server::testing {
 

@@ -1,5 +1,5 @@
 // The Broker in-process, without gRPC: sessions, leases, waits, take, quotas, sealing.
-#include "server/broker.h"
+#include "server/broker/broker.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "server/buffer_pool.h"
+#include "server/memory/buffer_pool.h"
 
 #include <memory>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "server/config.h"
+#include "server/daemon/config.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/arena.h"
+#include "server/memory/arena.h"
 #include "tests/unit/common/status_matchers.h"
 
 namespace tensord::server {

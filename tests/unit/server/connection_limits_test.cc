@@ -1,11 +1,11 @@
 // ConnectionLimits and UidQuota on their own: caps per uid and in all, exempt uids, all or
 // nothing, and messages that name the flag.
-#include "server/connection_limits.h"
+#include "server/access/connection_limits.h"
 
 #include <string>
 
 #include "gtest/gtest.h"
-#include "server/uid_quota.h"
+#include "server/access/uid_quota.h"
 
 namespace tensord::server {
 namespace {

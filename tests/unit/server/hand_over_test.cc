@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "common/protocol_limits.h"
-#include "server/hand_over_table.h"
+#include "gtest/gtest.h"
+#include "server/state/hand_over_table.h"
 #include "tests/unit/server/broker_fixture.h"
 
 namespace tensord::server {

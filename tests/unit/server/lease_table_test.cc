@@ -1,4 +1,4 @@
-#include "server/lease_table.h"
+#include "server/state/lease_table.h"
 
 #include "gtest/gtest.h"
 

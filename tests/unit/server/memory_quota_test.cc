@@ -1,4 +1,4 @@
-#include "server/memory_quota.h"
+#include "server/memory/memory_quota.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

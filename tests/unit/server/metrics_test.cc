@@ -1,9 +1,9 @@
 // The metrics endpoint's parts: its address syntax, the RPC histograms, and the text format.
 // tests/service/test_metrics.py scrapes a running daemon.
 #include "gtest/gtest.h"
-#include "server/metrics_endpoint.h"
-#include "server/metrics_text.h"
-#include "server/rpc_metrics.h"
+#include "server/metrics/metrics_text.h"
+#include "server/metrics/rpc_metrics.h"
+#include "server/transport/metrics_endpoint.h"
 
 namespace tensord::server {
 namespace {

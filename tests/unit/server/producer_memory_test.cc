@@ -13,7 +13,7 @@
 #include "common/memory/host/host_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/broker.h"
+#include "server/broker/broker.h"
 #include "tests/unit/server/broker_fixture.h"
 
 namespace tensord::server::testing {

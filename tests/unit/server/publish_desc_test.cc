@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/arena.h"
+#include "server/memory/arena.h"
 #include "tests/unit/common/status_matchers.h"
 #include "tests/unit/server/broker_fixture.h"
 

@@ -11,7 +11,7 @@
 #include "common/memory/host/memfd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/registry_snapshot.h"
+#include "server/state/registry_snapshot.h"
 #include "tests/unit/server/broker_fixture.h"
 
 namespace tensord::server {

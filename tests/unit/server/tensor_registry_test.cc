@@ -1,4 +1,4 @@
-#include "server/tensor_registry.h"
+#include "server/state/tensor_registry.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "server/wait_queue.h"
+#include "server/state/wait_queue.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "server/watcher_set.h"
+#include "server/state/watcher_set.h"
 
 #include <memory>
 

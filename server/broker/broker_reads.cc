@@ -1,0 +1,612 @@
+// The consumer side of the Broker: acquire, take, waits, release, delete, list, stat,
+// status and watchers.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/memory/device_names.h"
+#include "common/names.h"
+#include "common/protocol_limits.h"
+#include "common/status.h"
+#include "server/broker/broker.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+constexpr size_t kMaxWatchers = 4096;
+// One page of a watcher's initial bindings (SendInitialBindings).
+constexpr size_t kInitialBindingsPageEvents = 256;
+constexpr size_t kInitialBindingsPageBytes = 256 * 1024;
+
+template <typename Request>
+bool WantsWait(const Request& request) {
+  return request.wait_case() != Request::WAIT_NOT_SET &&
+         (request.has_forever() ? request.forever() : request.timeout_ms() > 0);
+}
+
+// NOT_FOUND for a name nothing is bound to: `lead` and the name, and a bound name of its
+// namespace a typo away if there is one. Only after the caller's access to that namespace
+// was checked, so the hint tells nothing it could not list.
+absl::Status NotBound(const TensorRegistry& registry, std::string_view lead, const std::string& name) {
+  std::optional<std::string> nearest = registry.NearestBoundName(name);
+  return absl::NotFoundError(absl::StrCat(common::AbslView(lead), common::QuoteForError(name),
+                                          nearest ? absl::StrCat(" (did you mean ", common::QuoteForError(*nearest), "?)")
+                                                  : std::string()));
+}
+
+}  // namespace
+
+absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view target) {
+  TENSORD_RETURN_IF_ERROR(CheckWaitCapLocked(session));
+  const uid_t uid = session.creds.uid;
+  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(uid, UidResource::kWaits, 1, "waiting"));
+  absl::Status charged =
+      uid_quota_.Reserve(uid, UidResource::kMetadataBytes, kWaitEntryBytes + target.size(), "waiting");
+  if (!charged.ok()) uid_quota_.Release(uid, UidResource::kWaits, 1);
+  return charged;
+}
+
+uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::AcquireResponse>& done,
+                           std::optional<uint64_t> timeout_ms, std::string_view what) {
+  waiter.session_id = session.id;
+  waiter.uid = session.creds.uid;
+  waiter.metadata_bytes = kWaitEntryBytes + waiter.target.size();  // as ReserveWaitLocked charged
+  waiter.done = std::move(done);
+  uint64_t id = waiters_.Add(std::move(waiter));
+  if (timeout_ms) {
+    uint64_t ms = std::min(*timeout_ms, common::kMaxDurationMs);
+    waiters_.Find(id)->timer_id = timers_.Schedule(
+        TimerQueue::Clock::now() + std::chrono::milliseconds(ms),
+        [this, id, ms, what = std::string(what)] {
+          CompleteWaitWith(id, absl::DeadlineExceededError(
+                                   absl::StrCat("nothing to ", what, " within ", ms, " ms")));
+        });
+  }
+  ++session.waits;
+  return id;
+}
+
+void Broker::ForgetWaiterLocked(const Waiter& waiter) {
+  if (Session* session = sessions_.Find(waiter.session_id); session != nullptr) {
+    TENSORD_CHECK(session->waits > 0);
+    --session->waits;
+  }
+  uid_quota_.Release(waiter.uid, UidResource::kWaits, 1);
+  uid_quota_.Release(waiter.uid, UidResource::kMetadataBytes, waiter.metadata_bytes);
+}
+
+namespace {
+
+// TakeRequest.memory_type against the tensor, before anything is unbound.
+absl::Status CheckTakenMemory(v1::DeviceType wanted, const Tensor& tensor) {
+  const v1::DeviceType memory = tensor.desc.device().type();
+  if (wanted == v1::DEVICE_TYPE_UNSPECIFIED || memory == wanted) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.id, " (", common::QuoteForError(tensor.name),
+                                                 ") is ", v1::DeviceType_Name(memory),
+                                                 " memory and this take maps only ", v1::DeviceType_Name(wanted),
+                                                 " memory; it stays bound"));
+}
+
+}  // namespace
+
+absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
+  if (waiter.kind == Waiter::Kind::kTake) {
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session.creds, common::NamespaceOf(tensor.name), true));
+    return CheckTakenMemory(waiter.memory_type, tensor);
+  }
+  if (access_.MayReadIn(session.creds, tensor.ns, tensor.producer_uid)) return absl::OkStatus();
+  // The namespace is not named: an id waiter need not learn where the tensor went.
+  return absl::PermissionDeniedError(absl::StrCat("tensor ", tensor.id, " was published where uid ",
+                                                  session.creds.uid, " may not read it"));
+}
+
+uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
+                         Completion<v1::AcquireResponse> done) {
+  Waiter waiter;
+  if (request.target_case() == v1::AcquireRequest::kName) {
+    if (absl::Status status = common::ValidateName(request.name()); !status.ok()) {
+      std::move(done)(status);
+      return 0;
+    }
+    waiter.kind = Waiter::Kind::kAcquireName;
+    waiter.target = request.name();
+    waiter.min_generation = request.min_generation();
+  } else if (request.target_case() == v1::AcquireRequest::kTensorId) {
+    waiter.kind = Waiter::Kind::kAcquireId;
+    waiter.tensor_id = request.tensor_id();
+  } else if (request.target_case() == v1::AcquireRequest::kHandOver) {
+    std::move(done)(RedeemHandOver(session_id, request.hand_over()));  // at once: nothing to wait for
+    return 0;
+  } else {
+    std::move(done)(absl::InvalidArgumentError("acquire: give a name, a tensor_id or a hand_over token"));
+    return 0;
+  }
+
+  std::optional<absl::StatusOr<v1::AcquireResponse>> result;  // empty: wait
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> session = SessionLocked(session_id);
+    if (!session.ok()) {
+      result = session.status();
+    } else if (waiter.kind == Waiter::Kind::kAcquireName) {
+      std::string_view ns = common::NamespaceOf(waiter.target);
+      Tensor* tensor = registry_.FindByName(waiter.target);
+      if (absl::Status access = access_.CheckAccess((*session)->creds, ns, false); !access.ok()) {
+        result = access;
+      } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
+        absl::Status cap = CheckLeaseCapLocked(**session);
+        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor, true))
+                          : cap;
+      } else if (tensor != nullptr && !WantsWait(request)) {
+        result = absl::NotFoundError(absl::StrCat(common::QuoteForError(waiter.target), " is at generation ",
+                                                  tensor->generation, ", below the ",
+                                                  waiter.min_generation, " asked for"));
+      } else if (!WantsWait(request)) {
+        result = NotBound(registry_, "no tensor is bound to ", waiter.target);
+      }
+    } else {
+      // An id names no namespace, so the answer is the same for a tensor that does not exist
+      // and one the caller may not read. A wait by id is for a tensor being created that the
+      // caller may read (its publish may still move it out of reach: checked at the grant);
+      // a wait for an id that does not exist could only ever be granted someone else's.
+      Tensor* tensor = registry_.Find(waiter.tensor_id);
+      if (tensor == nullptr || !access_.MayReadIn((*session)->creds, tensor->ns, tensor->producer_uid)) {
+        result = absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id,
+                                                  " exists that uid ", (*session)->creds.uid, " may read"));
+      } else if (absl::Status live = CheckMemoryLiveLocked(*tensor); !live.ok()) {
+        result = live;
+      } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
+        absl::Status cap = CheckLeaseCapLocked(**session);
+        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
+      } else if (!WantsWait(request)) {
+        result = absl::NotFoundError(absl::StrCat("tensor ", waiter.tensor_id, " is not published yet"));
+      }
+    }
+    if (!result) {
+      if (shutting_down_) {
+        result = absl::CancelledError("tensord is shutting down");
+      } else if (absl::Status cap = ReserveWaitLocked(**session, waiter.target); !cap.ok()) {
+        result = cap;
+      } else {
+        std::optional<uint64_t> timeout;
+        if (!request.has_forever()) timeout = request.timeout_ms();
+        return StartWait(**session, std::move(waiter), done, timeout, "acquire");
+      }
+    }
+  }
+  std::move(done)(std::move(*result));
+  return 0;
+}
+
+uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
+                      Completion<v1::AcquireResponse> done) {
+  const std::string& target = request.name_or_prefix();
+  bool prefix = target.ends_with('/');
+  absl::Status valid = prefix ? common::ValidatePrefix(target) : common::ValidateName(target);
+  if (valid.ok() && target.empty()) valid = absl::InvalidArgumentError("take: give a name or a prefix");
+  if (!valid.ok()) {
+    std::move(done)(valid);
+    return 0;
+  }
+  absl::StatusOr<v1::AcquireResponse> result;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> session = SessionLocked(session_id);
+    absl::Status access = session.ok() ? access_.CheckAccess((*session)->creds, common::NamespaceOf(target), true)
+                                       : session.status();
+    if (access.ok()) access = CheckNamesMayChangeLocked();  // a take unbinds
+    if (!access.ok()) {
+      result = access;
+    } else {
+      Tensor* tensor = prefix ? registry_.OldestUnder(target) : registry_.FindByName(target);
+      if (tensor != nullptr) {
+        if (absl::Status memory = CheckTakenMemory(request.memory_type(), *tensor); !memory.ok()) {
+          result = memory;
+        } else if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) {
+          result = cap;
+        } else {
+          result = GrantLocked(**session, *tensor);
+          UnbindLocked(*tensor, effects);
+        }
+      } else if (!WantsWait(request)) {
+        result = prefix ? absl::NotFoundError(absl::StrCat("nothing is bound under ", common::QuoteForError(target)))
+                        : NotBound(registry_, "nothing is bound to ", target);
+      } else if (shutting_down_) {
+        result = absl::CancelledError("tensord is shutting down");
+      } else if (absl::Status cap = ReserveWaitLocked(**session, target); !cap.ok()) {
+        result = cap;
+      } else {
+        Waiter waiter;
+        waiter.kind = Waiter::Kind::kTake;
+        waiter.target = target;
+        waiter.memory_type = request.memory_type();
+        std::optional<uint64_t> timeout;
+        if (!request.has_forever()) timeout = request.timeout_ms();
+        return StartWait(**session, std::move(waiter), done, timeout, "take");
+      }
+    }
+  }
+  Deliver(effects);
+  std::move(done)(std::move(result));
+  return 0;
+}
+
+void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
+  std::optional<Waiter> waiter;
+  {
+    absl::MutexLock lock(&mu_);
+    waiter = waiters_.Remove(wait_id);
+    if (!waiter) return;
+    ForgetWaiterLocked(*waiter);
+  }
+  if (waiter->timer_id != 0) timers_.Cancel(waiter->timer_id);
+  std::move(waiter->done)(std::move(status));
+}
+
+void Broker::CancelWait(uint64_t wait_id) {
+  CompleteWaitWith(wait_id, absl::CancelledError("the wait was cancelled"));
+}
+
+absl::StatusOr<v1::ReleaseResponse> Broker::Release(uint64_t session_id,
+                                                    const v1::ReleaseRequest& request) {
+  if (static_cast<size_t>(request.lease_ids_size()) > common::kMaxReleaseBatch) {
+    // All or nothing: releasing a prefix would leave the caller unsure what it still holds.
+    return absl::InvalidArgumentError(absl::StrCat("release: lease_ids has ", request.lease_ids_size(),
+                                                   " entries, at most ", common::kMaxReleaseBatch,
+                                                   " per request; nothing was released"));
+  }
+  v1::ReleaseResponse response;
+  Effects effects;
+  {
+    absl::MutexLock lock(&mu_);
+    Session* session = sessions_.Find(session_id);
+    for (uint64_t lease_id : request.lease_ids()) {
+      std::optional<Lease> lease =
+          session == nullptr ? std::nullopt : leases_.Remove(lease_id, session_id);
+      if (!lease) {
+        ++releases_not_found_;
+        response.add_not_found(lease_id);
+        continue;
+      }
+      session->leases.erase(lease_id);
+      DropLeaseLocked(*lease, session->creds.uid, effects);
+      response.set_released(response.released() + 1);
+    }
+  }
+  Deliver(effects);
+  return response;
+}
+
+absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1::DeleteRequest& request) {
+  TENSORD_RETURN_IF_ERROR(common::ValidateName(request.name()));
+  Effects effects;
+  v1::DeleteResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), true));
+    TENSORD_RETURN_IF_ERROR(CheckNamesMayChangeLocked());
+    Tensor* tensor = registry_.FindByName(request.name());
+    if (tensor == nullptr) {
+      return NotBound(registry_, "no tensor is bound to ", request.name());
+    }
+    if (request.if_generation() != 0 && tensor->generation != request.if_generation()) {
+      return absl::AbortedError(absl::StrCat(common::QuoteForError(request.name()), " is at generation ",
+                                             tensor->generation, ", not ", request.if_generation()));
+    }
+    response.set_tensor_id(tensor->id);
+    response.set_generation(tensor->generation);
+    UnbindLocked(*tensor, effects);
+  }
+  Deliver(effects);
+  return response;
+}
+
+absl::StatusOr<v1::ListResponse> Broker::List(uint64_t session_id, const v1::ListRequest& request) {
+  const std::string& prefix = request.prefix();
+  const std::string& token = request.page_token();
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(prefix));
+  if (!token.empty() && (!common::ValidateName(token).ok() || !common::NameHasPrefix(token, prefix))) {
+    return absl::InvalidArgumentError(absl::StrCat("list ", common::QuoteForError(prefix),
+                                                   ": page_token is not a name under the prefix; pass the "
+                                                   "next_page_token of the last answer for the same prefix"));
+  }
+  const bool paged = request.page_size() > 0;
+  const size_t max_entries = paged ? std::min<size_t>(request.page_size(), common::kMaxListPageEntries)
+                                   : std::numeric_limits<size_t>::max();
+  const size_t max_bytes = paged ? common::kMaxListPageBytes : common::kMaxUnpagedListBytes;
+  v1::ListResponse response;
+  size_t bytes = 0;
+  absl::MutexLock lock(&mu_);
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+  const auto& names = registry_.names();
+  // Names are unique and ordered, so resuming after the token never repeats one.
+  auto it = token.empty() ? names.lower_bound(prefix) : names.upper_bound(token);
+  size_t unsent = 0;  // an unpaged answer that does not fit: the names it would have held
+  for (; it != names.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (!common::NameHasPrefix(it->first, prefix)) continue;
+    if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
+    Tensor* tensor = registry_.Find(it->second);
+    if (tensor == nullptr) continue;
+    if (unsent > 0) {
+      ++unsent;
+      continue;
+    }
+    if (static_cast<size_t>(response.tensors_size()) >= max_entries) {
+      response.set_next_page_token(response.tensors(response.tensors_size() - 1).name());
+      break;
+    }
+    v1::TensorInfo info = registry_.Describe(*tensor);
+    // The entry as the repeated field carries it: a tag byte, its length, the message.
+    const size_t entry = info.ByteSizeLong() + 1 + 5;
+    if (bytes + entry > max_bytes && response.tensors_size() > 0) {
+      if (!paged) {
+        unsent = static_cast<size_t>(response.tensors_size()) + 1;
+        continue;
+      }
+      response.set_next_page_token(response.tensors(response.tensors_size() - 1).name());
+      break;
+    }
+    bytes += entry;
+    *response.add_tensors() = std::move(info);
+  }
+  if (unsent > 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("list ", common::QuoteForError(prefix), ": its ", unsent, " names take more than the ",
+                     common::kMaxUnpagedListBytes, " bytes one answer may carry; list them in pages ",
+                     "(ListRequest.page_size, which this client does not send: upgrade it)"));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::StatRequest& request) {
+  if (request.target_case() == v1::StatRequest::kName) {
+    TENSORD_RETURN_IF_ERROR(common::ValidateName(request.name()));
+  } else if (request.target_case() != v1::StatRequest::kTensorId) {
+    return absl::InvalidArgumentError("stat: give a name or a tensor_id");
+  }
+  absl::MutexLock lock(&mu_);
+  TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+  // The same answer whether a tensor exists or not, where the caller may not read it: a
+  // name's namespace is checked before the name is looked up, and an id that names a tensor
+  // out of reach is answered as one that names none.
+  Tensor* tensor = nullptr;
+  if (request.target_case() == v1::StatRequest::kName) {
+    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), false));
+    tensor = registry_.FindByName(request.name());
+    if (tensor == nullptr) {
+      return NotBound(registry_, "no tensor is bound to ", request.name());
+    }
+  } else {
+    tensor = registry_.Find(request.tensor_id());
+    if (tensor == nullptr || !access_.MayReadIn(session->creds, tensor->ns, tensor->producer_uid)) {
+      return absl::NotFoundError(absl::StrCat("no tensor with id ", request.tensor_id(), " exists that uid ",
+                                              session->creds.uid, " may read"));
+    }
+  }
+  v1::StatResponse response;
+  *response.mutable_tensor() = registry_.Describe(*tensor);
+  for (const auto& [holder_id, count] : tensor->holders) {
+    const Session* holder = sessions_.Find(holder_id);
+    if (holder == nullptr) continue;
+    v1::LeaseHolder* out = response.add_holders();
+    out->set_session_id(holder_id);
+    out->set_pid(static_cast<uint32_t>(holder->creds.pid));
+    out->set_uid(holder->creds.uid);
+    out->set_gid(holder->creds.gid);
+    out->set_leases(count);
+    out->set_producer(holder_id == tensor->producer_session);
+  }
+  return response;
+}
+
+v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t session_id) {
+  v1::StatusResponse response;
+  response.set_version(options_.version);
+  response.set_instance_nonce(instance_nonce_);
+  response.set_pid(static_cast<uint32_t>(getpid()));
+  response.set_uid(static_cast<uint32_t>(getuid()));
+  response.set_socket(options_.socket);
+  auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count();
+  response.set_uptime_ms(now - started_unix_ms_);
+  absl::MutexLock lock(&mu_);
+  response.set_host_bytes_in_use(memory_quota_.InUse(MemoryQuota::kHost));
+  response.set_host_bytes_limit(memory_quota_.Limit(MemoryQuota::kHost));
+  response.set_tensors(registry_.tensors().size());
+  response.set_named_tensors(registry_.names().size());
+  response.set_buffers(registry_.buffer_count());
+  response.set_leases(leases_.size());
+  response.set_sessions(sessions_.size());
+  response.set_releases_not_found(releases_not_found_);
+  response.set_host_bytes_pooled(pool_.bytes_on(&backends_->host()));
+  response.set_pooled_buffers(pool_.size());
+  response.set_hand_overs_pending(hand_overs_.size());
+  response.set_leases_reclaimed(leases_reclaimed_);
+  if (request.include_sessions()) DescribeSessionsLocked(session_id, response);
+  if (request.include_namespaces()) DescribeNamespacesLocked(session_id, response);
+  DescribeHandOversLocked(session_id, response);
+  for (v1::BackendStatus& backend : backends_->Describe()) {
+    for (v1::DeviceUsage& usage : *backend.mutable_devices()) {
+      const std::string key = common::DeviceKey(usage.device());
+      usage.set_bytes_in_use(memory_quota_.InUse(key));
+      usage.set_bytes_limit(memory_quota_.Limit(key));
+      if (absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(usage.device()); device.ok()) {
+        usage.set_bytes_pooled(pool_.bytes_on(*device));
+      }
+    }
+    *response.add_backends() = std::move(backend);
+  }
+  return response;
+}
+
+bool Broker::StatusScopeLocked(uint64_t session_id, std::optional<uid_t>& only_uid) {
+  only_uid.reset();
+  if (session_id == 0) return true;
+  const Session* caller = sessions_.Find(session_id);
+  if (caller == nullptr) return false;
+  const uid_t uid = caller->creds.uid;
+  if (uid != 0 && uid != options_.daemon_uid) only_uid = uid;
+  return true;
+}
+
+void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& response) {
+  std::optional<uid_t> only_uid;  // nullopt: every session
+  if (!StatusScopeLocked(session_id, only_uid)) return;
+  // Running figures (UsageCounters): the cost is the sessions', whatever the tensor count.
+  for (const auto& [id, session] : sessions_.sessions()) {
+    if (only_uid && session.creds.uid != *only_uid) continue;
+    v1::SessionUsage& usage = *response.add_session_usage();
+    usage.set_id(id);
+    usage.set_pid(static_cast<uint32_t>(session.creds.pid));
+    usage.set_uid(session.creds.uid);
+    usage.set_gid(session.creds.gid);
+    usage.set_client_name(session.client_name);
+    usage.set_opened_unix_ms(session.opened_unix_ms);
+    usage.set_leases(session.leases.size());
+    // A tensor leased twice holds its bytes once.
+    const UsageCounters::SessionFigures figures = registry_.usage().ForSession(id);
+    usage.set_bytes_leased(figures.bytes_leased);
+    usage.set_tensors_produced(figures.tensors_produced);
+    usage.set_bytes_produced(figures.bytes_produced);
+    usage.set_leases_granted(session.leases_granted);
+    usage.set_publishes(session.publishes);
+    usage.set_waiting(session.waits);
+  }
+}
+
+void Broker::DescribeNamespacesLocked(uint64_t session_id, v1::StatusResponse& response) {
+  // A caller learns of a namespace only what List and Watch would show it: that it exists,
+  // and its tensors' count and bytes, only where it may read.
+  const common::PeerCredentials* caller = nullptr;
+  if (session_id != 0) {
+    const Session* session = sessions_.Find(session_id);
+    if (session == nullptr) return;
+    caller = &session->creds;
+  }
+  // Running figures (UsageCounters): the cost is the namespaces', whatever the tensor count.
+  std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> usage;  // sorted output
+  for (const auto& [key, figures] : registry_.usage().namespaces()) {
+    if (caller != nullptr && !access_.MayReadIn(*caller, key.ns, key.producer_uid)) continue;
+    auto& [tensors, bytes] = usage[{key.ns, key.device == nullptr ? std::string("host") : key.device->key}];
+    tensors += figures.tensors;
+    bytes += figures.bytes;
+  }
+  for (const auto& [key, value] : usage) {
+    v1::NamespaceUsage& entry = *response.add_namespace_usage();
+    entry.set_namespace_(key.first);
+    entry.set_device(key.second);
+    entry.set_tensors(value.first);
+    entry.set_bytes(value.second);
+  }
+}
+
+absl::StatusOr<uint64_t> Broker::AddWatcher(uint64_t session_id, const v1::WatchRequest& request,
+                                            std::shared_ptr<WatchSink> sink) {
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(request.prefix()));
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
+    // Shutdown closed every watcher it knew of; a later one would keep the server waiting.
+    if (shutting_down_) return absl::UnavailableError("tensord is shutting down");
+    if (watchers_.size() >= kMaxWatchers) {
+      return absl::ResourceExhaustedError(absl::StrCat("tensord already has ", watchers_.size(),
+                                                       " watchers, the limit: close some first"));
+    }
+    const uid_t uid = session->creds.uid;
+    const uint64_t metadata = kWatcherEntryBytes + request.prefix().size();
+    TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(uid, UidResource::kWatchers, 1, "watching"));
+    if (absl::Status charged = uid_quota_.Reserve(uid, UidResource::kMetadataBytes, metadata, "watching");
+        !charged.ok()) {
+      uid_quota_.Release(uid, UidResource::kWatchers, 1);
+      return charged;
+    }
+    Watcher watcher{session_id, request.prefix(), session->creds, sink, metadata};
+    watcher.initial_pending = request.initial();
+    id = watchers_.Add(std::move(watcher));
+  }
+  return id;
+}
+
+bool Broker::SendInitialBindings(uint64_t watcher_id) {
+  absl::MutexLock lock(&mu_);
+  Watcher* watcher = watchers_.Find(watcher_id);
+  if (watcher == nullptr || !watcher->initial_pending) return false;
+  const std::string& prefix = watcher->prefix;
+  const auto& names = registry_.names();
+  auto it = watcher->initial_sent_through.empty() ? names.lower_bound(prefix)
+                                                  : names.upper_bound(watcher->initial_sent_through);
+  size_t events = 0;
+  size_t bytes = 0;
+  for (; it != names.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (events >= kInitialBindingsPageEvents || bytes >= kInitialBindingsPageBytes) return true;
+    if (!common::NameHasPrefix(it->first, prefix)) continue;
+    if (!access_.MayRead(watcher->creds, common::NamespaceOf(it->first))) continue;
+    Tensor* tensor = registry_.Find(it->second);
+    if (tensor == nullptr) continue;
+    v1::WatchEvent event;
+    event.set_kind(v1::WatchEvent::KIND_BOUND);
+    event.set_name(it->first);
+    event.set_generation(tensor->generation);
+    *event.mutable_tensor() = registry_.Describe(*tensor);
+    ++events;
+    bytes += event.ByteSizeLong();
+    watcher->sink->Push(event);
+    watcher->initial_sent_through = it->first;
+  }
+  watcher->initial_pending = false;
+  return false;
+}
+
+void Broker::ReleaseWatcherLocked(const Watcher& watcher) {
+  uid_quota_.Release(watcher.creds.uid, UidResource::kWatchers, 1);
+  uid_quota_.Release(watcher.creds.uid, UidResource::kMetadataBytes, watcher.metadata_bytes);
+}
+
+void Broker::RemoveWatcher(uint64_t watcher_id) {
+  std::optional<Watcher> watcher;  // its sink is released outside the lock
+  absl::MutexLock lock(&mu_);
+  watcher = watchers_.Remove(watcher_id);
+  if (watcher) ReleaseWatcherLocked(*watcher);
+}
+
+void Broker::Shutdown() {
+  std::vector<uint64_t> pending;
+  std::vector<std::shared_ptr<WatchSink>> watch_sinks;
+  std::vector<std::shared_ptr<PushSink>> push_sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    pending = waiters_.Ids();
+    for (Watcher& watcher : watchers_.RemoveAll()) {
+      watch_sinks.push_back(std::move(watcher.sink));
+      ReleaseWatcherLocked(watcher);
+    }
+    for (const auto& [id, session] : sessions_.sessions()) {
+      if (session.sink != nullptr) push_sinks.push_back(session.sink);
+    }
+  }
+  spdlog::debug("shutdown: closing {} session streams and {} watchers, cancelling {} waits",
+                push_sinks.size(), watch_sinks.size(), pending.size());
+  for (auto& sink : watch_sinks) sink->Close();
+  for (auto& sink : push_sinks) sink->Close();
+  for (uint64_t id : pending) {
+    CompleteWaitWith(id, absl::CancelledError("tensord is shutting down"));
+  }
+}
+
+}  // namespace tensord::server
