@@ -8,10 +8,13 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client_core.h"
 #include "client/dlpack_context.h"
+#include "client/dlpack_convert.h"
 #include "client/lease_view.h"
 #include "client/status_util.h"
+#include "client/tensor_convert.h"
 #include "common/memory/backends.h"
 #include "common/socket_paths.h"
+#include "common/tensor_desc.h"
 
 namespace tensord {
 
@@ -211,6 +214,25 @@ uint64_t Client::session_id() const { return core_->session_id(); }
 const std::string& Client::socket_path() const { return core_->socket_path(); }
 
 std::string DefaultClientSocketPath() { return common::DefaultClientSocketPath(); }
+
+// The names are the wire's (common/tensor_desc.h), so tensord has one table of them.
+Result<std::string> DTypeName(DLDataType dtype) {
+  return Guard("dtype name", [&]() -> Result<std::string> {
+    absl::StatusOr<v1::DataType> wire = internal::FromDLDataType(dtype);
+    if (!wire.ok()) return internal::FromAbsl(wire.status());
+    return common::DTypeName(*wire);
+  });
+}
+
+Result<DLDataType> ParseDTypeName(std::string_view name) {
+  return Guard("dtype name", [&]() -> Result<DLDataType> {
+    absl::StatusOr<v1::DataType> wire = common::ParseDTypeName(name);
+    if (!wire.ok()) return internal::FromAbsl(wire.status());
+    return internal::ToDLDataType(*wire);
+  });
+}
+
+const char* TensorStateName(TensorState state) { return internal::TensorStateName(state); }
 
 void DisableLockOrderChecks() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
 

@@ -7,6 +7,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libdlpack-dev libtomlplusplus-dev libcli11-dev
+  # tensorctl's --json output (client/cli/json_output.h); header-only
+  nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # systemd's notify protocol and socket activation (server/daemon/systemd.h); systemd-analyze
   # checks deploy/systemd's units (tests/service)

@@ -630,6 +630,16 @@ class TENSORD_EXPORT Watcher {
 // The socket a client uses by default (see ClientOptions::socket_path).
 TENSORD_EXPORT std::string DefaultClientSocketPath();
 
+// The name of a dtype, as numpy, the Python package and tensorctl write it: "bool", "int8"
+// .. "int64", "uint8" .. "uint64", "float16", "float32", "float64", "bfloat16", "complex64",
+// "complex128". INVALID_ARGUMENT naming the field for a dtype tensord does not support
+// ("dlpack dtype.code is 3: ...": another code or width, or lanes other than 1).
+TENSORD_EXPORT Result<std::string> DTypeName(DLDataType dtype);
+// The dtype a DTypeName names; INVALID_ARGUMENT naming the text and listing the names.
+TENSORD_EXPORT Result<DLDataType> ParseDTypeName(std::string_view name);
+// "creating", "sealed" or "retired": TensorInfo::state as Python's info dicts name it.
+TENSORD_EXPORT const char* TensorStateName(TensorState state);
+
 // Process-wide: turns off abseil's lock-order (deadlock cycle) checks, which Debian's abseil
 // runs on every mutex acquisition in the process, the client's and gRPC's, at the cost of a
 // global lock each. A program that embeds the client and does not debug lock order (the

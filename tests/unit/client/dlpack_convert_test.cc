@@ -1,9 +1,11 @@
 #include "client/dlpack_convert.h"
 
+#include <string>
 #include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tensord/client.h"
 #include "tests/unit/common/status_matchers.h"
 
 namespace tensord::internal {
@@ -64,6 +66,35 @@ TEST(DLPackConvertTest, RefusesUnknownDTypes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lanes is 4")));
   EXPECT_THAT(FromDLDataType(DLDataType{kDLFloat, 128, 1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bits is 128")));
+}
+
+// The public names (tensord::DTypeName, what tensorctl and .npy files use) are the wire's.
+TEST(DLPackConvertTest, PublicDTypeNamesAreTheWireNames) {
+  for (const DLPackDType& t : kAllDTypes) {
+    SCOPED_TRACE(t.name);
+    const DLDataType dl{t.dl_code, static_cast<uint8_t>(t.bits), 1};
+    Result<std::string> name = tensord::DTypeName(dl);
+    ASSERT_TRUE(name.ok()) << name.status().ToString();
+    EXPECT_EQ(*name, t.name);
+    Result<DLDataType> back = tensord::ParseDTypeName(t.name);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->code, t.dl_code);
+    EXPECT_EQ(back->bits, t.bits);
+    EXPECT_EQ(back->lanes, 1);
+  }
+  Result<std::string> opaque = tensord::DTypeName(DLDataType{kDLOpaqueHandle, 64, 1});
+  EXPECT_EQ(opaque.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(opaque.status().message(), HasSubstr("dlpack dtype.code is 3"));
+  EXPECT_EQ(tensord::DTypeName(DLDataType{kDLFloat, 32, 4}).status().code(), StatusCode::kInvalidArgument);
+  Result<DLDataType> unknown = tensord::ParseDTypeName("float8");
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("dtype 'float8' is unknown"));
+}
+
+TEST(DLPackConvertTest, PublicTensorStateNames) {
+  EXPECT_STREQ(tensord::TensorStateName(TensorState::kCreating), "creating");
+  EXPECT_STREQ(tensord::TensorStateName(TensorState::kSealed), "sealed");
+  EXPECT_STREQ(tensord::TensorStateName(TensorState::kRetired), "retired");
 }
 
 TEST(DLPackConvertTest, DevicesRoundTrip) {
