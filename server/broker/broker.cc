@@ -93,6 +93,7 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<BackendRegistry> backends)
       backends_(std::move(backends)),
       arenas_(options_.arena_bytes),
       uid_quota_(options_.uid_limits, {0, options_.daemon_uid}),
+      leases_(registry_, uid_quota_),
       pool_(options_.recycle) {
   memory_quota_.SetLimit(MemoryQuota::kHost, options_.max_host_bytes, "--max-host-bytes");
   for (const ResolvedDevice& device : backends_->devices()) {
@@ -176,10 +177,8 @@ void Broker::CloseSession(uint64_t session_id) {
     for (uint64_t tensor_id : session->ready_fenced_tensors) {
       if (Tensor* tensor = registry_.Find(tensor_id)) tensor->ready_fence.clear();
     }
-    for (uint64_t lease_id : session->leases) {
-      std::optional<Lease> lease = leases_.Remove(lease_id, session_id);
-      TENSORD_CHECK(lease.has_value());
-      DropLeaseLocked(*lease, session->creds.uid, effects);
+    for (uint64_t tensor_id : leases_.DropAll(*session)) {
+      if (Tensor* tensor = registry_.Find(tensor_id)) MaybeRemoveLocked(*tensor, effects);
       ++released;
     }
     leases_reclaimed_ += released;
@@ -338,27 +337,12 @@ void Broker::DetachSink(uint64_t session_id, const PushSink* sink) {
 // Leases, bindings, retirement
 
 v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool by_name) {
-  uint64_t lease_id = leases_.Add(session.id, tensor.id);
-  session.leases.insert(lease_id);
-  ++session.leases_granted;
-  uid_quota_.Add(session.creds.uid, UidResource::kMetadataBytes, kLeaseEntryBytes);
-  registry_.AddHolder(tensor, session.id, by_name);
-  ++tensor.leases;
   v1::AcquireResponse response;
-  response.set_lease_id(lease_id);
+  response.set_lease_id(leases_.Grant(session, tensor, by_name));
   *response.mutable_tensor() = registry_.Describe(tensor);
   response.set_ready_fence(tensor.ready_fence);
   if (!tensor.ready_fence.empty()) response.set_ready_fence_session(tensor.producer_session);
   return response;
-}
-
-void Broker::DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) {
-  uid_quota_.Release(holder_uid, UidResource::kMetadataBytes, kLeaseEntryBytes);
-  Tensor* tensor = registry_.Find(lease.tensor_id);
-  TENSORD_CHECK(tensor != nullptr && tensor->leases > 0);
-  --tensor->leases;
-  registry_.RemoveHolder(*tensor, lease.session_id);
-  MaybeRemoveLocked(*tensor, effects);
 }
 
 void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {

@@ -296,8 +296,6 @@ class Broker {
   // with it); `cancel_timer` unless its timer is what fired.
   void EndHandOverLocked(const PendingHandOver& hand_over, bool cancel_timer, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops a lease its session (of uid `holder_uid`) no longer holds.
-  void DropLeaseLocked(const Lease& lease, uid_t holder_uid, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The buffer of `tensor_id`, in memory its producer owned, was freed: tells the producer
   // (ExportReleased) while its session is open.
@@ -392,13 +390,13 @@ class Broker {
 
   absl::Mutex mu_;
   TensorRegistry registry_ ABSL_GUARDED_BY(mu_);
-  LeaseTable leases_ ABSL_GUARDED_BY(mu_);
   HandOverTable hand_overs_ ABSL_GUARDED_BY(mu_);
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
   WaitQueue waiters_ ABSL_GUARDED_BY(mu_);
   ArenaAllocator arenas_ ABSL_GUARDED_BY(mu_);  // and the allocations waiting for a new arena
   WatcherSet watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);
+  LeaseTable leases_ ABSL_GUARDED_BY(mu_);  // keeps registry_'s holders and uid_quota_'s charges
   MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
   BufferPool pool_ ABSL_GUARDED_BY(mu_);
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;

@@ -49,12 +49,12 @@ void Broker::UnchargeTensorLocked(const Tensor& tensor) {
 }
 
 absl::Status Broker::CheckLeaseCapLocked(const Session& session) const {
-  if (session.leases.size() >= options_.max_leases_per_session) {
+  if (leases_.CountOf(session.id) >= options_.max_leases_per_session) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "session ", session.id, " holds ", session.leases.size(), " leases, the limit (--max-leases-per-session ",
+        "session ", session.id, " holds ", leases_.CountOf(session.id), " leases, the limit (--max-leases-per-session ",
         options_.max_leases_per_session, "): release some first"));
   }
-  // A lease is kept in the daemon too; GrantLocked charges it.
+  // A lease is kept in the daemon too; LeaseTable::Grant charges it.
   return uid_quota_.CheckRoom(session.creds.uid, UidResource::kMetadataBytes, kLeaseEntryBytes,
                               "holding one more lease");
 }

@@ -271,15 +271,13 @@ absl::StatusOr<v1::ReleaseResponse> Broker::Release(uint64_t session_id,
     absl::MutexLock lock(&mu_);
     Session* session = sessions_.Find(session_id);
     for (uint64_t lease_id : request.lease_ids()) {
-      std::optional<Lease> lease =
-          session == nullptr ? std::nullopt : leases_.Remove(lease_id, session_id);
-      if (!lease) {
+      Tensor* tensor = session == nullptr ? nullptr : leases_.Drop(*session, lease_id);
+      if (tensor == nullptr) {
         ++releases_not_found_;
         response.add_not_found(lease_id);
         continue;
       }
-      session->leases.erase(lease_id);
-      DropLeaseLocked(*lease, session->creds.uid, effects);
+      MaybeRemoveLocked(*tensor, effects);
       response.set_released(response.released() + 1);
     }
   }
@@ -475,7 +473,7 @@ void Broker::DescribeSessionsLocked(uint64_t session_id, v1::StatusResponse& res
     usage.set_gid(session.creds.gid);
     usage.set_client_name(session.client_name);
     usage.set_opened_unix_ms(session.opened_unix_ms);
-    usage.set_leases(session.leases.size());
+    usage.set_leases(leases_.CountOf(session.id));
     // A tensor leased twice holds its bytes once.
     const UsageCounters::SessionFigures figures = registry_.usage().ForSession(id);
     usage.set_bytes_leased(figures.bytes_leased);

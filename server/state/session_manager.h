@@ -40,7 +40,6 @@ struct Session {
   common::PeerCredentials creds;
   std::string client_name;
   int64_t opened_unix_ms = 0;
-  absl::flat_hash_set<uint64_t> leases;                 // lease ids
   absl::flat_hash_map<uint64_t, common::UniqueFd> staged_fds;
   uint64_t last_staged_id = 0;
   size_t waits = 0;  // pending acquires and takes
@@ -55,7 +54,7 @@ struct Session {
   absl::flat_hash_set<uint64_t> ready_fenced_tensors;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
-  // Since it opened, for tensorctl top's rates.
+  // Since it opened, for tensorctl top's rates (leases_granted: kept by LeaseTable).
   uint64_t leases_granted = 0;
   uint64_t publishes = 0;
 };
