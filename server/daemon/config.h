@@ -4,20 +4,7 @@
 // limits and max_grpc_connections below, arena_bytes, arena_max_tensor, the recycling caps,
 // max_device_bytes, metrics_address, log_level,
 // [acl.<namespace>] tables (config only). LoadConfig resolves every default, so a Config it
-// returns holds the final numbers.
-//
-// Values are checked, never guessed at; a bad one is INVALID_ARGUMENT naming where it came
-// from (the flag, the environment variable, or the file, line and key), the value and why:
-//  - a size is a decimal number with an optional unit: 512MiB, 4G, 1.5GiB, 2GB (K/M/G/T and
-//    KiB/MiB/GiB/TiB are binary, like the rest of Linux memory tooling; KB/MB/GB/TB decimal;
-//    units in any case). A fraction needs a unit and must come to a whole number of bytes;
-//    the result is from 1 byte to 2^63-1 (arena sizes may also be 0: off);
-//  - a count is a plain decimal integer from 1 to 2^32;
-//  - neither takes a sign, hexadecimal, leading zeros, an exponent or inner whitespace
-//    (whitespace around the value is ignored);
-//  - in the file, a count must be a TOML integer, a size a TOML integer (bytes) or string,
-//    text settings TOML strings; booleans, floats, arrays, tables and dates are refused, and
-//    so is any key the daemon does not know (a misspelt key would do nothing).
+// returns holds the final numbers. How values are written and checked: config_values.h.
 #pragma once
 
 #include <sys/types.h>
@@ -32,16 +19,14 @@
 #include "server/access/access_policy.h"
 #include "server/access/connection_limits.h"
 #include "server/access/uid_quota.h"
+#include "server/daemon/config_values.h"
+#include "server/daemon/host_memory.h"
 #include "server/memory/arena.h"
 #include "server/memory/buffer_pool.h"
 #include "server/memory/memory_quota.h"
 #include "server/state/session_manager.h"
 
 namespace tensord::server {
-
-// Parses "SIZE" or "NAME=SIZE[,NAME=SIZE...]" (a bare SIZE may lead the list: the value
-// for devices not named). INVALID_ARGUMENT naming the entry and why.
-absl::StatusOr<DeviceLimits> ParseDeviceLimits(std::string_view text);
 
 struct Config {
   std::string socket;        // empty: the default path for our uid
@@ -102,37 +87,5 @@ std::string PrintedConfig(const Config& config);
 // `--print-config` are answered by printing usage, "tensord <version>" or PrintedConfig to
 // stdout and returning CANCELLED (the caller exits 0).
 absl::StatusOr<Config> LoadConfig(int argc, char** argv);
-
-// The gid of an existing group, given by name or by number (decimal digits only: a gid from
-// 0 to 2^32-2, since (gid_t)-1 tells chown to leave the group alone). Thread-safe (the
-// getgr*_r calls). INVALID_ARGUMENT saying why when no such group exists or the number does
-// not fit gid_t; the errno's code when the group database cannot be read. The message does
-// not repeat `group`: the caller says where it came from.
-absl::StatusOr<gid_t> LookUpGroup(std::string_view group);
-
-// "512MiB" -> 536870912, by the rules above. INVALID_ARGUMENT naming the text and the reason.
-absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
-
-// The tightest cgroup memory limit on this process, and the file that set it.
-struct CgroupMemoryLimit {
-  uint64_t bytes = 0;  // 0: no limit found
-  std::string file;
-};
-
-// Reads the limits that bind the process whose /proc/self/cgroup is `proc_self_cgroup`,
-// with the cgroup filesystems mounted under `sys_fs_cgroup_root` (/sys/fs/cgroup): v2's
-// memory.max ("0::/path", in <root>/<path>, or <root>/unified/<path> on hybrid systems) and
-// v1's memory.limit_in_bytes ("N:memory:/path" or a list naming memory, "N:cpu,memory:/path",
-// in <root>/memory/<path>, else <root>/cpu,memory/<path>), in the cgroup's directory and in each
-// ancestor up to the mount's root: a parent's limit binds its children. The root's own file
-// is read even when <path> is not there, as inside a container whose cgroup is mounted as
-// the root. "max", v1's "no limit" (2^63 less a page) and unreadable files count as none;
-// the smallest limit found wins.
-CgroupMemoryLimit FindCgroupMemoryLimit(std::string_view proc_self_cgroup,
-                                        const std::string& sys_fs_cgroup_root);
-
-// Half of min(MemTotal, this process's cgroup memory limit). `why`, when given, says which
-// of the two it was and where it was read, for the log.
-uint64_t DefaultMaxHostBytes(std::string* why = nullptr);
 
 }  // namespace tensord::server
