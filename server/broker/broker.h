@@ -58,6 +58,7 @@
 #include "server/memory/buffer_pool.h"
 #include "server/memory/memory_quota.h"
 #include "server/placement/arena_allocator.h"
+#include "server/placement/placement.h"
 #include "server/runtime/completion.h"
 #include "server/runtime/executor.h"
 #include "server/runtime/timer_queue.h"
@@ -399,6 +400,7 @@ class Broker {
   LeaseTable leases_ ABSL_GUARDED_BY(mu_);  // keeps registry_'s holders and uid_quota_'s charges
   MemoryQuota memory_quota_ ABSL_GUARDED_BY(mu_);  // device memory handed out, by device key
   BufferPool pool_ ABSL_GUARDED_BY(mu_);
+  Placement placement_ ABSL_GUARDED_BY(mu_);  // decides over arenas_ and pool_
   uint64_t releases_not_found_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t leases_reclaimed_ ABSL_GUARDED_BY(mu_) = 0;  // held by sessions when they closed
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,109 @@
+#include "server/placement/placement.h"
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/memory/arena.h"
+
+namespace tensord::server {
+namespace {
+
+// Memory that is only a size: placement never looks inside.
+class SizedBuffer final : public common::BackendBuffer {
+ public:
+  explicit SizedBuffer(uint64_t size) : size_(size) {}
+  uint64_t size() const override { return size_; }
+  absl::StatusOr<common::MemoryHandle> Export() const override { return common::MemoryHandle{}; }
+  absl::Status CheckShareable(const std::string&) const override { return absl::OkStatus(); }
+  bool Recyclable() const override { return true; }
+
+ private:
+  uint64_t size_;
+};
+
+const ResolvedDevice kHost{nullptr, {}, "host"};
+const ResolvedDevice kGpu{nullptr, {}, "cuda:GPU-0"};
+constexpr uint64_t kArenaBytes = kFirstArenaBytes * 8;
+constexpr uint64_t kArenaMaxTensor = kFirstArenaBytes;
+
+Placement::Request Wants(bool isolated, bool recyclable, std::span<const uint64_t> maps = {}) {
+  Placement::Request request;
+  request.isolated = isolated;
+  request.recyclable = recyclable;
+  request.reuse_buffer_ids = maps;
+  return request;
+}
+
+class PlacementTest : public ::testing::Test {
+ protected:
+  PlacementTest() { session_.id = 7; }
+
+  Tensor Make(const std::string& ns, uint64_t extent, const ResolvedDevice* device = &kHost) {
+    Tensor tensor;
+    tensor.ns = ns;
+    tensor.device = device;
+    tensor.layout.extent = extent;
+    return tensor;
+  }
+  Placement::Choice Choose(Tensor& tensor, Placement::Request request = {}) {
+    return placement_.Choose(registry_, session_, tensor, request, tensor.layout.extent);
+  }
+
+  TensorRegistry registry_;
+  Session session_;
+  ArenaAllocator arenas_{kArenaBytes};
+  BufferPool pool_{BufferPool::Limits{16, uint64_t{1} << 30}};
+  Placement placement_{{kArenaBytes, kArenaMaxTensor}, &kHost, arenas_, pool_};
+};
+
+TEST_F(PlacementTest, ASmallHostTensorInANamespaceGoesToAnArenaAndWaitsForOneBeingMade) {
+  Tensor first = Make("ns", 4096);
+  Placement::Choice choice = Choose(first);
+  ASSERT_EQ(choice.kind, Placement::Kind::kNewArena);
+  EXPECT_EQ(choice.bytes, kFirstArenaBytes);
+  arenas_.StartMaking(session_.id, "ns");
+  Tensor second = Make("ns", 4096);
+  EXPECT_EQ(Choose(second).kind, Placement::Kind::kAwaitArena);
+  arenas_.FinishMaking(session_.id, "ns");
+  arenas_.AddArena(registry_, session_, "ns", choice.bytes, std::make_unique<SizedBuffer>(choice.bytes));
+  EXPECT_EQ(Choose(second).kind, Placement::Kind::kArenaSlot);
+  EXPECT_NE(second.buffer_id, 0u);  // placed: its slot is set
+}
+
+TEST_F(PlacementTest, WhatIsNotArenaSizedOrHostOrNamedOrAskedIsolatedGetsItsOwnBuffer) {
+  Tensor unnamed = Make("", 4096);
+  Tensor large = Make("ns", kArenaMaxTensor + 4096);
+  Tensor device = Make("ns", 4096, &kGpu);
+  Tensor isolated = Make("ns", 4096);
+  for (Tensor* tensor : {&unnamed, &large, &device}) {
+    Placement::Choice choice = Choose(*tensor);
+    EXPECT_EQ(choice.kind, Placement::Kind::kDedicated);
+    EXPECT_EQ(choice.bytes, tensor->layout.extent);
+  }
+  EXPECT_EQ(Choose(isolated, Wants(true, false)).kind, Placement::Kind::kDedicated);
+  EXPECT_FALSE(placement_.InArena(isolated, Wants(true, false)));
+  EXPECT_TRUE(placement_.InArena(isolated, Wants(false, false)));
+}
+
+TEST_F(PlacementTest, NoBytesNeedNoMemory) {
+  Tensor empty = Make("ns", 0);
+  EXPECT_EQ(Choose(empty).kind, Placement::Kind::kNoMemory);
+}
+
+TEST_F(PlacementTest, ARecyclableAllocationTakesAPooledBufferItStillMaps) {
+  const uint64_t size = kArenaMaxTensor * 4;
+  pool_.Put(BufferPool::Entry{42, session_.id, "ns", &kHost, size, true, {}, std::make_unique<SizedBuffer>(size)});
+  Tensor tensor = Make("ns", size);
+  const std::vector<uint64_t> maps{42};
+  EXPECT_EQ(Choose(tensor, Wants(false, false, maps)).kind, Placement::Kind::kDedicated);
+  EXPECT_EQ(Choose(tensor, Wants(false, true)).kind, Placement::Kind::kDedicated);  // names none it maps
+  Placement::Choice choice = Choose(tensor, Wants(false, true, maps));
+  ASSERT_EQ(choice.kind, Placement::Kind::kRecycled);
+  ASSERT_TRUE(choice.recycled.has_value());
+  EXPECT_EQ(choice.recycled->buffer_id, 42u);
+  EXPECT_EQ(pool_.size(), 0u);  // taken
+}
+
+}  // namespace
+}  // namespace tensord::server
