@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "client/cancel_state.h"
 #include "client/status_util.h"
 #include "common/logging.h"
 #include "common/protocol_limits.h"
@@ -216,15 +217,15 @@ void RpcChannel::KeepStreamOpen() {
 }
 
 absl::StatusOr<tensord::v1::SessionResponse> RpcChannel::StreamCall(
-    tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait) {
+    tensord::v1::SessionRequest request, std::optional<std::chrono::milliseconds> wait, CancelState* cancel) {
   std::vector<tensord::v1::SessionRequest> one;
   one.push_back(std::move(request));
-  return std::move(StreamCallMany(std::move(one), wait)[0]);
+  return std::move(StreamCallMany(std::move(one), wait, cancel)[0]);
 }
 
 std::vector<absl::StatusOr<tensord::v1::SessionResponse>> RpcChannel::StreamCallMany(
     std::vector<tensord::v1::SessionRequest> requests,
-    std::optional<std::chrono::milliseconds> wait) {
+    std::optional<std::chrono::milliseconds> wait, CancelState* cancel) {
   std::optional<SessionStream::Clock::time_point> deadline;
   if (wait.has_value()) deadline = SessionStream::Clock::now() + *wait;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> results(
@@ -241,11 +242,11 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> RpcChannel::StreamCall
     batch.reserve(todo.size());
     for (size_t i : todo) batch.push_back(requests[i]);
     std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-        (*stream)->CallMany(std::move(batch), deadline);
+        (*stream)->CallMany(std::move(batch), deadline, cancel);
     std::vector<size_t> retry;
     for (size_t k = 0; k < todo.size(); ++k) {
       const size_t i = todo[k];
-      if ((*stream)->IsInterruptedByDrain(replies[k])) {
+      if ((*stream)->IsInterruptedByDrain(replies[k]) && !(cancel != nullptr && cancel->cancelled())) {
         // A fork() drained the stream under this call: ask again on the next stream, with
         // what is left of the wait.
         ShortenWait(requests[i], deadline);

@@ -116,12 +116,14 @@ class RpcChannel {
   // prepared). It counts as a call in flight until its last holder lets go of it.
   absl::StatusOr<std::shared_ptr<SessionStream>> Stream();
   absl::StatusOr<tensord::v1::SessionResponse> StreamCall(tensord::v1::SessionRequest request,
-                                                          std::optional<std::chrono::milliseconds> wait);
+                                                          std::optional<std::chrono::milliseconds> wait,
+                                                          CancelState* cancel = nullptr);
   // CallMany on the stream, retrying what a fork's drain interrupted on the next stream; an
-  // error reply becomes that element's status.
+  // error reply becomes that element's status. `cancel` (may be null) as CallMany's: a call
+  // it cancelled is not retried.
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> StreamCallMany(
       std::vector<tensord::v1::SessionRequest> requests,
-      std::optional<std::chrono::milliseconds> wait);
+      std::optional<std::chrono::milliseconds> wait, CancelState* cancel = nullptr);
   // Sends `request` on the stream and returns at once; Await() gets its reply. A call a
   // fork's drain interrupted is not retried: its caller asks again if it still wants it.
   absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> StreamStart(tensord::v1::SessionRequest request);

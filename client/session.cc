@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "client/cancel_state.h"
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
 #include "common/fd_channel.h"
@@ -162,7 +163,8 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
     if (LeaseView* hit = leases_.FindByName(*name, kind, options.min_generation)) return hit;
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           channel_.StreamCall(AcquireRequest(target, options), RpcChannel::ReplyBound(options.wait)));
+                           channel_.StreamCall(AcquireRequest(target, options), RpcChannel::ReplyBound(options.wait),
+                                              CancelState::Of(options.cancel)));
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
@@ -194,7 +196,8 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, const 
     take->set_timeout_ms(static_cast<uint64_t>(wait.millis()));
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
-                           channel_.StreamCall(std::move(request), RpcChannel::ReplyBound(wait)));
+                           channel_.StreamCall(std::move(request), RpcChannel::ReplyBound(wait),
+                                              CancelState::Of(options.cancel)));
   if (!response.has_take()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "client/cancel_state.h"
 #include "client/session.h"
 #include "client/tensor_convert.h"
 #include "common/status.h"
@@ -159,7 +160,8 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   }
   if (requests.empty()) return views;
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(options.wait));
+      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(options.wait),
+                              CancelState::Of(options.cancel));
   Failures failed;
   std::vector<Grant> grants;
   for (size_t k = 0; k < asked.size(); ++k) {
@@ -208,7 +210,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
     }
   }
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(wait));
+      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(wait), CancelState::Of(options.cancel));
   std::vector<Grant> grants;
   std::optional<absl::Status> first_error;
   for (auto& reply : replies) {

@@ -1,8 +1,10 @@
 #include "client/session_stream.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
+#include "client/cancel_state.h"
 #include "client/status_util.h"
 #include "common/protocol_limits.h"
 #include "common/status.h"
@@ -465,11 +467,16 @@ absl::StatusOr<tensord::v1::SessionResponse> SessionStream::Call(
 }
 
 std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMany(
-    std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline) {
+    std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline,
+    CancelState* cancel) {
   const size_t n = requests.size();
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> results;
   results.reserve(n);
   if (n == 0) return results;
+  if (cancel != nullptr && cancel->cancelled()) {
+    results.assign(n, CancelState::CancelledStatus());
+    return results;
+  }
   std::vector<Waiter> waiters(n);  // never resized: pending_ points into it
   std::vector<uint64_t> seqs(n, 0);
   size_t outstanding = n;  // under mu_
@@ -507,13 +514,63 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
       EnqueueLocked(std::move(envelope));
     }
   }
-  if (!WaitUntil([&outstanding]() { return outstanding == 0; }, deadline)) {
+  uint64_t registration = 0;
+  if (cancel != nullptr) {
+    // Holds only values: it may run after this call returned, and then cancels nothing.
+    registration = cancel->Register([weak = weak_from_this(), seqs] {
+      if (std::shared_ptr<SessionStream> stream = weak.lock()) stream->SendCancel(seqs);
+    });
+  }
+  auto all_done = [&outstanding]() { return outstanding == 0; };
+  const bool met = cancel != nullptr ? WaitCancellable(all_done, deadline, *cancel) : WaitUntil(all_done, deadline);
+  if (!met) {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < n; ++i) TimeOutLocked(seqs[i], &waiters[i]);
   }
+  if (cancel != nullptr) cancel->Unregister(registration);
   // Every waiter is done and out of pending_: nothing else touches them any more.
-  for (size_t i = 0; i < n; ++i) results.push_back(std::move(waiters[i].result));
+  const bool cancelled = cancel != nullptr && cancel->cancelled();
+  for (size_t i = 0; i < n; ++i) {
+    absl::StatusOr<tensord::v1::SessionResponse>& result = waiters[i].result;
+    if (cancelled) {
+      // A grant that raced the cancel is nobody's: the orphan handler releases it.
+      if (result.ok() && !result->has_error() && on_orphan_) on_orphan_(*result);
+      result = CancelState::CancelledStatus();
+    }
+    results.push_back(std::move(result));
+  }
   return results;
+}
+
+bool SessionStream::WaitCancellable(const std::function<bool()>& done,
+                                    std::optional<Clock::time_point> deadline, CancelState& cancel) {
+  const std::optional<std::chrono::milliseconds> period = cancel.poll_period();
+  if (period.has_value()) {
+    // The poll runs only once a period passed: an answer that comes at once costs none.
+    for (;;) {
+      std::optional<Clock::time_point> wake = Clock::now() + *period;
+      if (deadline.has_value() && *deadline < *wake) wake = deadline;
+      if (WaitUntil(done, wake)) return true;
+      if (deadline.has_value() && Clock::now() >= *deadline) return false;
+      if (cancel.Poll()) break;
+    }
+  } else if (WaitUntil(done, deadline)) {
+    return true;
+  }
+  // Cancelled: the broker answers at once. One that does not know the cancel never will.
+  std::optional<Clock::time_point> grace = Clock::now() + kCancelGrace;
+  if (deadline.has_value() && *deadline < *grace) grace = deadline;
+  return WaitUntil(done, grace);
+}
+
+void SessionStream::SendCancel(const std::vector<uint64_t>& seqs) {
+  for (size_t at = 0; at < seqs.size(); at += common::kMaxBatchRequests) {
+    tensord::v1::SessionRequest request;
+    const size_t end = std::min(seqs.size(), at + common::kMaxBatchRequests);
+    for (size_t i = at; i < end; ++i) request.mutable_cancel_waits()->add_seqs(seqs[i]);
+    // A stream that broke meanwhile has failed the call already.
+    (void)Send(std::move(request));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> SessionStream::Start(

@@ -13,6 +13,13 @@
 // Start() sends one request as Call() does and returns at once: the caller collects the
 // reply later from the PendingCall, or gives it up (destroys it uncollected), and a reply
 // given up goes to the orphan handler, so a lease it grants is released.
+// CallMany() with a CancelState (cancel_state.h, a CancelToken's) waits as long, but while it
+// is registered with the token, cancelling it sends a CancelWaitsRequest for the batch's
+// seqs, and the call goes on waiting for the replies, which the broker sends at once
+// (CANCELLED, or the grant that raced the cancel). Once the token is cancelled every result
+// is CANCELLED and a lease a reply grants goes to the orphan handler. A token with a poll
+// makes the waiting thread wake every poll period to run it (under no lock); a broker that
+// has not answered kCancelGrace after the cancel was seen there is given up on.
 // Send() writes a request with seq 0 (a release that wants no reply). SendQuiet() writes a
 // quiet publish: it gets a seq, but the broker answers it only if it fails. Seqs are handed
 // out in write order, which is the order the broker handles requests and queues their
@@ -66,7 +73,9 @@
 
 namespace tensord::internal {
 
-class SessionStream {
+class CancelState;
+
+class SessionStream : public std::enable_shared_from_this<SessionStream> {
   // One request's reply, as the poller hands it over.
   struct Waiter {
     bool done = false;
@@ -79,6 +88,8 @@ class SessionStream {
   // A quiet request failed or was lost; the status names it by its label.
   using QuietFailureHandler = std::function<void(absl::Status)>;
   using Clock = std::chrono::steady_clock;
+  // How long a cancelled call waits for the broker's answers to its requests.
+  static constexpr std::chrono::seconds kCancelGrace{10};
 
   static absl::StatusOr<std::unique_ptr<SessionStream>> Open(tensord::v1::Broker::Stub* stub,
                                                              const std::string& session_token,
@@ -91,8 +102,11 @@ class SessionStream {
   // `deadline` nullopt: wait as long as the stream lives.
   absl::StatusOr<tensord::v1::SessionResponse> Call(tensord::v1::SessionRequest request,
                                                     std::optional<Clock::time_point> deadline);
+  // `cancel` (may be null) as the header comment says; a stream that is not owned by a
+  // shared_ptr cannot send the cancel (the call then waits for its replies as without one).
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> CallMany(
-      std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline);
+      std::vector<tensord::v1::SessionRequest> requests, std::optional<Clock::time_point> deadline,
+      CancelState* cancel = nullptr);
   // A request sent by Start(). Destroying it before Await() gives the reply up: one that came
   // already, and one that comes later, goes to the orphan handler. It keeps its stream
   // alive (a call in flight, for fork()) until it is destroyed.
@@ -180,6 +194,12 @@ class SessionStream {
   // waits for the poller. False on the deadline.
   bool WaitUntil(const std::function<bool()>& done, std::optional<Clock::time_point> deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // WaitUntil, waking every poll period of `cancel` to run its poll; once it is cancelled,
+  // waits at most kCancelGrace more.
+  bool WaitCancellable(const std::function<bool()>& done, std::optional<Clock::time_point> deadline,
+                       CancelState& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks the broker to drop the waits of these requests (no reply).
+  void SendCancel(const std::vector<uint64_t>& seqs) ABSL_LOCKS_EXCLUDED(mu_);
   // While a write is queued and nobody polls: takes the poller role for PollReady (true).
   [[nodiscard]] bool ClaimPollerForQueuedWritesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With the role so claimed: handles what has completed already (write completions, so the

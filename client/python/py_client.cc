@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,64 +27,53 @@ namespace py = pybind11;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// The longest single broker wait: the bound on how late Ctrl-C is noticed.
-constexpr milliseconds kWaitSlice{150};
+// While a blocking call waits at the broker, how often the thread that handles signals
+// wakes to run their handlers (the bound on how late Ctrl-C is noticed). It sends nothing.
+constexpr milliseconds kSignalCheck{100};
+// The broker cuts any wait to this (common::kMaxDurationMs, about 49 days); a longer
+// timeout is as good as forever.
+constexpr double kLongestWaitSeconds = 4294967.0;
+// How long one local wait of a watcher's next() lasts (a watch's events come on its own
+// stream: these waits send nothing); the bound on how late Ctrl-C is noticed there.
+constexpr milliseconds kWatchSlice{150};
 
+// A timeout as the timeout errors write it: "0.5 s", "3 s", "120 s".
 std::string SecondsText(double s) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), s < 1000 ? "%.3g s" : "%.0f s", s);
   return buf;
 }
 
-// What the broker said when the last bounded wait of a WaitLoop ran out, as the caller's
-// timeout should read it. Its "within N ms" is the length of that one slice, not the
-// caller's timeout, so it goes; so does the whole reason when it only says that nothing
-// came ("nothing to acquire"). A batch's reason keeps which element was missing.
-std::string SliceReason(std::string message) {
-  for (size_t at = message.find(" within "); at != std::string::npos; at = message.find(" within ", at)) {
-    size_t end = at + std::strlen(" within ");
-    const size_t digits = end;
-    while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
-    if (end > digits && message.compare(end, 3, " ms") == 0) {
-      message.erase(at, end + 3 - at);
-    } else {
-      at = end;
-    }
-  }
-  if (message.starts_with("nothing to ") && message.find(' ', std::strlen("nothing to ")) == std::string::npos) {
-    return "";
-  }
-  return message;
-}
-
-// Runs fn(Wait) as a loop of bounded broker waits with the GIL released, checking for
-// signals (Ctrl-C) between them. timeout: nullopt waits forever, <= 0 fails at once.
+// Runs fn(Wait, const CancelToken*) with the GIL released, as ONE broker wait of the whole
+// timeout (nullopt: forever; <= 0: none, failing at once). On the thread that handles
+// signals the wait is cancellable: every kSignalCheck it runs the signal handlers, and one
+// that raises (KeyboardInterrupt) cancels the wait at the broker, whose exception is then
+// thrown here. `token`, when given, cancels it too (asyncio: a cancelled task). The timeout
+// error names `what` and the caller's timeout; `detail` adds the client's own message (a
+// batch's, which names the element).
 template <typename T, typename Fn>
-T WaitLoop(const std::string& what, std::optional<double> timeout, Fn fn) {
+T BlockingWait(const std::string& what, std::optional<double> timeout, Fn fn, bool detail = false,
+               const CancelToken* token = nullptr) {
   if (timeout && !(*timeout > 0)) {
-    return Unwrap(WithoutGil([&]() -> Result<T> { return fn(Wait::None()); }));
+    return Unwrap(WithoutGil([&]() -> Result<T> { return fn(Wait::None(), token); }));
   }
-  const Clock::time_point deadline =
-      timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(*timeout))
-              : Clock::time_point::max();
-  for (;;) {
-    milliseconds slice = kWaitSlice;
-    if (timeout) {
-      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      slice = std::clamp(left, milliseconds(1), kWaitSlice);
-    }
-    Result<T> r = WithoutGil([&]() -> Result<T> { return fn(Wait::For(slice)); });
-    if (r.ok()) return std::move(r).value();
-    if (r.status().code() != StatusCode::kDeadlineExceeded) throw StatusError(r.status());
-    if (timeout && Clock::now() >= deadline) {
-      const std::string reason = SliceReason(r.status().message());
-      throw StatusError(Status(StatusCode::kDeadlineExceeded, what + " did not arrive within " +
-                                                                  SecondsText(*timeout) +
-                                                                  (reason.empty() ? "" : ": " + reason)));
-    }
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  Wait wait = Wait::Forever();
+  if (timeout && *timeout < kLongestWaitSeconds) {
+    wait = Wait::For(milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(*timeout * 1000.0)))));
   }
+  std::optional<CancelToken> signals;
+  if (token == nullptr && HandlesSignals()) {
+    token = &signals.emplace([] { return SignalHandlerRaised(); }, kSignalCheck);
+  }
+  Result<T> r = WithoutGil([&]() -> Result<T> { return fn(wait, token); });
+  if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+  if (r.ok()) return std::move(r).value();
+  if (r.status().code() == StatusCode::kDeadlineExceeded && timeout) {
+    std::string message = what + " did not arrive within " + SecondsText(*timeout);
+    if (detail) message += ": " + r.status().message();
+    throw StatusError(Status(StatusCode::kDeadlineExceeded, message));
+  }
+  throw StatusError(r.status());
 }
 
 class PyWatcher {
@@ -108,10 +97,10 @@ class PyWatcher {
                                      std::chrono::duration<double>(std::max(*timeout, 0.0)))
                 : Clock::time_point::max();
     for (;;) {
-      milliseconds slice = kWaitSlice;
+      milliseconds slice = kWatchSlice;
       if (timeout) {
         auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-        slice = std::clamp(left, milliseconds(0), kWaitSlice);
+        slice = std::clamp(left, milliseconds(0), kWatchSlice);
       }
       Result<std::optional<WatchEvent>> r = WithoutGil([&] { return watcher->Next(slice); });
       if (!r.ok()) {
@@ -306,9 +295,10 @@ class PyClient {
     return out;
   }
 
-  // get() for a batch of names: one batch per broker wait slice, all or nothing.
+  // get() for a batch of names: one batch, all or nothing, waiting as one.
   py::list GetMany(const std::vector<std::string>& names, std::optional<double> timeout,
-                   std::optional<uint64_t> min_generation, bool readonly, bool pinned) {
+                   std::optional<uint64_t> min_generation, bool readonly, bool pinned,
+                   const CancelToken* cancel) {
     AcquireOptions options;
     options.min_generation = min_generation.value_or(0);
     options.readonly = readonly;
@@ -316,12 +306,15 @@ class PyClient {
     std::shared_ptr<Client> client = Core();
     const std::string what = "the batch of " + std::to_string(names.size()) + " name" +
                              (names.size() == 1 ? "" : "s");
-    std::vector<TensorRef> refs =
-        WaitLoop<std::vector<TensorRef>>(what, timeout, [&](Wait wait) {
+    std::vector<TensorRef> refs = BlockingWait<std::vector<TensorRef>>(
+        what, timeout,
+        [&](Wait wait, const CancelToken* token) {
           AcquireOptions o = options;
           o.wait = wait;
+          o.cancel = token;
           return client->AcquireMany(names, o);
-        });
+        },
+        /*detail=*/true, cancel);
     py::list out;
     for (TensorRef& ref : refs) {
       out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client)));
@@ -330,17 +323,22 @@ class PyClient {
   }
 
   std::unique_ptr<PyTensor> Get(const std::string& name, std::optional<double> timeout,
-                                std::optional<uint64_t> min_generation, bool readonly, bool pinned) {
+                                std::optional<uint64_t> min_generation, bool readonly, bool pinned,
+                                const CancelToken* cancel) {
     AcquireOptions options;
     options.min_generation = min_generation.value_or(0);
     options.readonly = readonly;
     options.pinned = pinned;
     std::shared_ptr<Client> client = Core();
-    TensorRef ref = WaitLoop<TensorRef>("'" + name + "'", timeout, [&](Wait wait) {
-      AcquireOptions o = options;
-      o.wait = wait;
-      return client->Acquire(name, o);
-    });
+    TensorRef ref = BlockingWait<TensorRef>(
+        "'" + name + "'", timeout,
+        [&](Wait wait, const CancelToken* token) {
+          AcquireOptions o = options;
+          o.wait = wait;
+          o.cancel = token;
+          return client->Acquire(name, o);
+        },
+        /*detail=*/false, cancel);
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
@@ -353,23 +351,29 @@ class PyClient {
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
-  std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix,
-                                 std::optional<double> timeout, bool pinned, bool readonly) {
+  std::unique_ptr<PyTensor> Take(const std::string& name_or_prefix, std::optional<double> timeout,
+                                 bool pinned, bool readonly, const CancelToken* cancel) {
     std::shared_ptr<Client> client = Core();
-    TensorRef ref = WaitLoop<TensorRef>("'" + name_or_prefix + "'", timeout, [&](Wait wait) {
-      return client->Take(name_or_prefix, TakeOptions{.wait = wait, .pinned = pinned, .readonly = readonly});
-    });
+    TensorRef ref = BlockingWait<TensorRef>(
+        "'" + name_or_prefix + "'", timeout,
+        [&](Wait wait, const CancelToken* token) {
+          return client->Take(name_or_prefix,
+                              TakeOptions{.wait = wait, .cancel = token, .pinned = pinned, .readonly = readonly});
+        },
+        /*detail=*/false, cancel);
     return std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client);
   }
 
   py::list TakeMany(const std::string& name_or_prefix, size_t max_count, std::optional<double> timeout,
-                    bool pinned, bool readonly) {
+                    bool pinned, bool readonly, const CancelToken* cancel) {
     std::shared_ptr<Client> client = Core();
-    std::vector<TensorRef> refs = WaitLoop<std::vector<TensorRef>>(
-        "'" + name_or_prefix + "'", timeout, [&](Wait wait) {
+    std::vector<TensorRef> refs = BlockingWait<std::vector<TensorRef>>(
+        "'" + name_or_prefix + "'", timeout,
+        [&](Wait wait, const CancelToken* token) {
           return client->TakeMany(name_or_prefix, max_count,
-                                  TakeOptions{.wait = wait, .pinned = pinned, .readonly = readonly});
-        });
+                                  TakeOptions{.wait = wait, .cancel = token, .pinned = pinned, .readonly = readonly});
+        },
+        /*detail=*/false, cancel);
     py::list out;
     for (TensorRef& ref : refs) {
       out.append(py::cast(std::make_unique<PyTensor>(std::move(ref), /*producer=*/false, client)));
@@ -494,6 +498,11 @@ void BindWatcher(py::module_& m) {
 }
 
 void BindClient(py::module_& m) {
+  // A wait's cancellation, for asyncio: cancel() from any thread ends the calls given it.
+  py::class_<CancelToken>(m, "_CancelToken")
+      .def(py::init<>())
+      .def("cancel", [](CancelToken& token) { WithoutGil([&] { token.Cancel(); }); })
+      .def_property_readonly("cancelled", &CancelToken::cancelled);
   py::class_<PyClient>(m, "_Client")
       .def_static("connect", &PyClient::Connect, py::arg("socket") = py::none(),
                   py::arg("client_name") = py::none(), py::arg("lease_cache") = true,
@@ -516,16 +525,17 @@ void BindClient(py::module_& m) {
            py::arg("ns") = py::none(), py::arg("tags") = py::none())
       .def("get", &PyClient::Get, py::arg("name"), py::arg("timeout") = 0.0,
            py::arg("min_generation") = py::none(), py::arg("readonly") = false,
-           py::arg("pinned") = false)
+           py::arg("pinned") = false, py::arg("cancel") = py::none())
       .def("get_many", &PyClient::GetMany, py::arg("names"), py::arg("timeout") = 0.0,
            py::arg("min_generation") = py::none(), py::arg("readonly") = false,
-           py::arg("pinned") = false)
+           py::arg("pinned") = false, py::arg("cancel") = py::none())
       .def("get_by_id", &PyClient::GetById, py::arg("tensor_id"), py::arg("readonly") = false,
            py::arg("pinned") = false)
       .def("take", &PyClient::Take, py::arg("name_or_prefix"), py::arg("timeout") = 0.0,
-           py::arg("pinned") = false, py::arg("readonly") = false)
+           py::arg("pinned") = false, py::arg("readonly") = false, py::arg("cancel") = py::none())
       .def("take_many", &PyClient::TakeMany, py::arg("name_or_prefix"), py::arg("max_count"),
-           py::arg("timeout") = 0.0, py::arg("pinned") = false, py::arg("readonly") = false)
+           py::arg("timeout") = 0.0, py::arg("pinned") = false, py::arg("readonly") = false,
+           py::arg("cancel") = py::none())
       .def("hand_over", &PyClient::HandOver, py::arg("tensor"), py::arg("ttl") = py::none())
       .def("cancel_hand_overs", &PyClient::CancelHandOvers, py::arg("tokens") = py::none())
       .def("redeem", &PyClient::Redeem, py::arg("token"), py::arg("readonly") = false, py::arg("pinned") = false)

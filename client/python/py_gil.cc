@@ -35,6 +35,16 @@ bool MustNotReturnToPython() {
   return _Py_IsFinalizing() && PyThread_get_thread_ident() != g_main_thread.load();
 }
 
+bool HandlesSignals() { return PyThread_get_thread_ident() == g_main_thread.load(); }
+
+bool SignalHandlerRaised() {
+  if (MustNotReturnToPython()) ParkForever();
+  PyGILState_STATE gil = PyGILState_Ensure();
+  const bool raised = PyErr_CheckSignals() != 0;
+  PyGILState_Release(gil);
+  return raised;
+}
+
 void ParkForever() {
   for (;;) pause();
 }

@@ -23,6 +23,15 @@ bool MustNotReturnToPython();
 
 [[noreturn]] void ParkForever();
 
+// True on the thread that runs Python's signal handlers (the main thread): only there can a
+// signal handler raise (KeyboardInterrupt) into a wait.
+bool HandlesSignals();
+
+// Called without the GIL, from inside a call WithoutGil runs: takes the GIL for a moment and
+// runs the signal handlers of signals that arrived (PyErr_CheckSignals). True when one raised;
+// its exception stays set for the caller to throw once the call returned (error_already_set).
+bool SignalHandlerRaised();
+
 class GilRelease {
  public:
   GilRelease() : state_(PyEval_SaveThread()) {}

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <utility>
+#include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/protocol_limits.h"
@@ -54,6 +55,78 @@ v1::SessionResponse Reply(uint64_t seq, absl::StatusOr<Value> result, Place plac
 }
 
 class SessionStream;
+
+// The waits started on one stream, by the seq of the request that started each: what a
+// CancelWaitsRequest and the stream's end cancel. Shared with the waits' completions, which
+// forget theirs (and may outlive the stream). A client that reuses a seq has all its waits
+// of that seq cancelled together.
+class StreamWaits {
+ public:
+  // Before the broker call that may start a wait for request `seq`: the entry's key.
+  uint64_t Begin(uint64_t seq) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t key = next_key_++;
+    waits_.emplace(seq, Entry{key, 0});
+    return key;
+  }
+  // After it: the wait id it returned (0: it completed at once).
+  void Started(uint64_t seq, uint64_t key, uint64_t wait_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = FindLocked(seq, key);
+    if (it == waits_.end()) return;  // completed already
+    if (wait_id == 0) {
+      waits_.erase(it);
+    } else {
+      it->second.wait_id = wait_id;
+    }
+  }
+  // From the wait's completion.
+  void Done(uint64_t seq, uint64_t key) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = FindLocked(seq, key); it != waits_.end()) waits_.erase(it);
+  }
+  // The broker's ids of the pending waits of these requests, to cancel once mu_ is released
+  // (a cancelled wait completes at once, and its completion calls Done).
+  std::vector<uint64_t> WaitIdsOf(const google::protobuf::RepeatedField<uint64_t>& seqs) {
+    std::vector<uint64_t> ids;
+    absl::MutexLock lock(&mu_);
+    for (uint64_t seq : seqs) {
+      auto [first, last] = waits_.equal_range(seq);
+      for (auto it = first; it != last; ++it) {
+        if (it->second.wait_id != 0) ids.push_back(it->second.wait_id);
+      }
+    }
+    return ids;
+  }
+  // Every pending wait's id, forgetting them all (the stream ends).
+  std::vector<uint64_t> TakeAll() {
+    std::vector<uint64_t> ids;
+    absl::MutexLock lock(&mu_);
+    for (const auto& [seq, entry] : waits_) {
+      if (entry.wait_id != 0) ids.push_back(entry.wait_id);
+    }
+    waits_.clear();
+    return ids;
+  }
+
+ private:
+  struct Entry {
+    uint64_t key;
+    uint64_t wait_id;  // 0 while the broker call that starts it runs
+  };
+  using Map = std::multimap<uint64_t, Entry>;
+  Map::iterator FindLocked(uint64_t seq, uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto [first, last] = waits_.equal_range(seq);
+    for (auto it = first; it != last; ++it) {
+      if (it->second.key == key) return it;
+    }
+    return waits_.end();
+  }
+
+  absl::Mutex mu_;
+  uint64_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
+  Map waits_ ABSL_GUARDED_BY(mu_);  // by seq
+};
 
 // What the stream shares with the Broker (as its PushSink) and with wait completions,
 // which may outlive the call.
@@ -190,8 +263,11 @@ class SessionStream final : public ServerCall {
       case v1::SessionRequest::kTake: {
         bool take = request.op_case() == v1::SessionRequest::kTake;
         outbox->ExpectReply();
-        auto done = [outbox, seq, take, timer = Start(take ? RpcMethod::kTake : RpcMethod::kAcquire)](
+        const uint64_t key = waits_->Begin(seq);
+        auto done = [outbox, waits = waits_, seq, key, take,
+                     timer = Start(take ? RpcMethod::kTake : RpcMethod::kAcquire)](
                         absl::StatusOr<v1::AcquireResponse> result) {
+          waits->Done(seq, key);
           timer.Done(result.status().code());
           outbox->RespondOwed(Reply(seq, std::move(result), [take](v1::SessionResponse& r) {
             return take ? r.mutable_take() : r.mutable_acquire();
@@ -199,10 +275,20 @@ class SessionStream final : public ServerCall {
         };
         uint64_t wait_id = take ? broker_->Take(session_id_, request.take(), std::move(done))
                                 : broker_->Acquire(session_id_, request.acquire(), std::move(done));
-        if (wait_id != 0) {
-          absl::MutexLock lock(&waits_mu_);
-          waits_.insert(wait_id);
+        waits_->Started(seq, key, wait_id);
+        break;
+      }
+      case v1::SessionRequest::kCancelWaits: {
+        const auto& seqs = request.cancel_waits().seqs();
+        if (seqs.size() > common::kMaxBatchRequests) {
+          // Only a broken client sends this.
+          CancelWaits();
+          outbox->Abort(absl::InvalidArgumentError(absl::StrCat(
+              "a cancel of ", seqs.size(), " waits; at most ", common::kMaxBatchRequests)));
+          break;
         }
+        // Each cancelled wait answers its own request (CANCELLED); this one is not answered.
+        for (uint64_t wait_id : waits_->WaitIdsOf(seqs)) broker_->CancelWait(wait_id);
         break;
       }
       case v1::SessionRequest::kRelease: {
@@ -279,12 +365,7 @@ class SessionStream final : public ServerCall {
   RpcMetrics::Timer Start(RpcMethod method) const { return RpcMetrics::Start(metrics_, method, RpcTransport::kSession); }
 
   void CancelWaits() {
-    absl::flat_hash_set<uint64_t> waits;
-    {
-      absl::MutexLock lock(&waits_mu_);
-      waits.swap(waits_);
-    }
-    for (uint64_t id : waits) broker_->CancelWait(id);
+    for (uint64_t id : waits_->TakeAll()) broker_->CancelWait(id);
   }
 
   Broker* const broker_;
@@ -293,9 +374,8 @@ class SessionStream final : public ServerCall {
   uint64_t session_id_ = 0;
   std::shared_ptr<StreamOutbox> outbox_;
   grpc::ByteBuffer request_bytes_;
-  absl::Mutex waits_mu_;
-  // Waits started on this stream; completed ids may linger here and cancel as no-ops.
-  absl::flat_hash_set<uint64_t> waits_ ABSL_GUARDED_BY(waits_mu_);
+  // Waits started on this stream and not completed yet.
+  const std::shared_ptr<StreamWaits> waits_ = std::make_shared<StreamWaits>();
 };
 
 bool StreamOutbox::Push(const v1::SessionResponse& message) {

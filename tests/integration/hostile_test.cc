@@ -700,6 +700,66 @@ TEST_F(HostileTest, SessionBatchesAnswerEveryRequestAndRefuseNestingAndExcess) {
   ExpectIntact("session batches", baseline);
 }
 
+TEST_F(HostileTest, CancelWaitsEndsOnlyThisStreamsWaitsOfTheSeqsNamed) {
+  v1::StatusResponse baseline = GetStatus();
+  {
+    grpc::ClientContext context;
+    Authorize(context, token());
+    auto stream = stub_->Session(&context);
+    // Two waits under one seq (a client may reuse one), one under another, then a cancel of
+    // seq 5 and of seqs that name nothing.
+    for (auto [seq, name] : {std::pair<uint64_t, const char*>{5, "ns/a"}, {5, "ns/b"}, {6, "ns/c"}}) {
+      v1::SessionRequest acquire;
+      acquire.set_seq(seq);
+      acquire.mutable_acquire()->set_name(name);
+      acquire.mutable_acquire()->set_timeout_ms(1500);
+      ASSERT_TRUE(stream->Write(acquire));
+    }
+    v1::SessionRequest cancel;
+    cancel.set_seq(7);  // ignored: a cancel is never answered
+    for (uint64_t seq : {uint64_t{5}, uint64_t{99}, kU64Max}) cancel.mutable_cancel_waits()->add_seqs(seq);
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(stream->Write(cancel));
+    // Read before half-closing: the end of the client's writes cancels every wait left.
+    SessionReplies reader(stream.get());
+    std::vector<v1::SessionResponse> replies;
+    v1::SessionResponse reply;
+    std::chrono::steady_clock::duration cancelled_after{};
+    while (replies.size() < 3 && reader.Next(&reply)) {
+      if (reply.seq() != 0) replies.push_back(reply);  // not a push
+      if (replies.size() == 2) cancelled_after = std::chrono::steady_clock::now() - start;
+    }
+    EXPECT_LT(cancelled_after, 1000ms);
+    stream->WritesDone();
+    while (reader.Next(&reply)) ADD_FAILURE() << "more: " << reply.ShortDebugString();
+    EXPECT_TRUE(stream->Finish().ok());
+    ASSERT_EQ(replies.size(), 3u);
+    // Seq 5's two waits end at once, CANCELLED; seq 6's runs out its time.
+    EXPECT_EQ(replies[0].seq(), 5u);
+    EXPECT_EQ(replies[0].error().code(), grpc::StatusCode::CANCELLED) << replies[0].ShortDebugString();
+    EXPECT_EQ(replies[1].seq(), 5u);
+    EXPECT_EQ(replies[1].error().code(), grpc::StatusCode::CANCELLED) << replies[1].ShortDebugString();
+    EXPECT_EQ(replies[2].seq(), 6u);
+    EXPECT_EQ(replies[2].error().code(), grpc::StatusCode::DEADLINE_EXCEEDED) << replies[2].ShortDebugString();
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 1400ms);
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, token());
+    auto stream = stub_->Session(&context);
+    v1::SessionRequest cancel;
+    for (uint64_t seq = 1; seq <= 4097; ++seq) cancel.mutable_cancel_waits()->add_seqs(seq);
+    ASSERT_TRUE(stream->Write(cancel));
+    SessionReplies reader(stream.get());
+    v1::SessionResponse reply;
+    while (reader.Next(&reply)) EXPECT_TRUE(reply.has_cache_reset()) << reply.ShortDebugString().substr(0, 300);
+    grpc::Status finished = stream->Finish();
+    EXPECT_EQ(CodeName(finished.error_code()), "INVALID_ARGUMENT");
+    EXPECT_NE(finished.error_message().find("at most 4096"), std::string::npos) << finished.error_message();
+  }
+  ExpectIntact("cancelled waits", baseline);
+}
+
 TEST_F(HostileTest, MissingForgedAndStaleTokensAreUnauthenticated) {
   v1::StatusResponse baseline = GetStatus();
   RawSession closed = OpenSession(daemon_->socket());

@@ -31,12 +31,12 @@ def _daemon_binary():
 class Broker:
     """One tensord process serving on <tmp>/t.sock."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, args=()):
         self.socket = os.path.join(directory, "t.sock")
         self.log_path = os.path.join(directory, "tensord.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [_daemon_binary(), "--socket", self.socket],
+            [_daemon_binary(), "--socket", self.socket, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

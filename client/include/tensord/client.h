@@ -41,6 +41,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -89,6 +90,49 @@ class Wait {
   constexpr Wait(int64_t millis, bool forever) : millis_(millis), forever_(forever) {}
   int64_t millis_ = 0;
   bool forever_ = false;
+};
+
+namespace internal {
+class CancelState;
+}  // namespace internal
+
+// Ends blocking waits early: pass it in AcquireOptions::cancel or TakeOptions::cancel, and
+// Cancel() it from any thread. A call waiting with it sends its wait once, as one request for
+// the whole Wait (forever included), and never re-sends it; Cancel() asks the broker to drop
+// that wait, and the call returns CANCELLED once the broker has dropped it (no waiter, no
+// timer is left there). A call cancelled before it returns returns CANCELLED whatever the
+// broker answered: when the grant raced the cancel (the tensor was published just before the
+// cancel reached the broker), the lease it was granted is released; for a Take the tensor is
+// then gone, as for any take whose result is dropped. A call that starts with the token
+// cancelled already returns CANCELLED at once without asking the broker (a lease-cache hit,
+// which needs no request, is still returned).
+//
+// A caller that can notice what should end the wait only on its own thread (Python runs
+// signal handlers on the thread that waits) gives a `poll`: the waiting thread calls it every
+// `period` while it waits, holding no lock of the client, and a true result cancels the token
+// there. Without one, a waiting call wakes for nothing but its answer.
+//
+// One token may serve any number of calls, one after another or at once; Cancel() cancels
+// every one waiting and every later one. It must outlive the calls it is given to.
+// Thread-safe; Cancel() is not async-signal-safe. A broker older than this feature ignores
+// the cancel: a call with a `poll` then gives up on its own 10 s after it was cancelled (a
+// lease granted later is released), one without waits as its Wait says.
+class TENSORD_EXPORT CancelToken {
+ public:
+  CancelToken();
+  CancelToken(std::function<bool()> poll, std::chrono::milliseconds period);
+  ~CancelToken();
+  CancelToken(const CancelToken&) = delete;
+  CancelToken& operator=(const CancelToken&) = delete;
+
+  // Cancels every call waiting with this token, and makes later ones return at once. Returns
+  // without waiting for them. Idempotent.
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class internal::CancelState;
+  std::shared_ptr<internal::CancelState> state_;
 };
 
 // GPU streams, as DLPack numbers them and the CUDA driver reads them: a CUstream (a
@@ -266,6 +310,10 @@ struct WatchEvent {
 
 struct AcquireOptions {
   Wait wait;
+  // Ends the wait early when cancelled (see CancelToken); null: only `wait` ends it. Applies
+  // to Acquire by name or id and AcquireMany (a cancelled batch returns CANCELLED and
+  // releases what it was granted), not to Redeem.
+  const CancelToken* cancel = nullptr;
   // With a name: the binding must be at least this generation.
   uint64_t min_generation = 0;
   // A shared read-only mapping (flagged read-only in versioned DLPack) instead of the
@@ -303,6 +351,7 @@ struct AcquireOptions {
 // (the driver will not register that much memory) loses the tensor, as any take's does.
 struct TakeOptions {
   Wait wait;
+  const CancelToken* cancel = nullptr;  // as AcquireOptions::cancel
   bool pinned = false;
   bool readonly = false;
 };

@@ -8,20 +8,22 @@ and async iteration over a watch or a work queue.
     async for event in client.watch("models/"):
         ...
 
-Each call runs on a worker thread (asyncio.to_thread). A wait is made of short waits of at
-most 0.25 s, so a cancelled coroutine stops waiting within that time and takes nothing after
-it; the timeout is the caller's, as in the blocking API (0: at once, None: forever).
+Each call runs on a worker thread (asyncio.to_thread). A wait is one request to the broker
+for the whole timeout, as in the blocking API (0: at once, None: forever); cancelling the
+coroutine cancels that wait at the broker, and the coroutine ends once the broker has dropped
+it, so a cancelled take takes nothing after it stops (one whose grant raced the cancel is
+released). A watch's next() waits in slices of at most 0.25 s on its thread.
 """
 
 import asyncio
 import time
 
 from ._client import connect as _connect
-from ._tensord import Timeout
+from ._tensord import _CancelToken
 
 __all__ = ["AsyncClient", "AsyncWatch", "connect"]
 
-_SLICE = 0.25  # seconds: how long a cancelled wait may go on in its thread
+_SLICE = 0.25  # seconds: how long a cancelled watch's next() may go on in its thread
 
 
 async def connect(socket=None, **kwargs):
@@ -29,19 +31,23 @@ async def connect(socket=None, **kwargs):
     return AsyncClient(await asyncio.to_thread(_connect, socket, **kwargs))
 
 
-async def _waiting(call, what, timeout):
-    """call(slice_timeout) until it returns, in slices, raising Timeout for the whole wait."""
+async def _waiting(call, timeout):
+    """call(timeout, cancel_token) on a worker thread: one wait at the broker, which a
+    cancelled coroutine cancels there before it re-raises CancelledError."""
     if timeout is not None and timeout <= 0:
-        return await asyncio.to_thread(call, 0.0)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
-        if left <= 0:
-            raise Timeout(f"{what} did not arrive within {timeout:g} s")
-        try:
-            return await asyncio.to_thread(call, left)
-        except Timeout:
-            continue
+        return await asyncio.to_thread(call, 0.0, None)
+    token = _CancelToken()
+    waiting = asyncio.ensure_future(asyncio.to_thread(call, timeout, token))
+    try:
+        return await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        token.cancel()
+        # The broker answers a cancelled wait at once (the call then raises Cancelled, and a
+        # grant that raced the cancel is released): wait for that, so nothing is taken after.
+        await asyncio.wait([waiting])
+        if not waiting.cancelled():
+            waiting.exception()  # the expected Cancelled: retrieved, so asyncio does not log it
+        raise
 
 
 class AsyncClient:
@@ -53,23 +59,28 @@ class AsyncClient:
 
     async def get(self, name, timeout=0.0, min_generation=None, readonly=False, pinned=False):
         """As Client.get; waits without blocking the event loop."""
-        return await _waiting(lambda t: self.client.get(name, t, min_generation, readonly, pinned),
-                              repr(name), timeout)
+        if isinstance(name, int):
+            return await asyncio.to_thread(self.client.get, name, timeout, min_generation, readonly, pinned)
+        return await _waiting(lambda t, c: self.client._core.get(name, t, min_generation, readonly, pinned, c),
+                              timeout)
 
     async def get_many(self, names, timeout=0.0, min_generation=None, readonly=False, pinned=False):
         """As Client.get_many."""
-        return await _waiting(lambda t: self.client.get_many(names, t, min_generation, readonly, pinned),
-                              f"the batch of {len(names)} names", timeout)
+        names = list(names)
+        for n in names:
+            if not isinstance(n, str):
+                raise TypeError(f"get_many takes names, not {type(n).__name__}; use get(tensor_id) for an id")
+        return await _waiting(lambda t, c: self.client._core.get_many(names, t, min_generation, readonly, pinned, c),
+                              timeout)
 
     async def take(self, name_or_prefix, timeout=0.0, pinned=False, readonly=False):
         """As Client.take: a cancelled take takes nothing after it stops waiting."""
-        return await _waiting(lambda t: self.client.take(name_or_prefix, t, pinned, readonly), repr(name_or_prefix),
-                              timeout)
+        return await _waiting(lambda t, c: self.client._core.take(name_or_prefix, t, pinned, readonly, c), timeout)
 
     async def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False, readonly=False):
         """As Client.take_many."""
-        return await _waiting(lambda t: self.client.take_many(name_or_prefix, max_count, t, pinned, readonly),
-                              repr(name_or_prefix), timeout)
+        return await _waiting(
+            lambda t, c: self.client._core.take_many(name_or_prefix, max_count, t, pinned, readonly, c), timeout)
 
     async def put(self, name, obj, **kwargs):
         """As Client.put (the copy runs on the worker thread)."""
