@@ -13,8 +13,8 @@ cleanup() {
 trap cleanup EXIT
 
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
-# client.h and, beside it, the ABI headers it includes (abi/include in the source tree).
-for header in client.h dlpack.h status.h; do
+# client.h with types.h and, beside them, the ABI headers they include (abi/include in the source tree).
+for header in client.h types.h dlpack.h status.h; do
   test -f "$work/prefix/include/tensord/$header"
 done
 # The installed headers name no gRPC, protobuf or absl type.
