@@ -3,18 +3,18 @@
 // this process is a fork child that has not used the client yet, and turns the Session's
 // results into the public types (TensorRef, TensorInfo, Status).
 //
-// fork(): pthread_atfork handlers, registered once (unless the program opted out with
-// TENSORD_NO_PROCESS_HOOKS=1, see client.h), walk every live ClientCore. `prepare`
-// takes the registry lock and each core's mutex so no core is mid-swap at fork time, and
-// has each Session drop every gRPC object so gRPC shuts down before fork() (see
-// client_core.cc for why); in the parent the cores go on and reconnect gRPC on next use; in
-// the child each core closes its inherited fd-channel socket at once (so the parent's death
-// releases the parent's leases while the child lives on), abandons the parent's Session
-// without running its destructors (its gRPC objects and threads belong to the parent), and
-// connects a NEW session on first use. Views inherited from the parent stay mapped and
-// readable; dropping them frees them locally and sends nothing.
+// fork(): the process hooks (process_hooks.h: pthread_atfork handlers, registered once
+// unless the program opted out with TENSORD_NO_PROCESS_HOOKS=1, see client.h) walk every
+// live ClientCore. `prepare` takes the registry lock and each core's mutex so no core is
+// mid-swap at fork time, and has each Session drop every gRPC object so gRPC shuts down
+// before fork() (see process_hooks.cc for why); in the parent the cores go on and reconnect
+// gRPC on next use; in the child each core closes its inherited fd-channel socket at once
+// (so the parent's death releases the parent's leases while the child lives on), abandons
+// the parent's Session without running its destructors (its gRPC objects and threads belong
+// to the parent), and connects a NEW session on first use. Views inherited from the parent
+// stay mapped and readable; dropping them frees them locally and sends nothing.
 //
-// Exit: an atexit hook, registered once, stops every live core's release sender and closes
+// Exit: the atexit hook (process_hooks.h) stops every live core's release sender and closes
 // its Session stream before static destructors run; later calls fail UNAVAILABLE.
 //
 // Thread-safe. Errors: tensord::Status, canonical codes; nothing throws out of here.

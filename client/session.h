@@ -153,12 +153,12 @@ class Session final {
   void ShutdownAtExit();
   // Fork parent, around fork(): SuspendForFork() makes this session hold no gRPC object
   // at all, so gRPC shuts down completely and a child starts it afresh (gRPC's own fork
-  // support does not survive a child using it; see client_core.cc). New calls wait; calls
+  // support does not survive a child using it; see process_hooks.cc). New calls wait; calls
   // made with cancel_on_fork (Watch streams) are cancelled and reopen after; the Session
   // stream is drained (no reply lost; interrupted waits are retried after the fork); then
   // it waits for the other calls in flight and drops the gRPC connection. Returns false if a
   // call was still in flight at `deadline` (gRPC then stays up and the fallback in
-  // client_core.cc applies). ResumeAfterFork() lets calls go on; the connection (connected
+  // process_hooks.cc applies). ResumeAfterFork() lets calls go on; the connection (connected
   // and checked again) and the stream reopen on next use.
   bool SuspendForFork(std::chrono::steady_clock::time_point deadline) {
     // An allocation sent ahead is a call in flight on the stream: given up, its lease is
