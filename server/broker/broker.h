@@ -77,6 +77,11 @@ namespace tensord::server {
 // Wall-clock milliseconds since the epoch: what the broker stamps and compares deadlines with.
 int64_t NowUnixMs();
 
+// Whether an acquire or take asks to wait for its tensor (a positive timeout, or forever):
+// only such a request can start a wait that Broker::CancelWait ends.
+bool AsksToWait(const tensord::v1::AcquireRequest& request);
+bool AsksToWait(const tensord::v1::TakeRequest& request);
+
 struct BrokerOptions {
   uint64_t max_host_bytes = 0;
   DeviceLimits device_limits;  // --max-device-bytes

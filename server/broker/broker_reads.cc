@@ -28,7 +28,7 @@ constexpr size_t kInitialBindingsPageEvents = 256;
 constexpr size_t kInitialBindingsPageBytes = 256 * 1024;
 
 template <typename Request>
-bool WantsWait(const Request& request) {
+bool AsksToWaitImpl(const Request& request) {
   return request.wait_case() != Request::WAIT_NOT_SET &&
          (request.has_forever() ? request.forever() : request.timeout_ms() > 0);
 }
@@ -44,6 +44,9 @@ absl::Status NotBound(const TensorRegistry& registry, std::string_view lead, con
 }
 
 }  // namespace
+
+bool AsksToWait(const v1::AcquireRequest& request) { return AsksToWaitImpl(request); }
+bool AsksToWait(const v1::TakeRequest& request) { return AsksToWaitImpl(request); }
 
 absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view target) {
   TENSORD_RETURN_IF_ERROR(CheckWaitCapLocked(session));
@@ -146,11 +149,11 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
         absl::Status cap = CheckLeaseCapLocked(**session);
         result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor, true))
                           : cap;
-      } else if (tensor != nullptr && !WantsWait(request)) {
+      } else if (tensor != nullptr && !AsksToWait(request)) {
         result = absl::NotFoundError(absl::StrCat(common::QuoteForError(waiter.target), " is at generation ",
                                                   tensor->generation, ", below the ",
                                                   waiter.min_generation, " asked for"));
-      } else if (!WantsWait(request)) {
+      } else if (!AsksToWait(request)) {
         result = NotBound(registry_, "no tensor is bound to ", waiter.target);
       }
     } else {
@@ -167,7 +170,7 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
       } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
         absl::Status cap = CheckLeaseCapLocked(**session);
         result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
-      } else if (!WantsWait(request)) {
+      } else if (!AsksToWait(request)) {
         result = absl::NotFoundError(absl::StrCat("tensor ", waiter.tensor_id, " is not published yet"));
       }
     }
@@ -218,7 +221,7 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
           result = GrantLocked(**session, *tensor);
           UnbindLocked(*tensor, effects);
         }
-      } else if (!WantsWait(request)) {
+      } else if (!AsksToWait(request)) {
         result = prefix ? absl::NotFoundError(absl::StrCat("nothing is bound under ", common::QuoteForError(target)))
                         : NotBound(registry_, "nothing is bound to ", target);
       } else if (shutting_down_) {

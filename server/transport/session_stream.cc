@@ -263,11 +263,13 @@ class SessionStream final : public ServerCall {
       case v1::SessionRequest::kTake: {
         bool take = request.op_case() == v1::SessionRequest::kTake;
         outbox->ExpectReply();
-        const uint64_t key = waits_->Begin(seq);
-        auto done = [outbox, waits = waits_, seq, key, take,
+        // Only a request that asks to wait can start one; the others (most) keep no record.
+        const bool may_wait = take ? AsksToWait(request.take()) : AsksToWait(request.acquire());
+        const uint64_t key = may_wait ? waits_->Begin(seq) : 0;
+        auto done = [outbox, waits = may_wait ? waits_ : nullptr, seq, key, take,
                      timer = Start(take ? RpcMethod::kTake : RpcMethod::kAcquire)](
                         absl::StatusOr<v1::AcquireResponse> result) {
-          waits->Done(seq, key);
+          if (waits != nullptr) waits->Done(seq, key);
           timer.Done(result.status().code());
           outbox->RespondOwed(Reply(seq, std::move(result), [take](v1::SessionResponse& r) {
             return take ? r.mutable_take() : r.mutable_acquire();
@@ -275,7 +277,7 @@ class SessionStream final : public ServerCall {
         };
         uint64_t wait_id = take ? broker_->Take(session_id_, request.take(), std::move(done))
                                 : broker_->Acquire(session_id_, request.acquire(), std::move(done));
-        waits_->Started(seq, key, wait_id);
+        if (may_wait) waits_->Started(seq, key, wait_id);
         break;
       }
       case v1::SessionRequest::kCancelWaits: {
