@@ -329,9 +329,13 @@ class Client:
         also page-locked with cuMemHostRegister, so a copy to a GPU runs at full bus speed;
         __dlpack_device__() is (3, 0) (kDLCUDAHost), the view is read-only, .numpy() and
         .torch() give host arrays over the same memory. Without a driver: Unavailable."""
+        return self._get(name, timeout, min_generation, readonly, pinned, None)
+
+    def _get(self, name, timeout, min_generation, readonly, pinned, cancel):
+        """get() whose wait a _CancelToken may end (tensord.aio's); cancel may be None."""
         if isinstance(name, int):
             return self._core.get_by_id(name, readonly, pinned)
-        return self._core.get(name, timeout, min_generation, readonly, pinned)
+        return self._core.get(name, timeout, min_generation, readonly, pinned, cancel)
 
     def get_many(self, names, timeout=0.0, min_generation=None, readonly=False, pinned=False):
         """get() for a batch of names, pipelined: every request is sent before any answer is
@@ -340,12 +344,16 @@ class Client:
         granted are released and the error names the element (index and name). timeout,
         min_generation, readonly and pinned are as for get() and apply to every name; the
         names wait at the same time, so a positive timeout bounds the whole batch."""
+        return self._get_many(names, timeout, min_generation, readonly, pinned, None)
+
+    def _get_many(self, names, timeout, min_generation, readonly, pinned, cancel):
+        """get_many() whose wait a _CancelToken may end (tensord.aio's); cancel may be None."""
         names = list(names)
         for n in names:
             if not isinstance(n, str):
                 raise TypeError(f"get_many takes names, not {type(n).__name__}; "
                                 "use get(tensor_id) for an id")
-        return self._core.get_many(names, timeout, min_generation, readonly, pinned)
+        return self._core.get_many(names, timeout, min_generation, readonly, pinned, cancel)
 
     def take(self, name_or_prefix, timeout=0.0, pinned=False, readonly=False):
         """Acquires and unbinds atomically. A prefix ending in '/' takes the oldest tensor

@@ -59,18 +59,12 @@ class AsyncClient:
 
     async def get(self, name, timeout=0.0, min_generation=None, readonly=False, pinned=False):
         """As Client.get; waits without blocking the event loop."""
-        if isinstance(name, int):
-            return await asyncio.to_thread(self.client.get, name, timeout, min_generation, readonly, pinned)
-        return await _waiting(lambda t, c: self.client._core.get(name, t, min_generation, readonly, pinned, c),
-                              timeout)
+        return await _waiting(lambda t, c: self.client._get(name, t, min_generation, readonly, pinned, c), timeout)
 
     async def get_many(self, names, timeout=0.0, min_generation=None, readonly=False, pinned=False):
         """As Client.get_many."""
-        names = list(names)
-        for n in names:
-            if not isinstance(n, str):
-                raise TypeError(f"get_many takes names, not {type(n).__name__}; use get(tensor_id) for an id")
-        return await _waiting(lambda t, c: self.client._core.get_many(names, t, min_generation, readonly, pinned, c),
+        names = list(names)  # read now, on the event loop, not later on the worker thread
+        return await _waiting(lambda t, c: self.client._get_many(names, t, min_generation, readonly, pinned, c),
                               timeout)
 
     async def take(self, name_or_prefix, timeout=0.0, pinned=False, readonly=False):
