@@ -5,22 +5,12 @@
 
 #include "gtest/gtest.h"
 #include "server/memory/arena.h"
+#include "tests/unit/server/sized_buffer.h"
 
 namespace tensord::server {
 namespace {
 
-// Memory that is only a size: placement never looks inside.
-class SizedBuffer final : public common::BackendBuffer {
- public:
-  explicit SizedBuffer(uint64_t size) : size_(size) {}
-  uint64_t size() const override { return size_; }
-  absl::StatusOr<common::MemoryHandle> Export() const override { return common::MemoryHandle{}; }
-  absl::Status CheckShareable(const std::string&) const override { return absl::OkStatus(); }
-  bool Recyclable() const override { return true; }
-
- private:
-  uint64_t size_;
-};
+using testing::SizedBuffer;
 
 const ResolvedDevice kHost{nullptr, {}, "host"};
 const ResolvedDevice kGpu{nullptr, {}, "cuda:GPU-0"};
