@@ -1,6 +1,7 @@
 #include "client/dlpack_convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/memory/memory_kinds.h"
 #include "common/status.h"
 #include "common/tensor_desc.h"
 
@@ -37,7 +38,7 @@ absl::StatusOr<Device> FromDLDevice(DLDevice device) {
   if (!common::KnownDeviceType(device.device_type)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dlpack device_type is ", device.device_type,
-                     ": tensord supports kDLCPU, kDLCUDA, kDLCUDAHost and kDLOneAPI"));
+                     ": tensord supports ", common::KnownDeviceTypeNames()));
   }
   Device out;
   out.set_type(static_cast<tensord::v1::DeviceType>(device.device_type));

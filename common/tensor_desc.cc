@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory/memory_kinds.h"
 #include "common/status.h"
 
 namespace tensord::common {
@@ -89,30 +90,21 @@ absl::Status ValidateDType(const DataType& dtype, std::string_view field) {
   return absl::OkStatus();
 }
 
-bool KnownDeviceType(int type) {
-  switch (type) {
-    case tensord::v1::DEVICE_TYPE_CPU:
-    case tensord::v1::DEVICE_TYPE_CUDA:
-    case tensord::v1::DEVICE_TYPE_CUDA_HOST:
-    case tensord::v1::DEVICE_TYPE_ONEAPI:
-      return true;
-    default:
-      return false;
-  }
-}
+bool KnownDeviceType(int type) { return FindMemoryKind(type) != nullptr; }
 
 absl::Status ValidateDevice(const Device& device, std::string_view field) {
-  if (!KnownDeviceType(device.type())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        AbslView(field), ".type is ", device.type(), ": expected CPU, CUDA, CUDA_HOST or ONEAPI"));
+  const MemoryKind* kind = FindMemoryKind(device.type());
+  if (kind == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(field), ".type is ", device.type(), ": expected ", KnownDeviceTypeNames()));
   }
   if (device.index() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(AbslView(field), ".index is ", device.index(), ": must be >= 0"));
   }
-  if (device.type() == tensord::v1::DEVICE_TYPE_CPU && device.index() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(AbslView(field), ".index is ", device.index(), ": must be 0 for a CPU device"));
+  if (!kind->numbered && device.index() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(AbslView(field), ".index is ", device.index(),
+                                                   ": must be 0 for a ", WireTypeName(kind->type), " device"));
   }
   if (!device.uuid().empty() && device.uuid().size() != 16) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -52,17 +52,6 @@ std::string LocalTimeText(int64_t unix_ms) {
   return text;
 }
 
-std::string DeviceText(DLDevice device) {
-  switch (device.device_type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda:" + std::to_string(device.device_id);
-    case kDLCUDAHost: return "cuda_host";
-    case kDLOneAPI: return "xpu:" + std::to_string(device.device_id);
-    default:
-      return "device" + std::to_string(device.device_type) + ":" + std::to_string(device.device_id);
-  }
-}
-
 const char* WatchKindText(WatchEvent::Kind kind) {
   switch (kind) {
     case WatchEvent::Kind::kBound: return "bound";
@@ -81,7 +70,7 @@ void PrintInfoHuman(const TensorInfo& t) {
   std::printf("shape       %s\n", ShapeText(t.shape).c_str());
   std::printf("strides     %s\n", ShapeText(t.strides).c_str());
   std::printf("byte offset %" PRIu64 "\n", t.byte_offset);
-  std::printf("device      %s\n", DeviceText(t.device).c_str());
+  std::printf("device      %s\n", DeviceName(t.device).c_str());
   std::printf("bytes       %" PRIu64 " (%s)\n", t.nbytes, BytesText(t.nbytes).c_str());
   std::printf("buffer      %" PRIu64 " (%" PRIu64 " bytes)\n", t.buffer_id, t.buffer_size);
   std::printf("leases      %" PRIu32 "\n", t.lease_count);

@@ -21,8 +21,6 @@ std::string DTypeText(DLDataType dtype);
 std::string BytesText(uint64_t bytes);
 // Milliseconds since the epoch as local time, "2026-11-23 20:05:51.123 +0000".
 std::string LocalTimeText(int64_t unix_ms);
-// "cpu", "cuda:1", "cuda_host", "xpu:0".
-std::string DeviceText(DLDevice device);
 // "bound", "unbound", "reset".
 const char* WatchKindText(WatchEvent::Kind kind);
 

@@ -16,6 +16,7 @@
 #include <pybind11/stl.h>
 
 #include "py_client.h"
+#include "py_convert.h"
 #include "py_dlpack.h"
 #include "py_errors.h"
 #include "py_gil.h"
@@ -41,6 +42,7 @@ PYBIND11_MODULE(_tensord, m) {
         "The socket a client uses when connect() is given none.");
   m.def("_consume_on_native_thread_for_test", &ConsumeOnNativeThreadForTest, py::arg("capsule"));
   m.def("_compact_row_major", &CompactRowMajor, py::arg("shape"), py::arg("strides"));
+  BindMemoryKinds(m);
 
   // In this order: a class's signatures name the classes bound before it.
   py::class_<ArrayView>(m, "_ArrayView");

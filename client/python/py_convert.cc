@@ -252,4 +252,33 @@ py::dict EventToDict(const WatchEvent& event) {
   return d;
 }
 
+void BindMemoryKinds(py::module_& m) {
+  m.def("_memory_kinds", [] {
+    py::list kinds;
+    for (const MemoryKindInfo& kind : MemoryKinds()) {
+      py::dict d;
+      d["device_type"] = kind.device_type;
+      d["name"] = std::string(kind.name);
+      d["device_prefix"] = std::string(kind.device_prefix);
+      d["numbered"] = kind.numbered;
+      d["host_readable"] = kind.host_readable;
+      d["own_memory"] = kind.own_memory;
+      kinds.append(std::move(d));
+    }
+    return kinds;
+  });
+  m.def(
+      "_device_name",
+      [](int32_t type, int32_t id) { return DeviceName(DLDevice{static_cast<DLDeviceType>(type), id}); },
+      py::arg("device_type"), py::arg("device_id"));
+  m.def(
+      "_parse_device_name",
+      [](const std::string& text) {
+        Result<DLDevice> device = ParseDeviceName(text);
+        if (!device.ok()) throw py::value_error(device.status().message() + ", or a (device_type, device_id) tuple");
+        return py::make_tuple(static_cast<int32_t>(device->device_type), device->device_id);
+      },
+      py::arg("text"));
+}
+
 }  // namespace tensord::python

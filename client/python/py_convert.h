@@ -28,4 +28,11 @@ pybind11::dict StatToDict(const TensorStat& stat);
 pybind11::dict StatusToDict(const BrokerStatus& status, bool sessions);
 pybind11::dict EventToDict(const WatchEvent& event);
 
+// The memory kinds (tensord::MemoryKinds()) for the package's device names and stream rules:
+//   _memory_kinds()            [{'device_type', 'name', 'device_prefix', 'numbered',
+//                                'host_readable', 'own_memory'}, ...], host first
+//   _device_name(type, id)     'cpu', 'cuda:1', 'cuda_host', 'xpu:0'
+//   _parse_device_name(text)   (device_type, device_id); ValueError naming the forms it takes
+void BindMemoryKinds(pybind11::module_& m);
+
 }  // namespace tensord::python

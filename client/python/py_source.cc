@@ -18,12 +18,15 @@ namespace py = pybind11;
 
 [[noreturn]] void Refuse(const std::string& what) { throw py::type_error(what); }
 
-// Host memory, or a CUDA device (put copies device to device there).
+// Memory the host reads, or device memory put copies on a stream of the caller's: a kind
+// whose streams follow CUDA's rule (put's `stream` is a CUDA stream number).
 void CheckReadableDevice(const DLDevice& device) {
-  if (device.device_type != kDLCPU && device.device_type != kDLCUDAHost && device.device_type != kDLCUDA) {
+  const MemoryKindInfo* kind = FindMemoryKind(device.device_type);
+  if (kind == nullptr || (!kind->host_readable && kind->streams != MemoryKindInfo::StreamRule::kCuda)) {
     throw StatusError(Status(StatusCode::kInvalidArgument,
-                             "put copies host memory and CUDA device memory; the object lives on DLPack device type " +
-                                 std::to_string(device.device_type)));
+                             "put copies host memory and CUDA device memory; the object lives on " +
+                                 DeviceName(device) + " (DLPack device type " + std::to_string(device.device_type) +
+                                 ")"));
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "tensord/client.h"
 #include "tensord/dlpack.h"
 
 namespace tensord::python {
@@ -40,10 +41,13 @@ class Source {
   // uint8 because torch will not export bool over DLPack).
   void OverrideDtype(DLDataType dtype);
 
-  // Where the memory is: host memory (kDLCPU, kDLCUDAHost) or a CUDA device, whose bytes
-  // only a device copy reads (on_device()).
+  // Where the memory is: memory the host reads (cpu, cuda_host), or a CUDA device, whose
+  // bytes only a device copy reads (on_device()).
   DLDevice device() const { return device_; }
-  bool on_device() const { return device_.device_type == kDLCUDA; }
+  bool on_device() const {
+    const MemoryKindInfo* kind = FindMemoryKind(device_.device_type);
+    return kind != nullptr && !kind->host_readable;
+  }
   const void* data() const { return data_; }
   // Compact C order: the bytes are one block of nbytes() at data().
   bool compact() const;

@@ -53,16 +53,16 @@ py::object PyTensor::DLPack(py::object stream, py::object max_version, py::objec
     versioned = version.first >= kDLPackMajorVersion;
   }
   std::shared_ptr<TensorRef> ref = Ref();
-  // DLPack's stream protocol: the consumer's stream waits for the producer's writes
-  // (None: the legacy default stream; -1: the consumer asks for no ordering). Only GPU
-  // memory has streams: host tensors and pinned host views ignore `stream`. Level Zero
-  // (kDLOneAPI) has no default stream: None waits on the host, an int is the handle of a
-  // ze_command_list_handle_t in tensord's context (UseLevelZeroContext).
-  const bool level_zero = info_.device.device_type == kDLOneAPI;
-  if (info_.device.device_type == kDLCUDA || level_zero) {
-    const int64_t none = level_zero ? 0 : static_cast<int64_t>(kLegacyDefaultStream);
+  // DLPack's stream protocol: the consumer's stream waits for the producer's writes, as the
+  // memory kind's stream rule says (MemoryKindInfo::StreamRule); -1 asks for no ordering.
+  const MemoryKindInfo* kind = FindMemoryKind(info_.device.device_type);
+  const auto rule = kind != nullptr ? kind->streams : MemoryKindInfo::StreamRule::kNone;
+  if (rule != MemoryKindInfo::StreamRule::kNone) {
+    const bool cuda = rule == MemoryKindInfo::StreamRule::kCuda;
+    // None: CUDA's legacy default stream; a kind without a default stream waits on the host (0).
+    const int64_t none = cuda ? static_cast<int64_t>(kLegacyDefaultStream) : 0;
     const int64_t wanted = stream.is_none() ? none : stream.cast<int64_t>();
-    if (wanted == 0 && !level_zero) {
+    if (wanted == 0 && cuda) {
       throw py::value_error("__dlpack__: stream 0 is ambiguous for CUDA (the DLPack protocol disallows it); "
                             "pass 1 for the legacy default stream or the stream's handle");
     }

@@ -35,7 +35,11 @@ class PyTensor {
   const TensorInfo& info() const { return info_; }
   void set_info(TensorInfo info) { info_ = std::move(info); }
   bool readonly() const { return readonly_; }
-  bool pinned() const { return info_.device.device_type == kDLCUDAHost; }
+  // A view of host memory another kind's driver registered (cuda_host: get(pinned=True)).
+  bool pinned() const {
+    const MemoryKindInfo* kind = FindMemoryKind(info_.device.device_type);
+    return kind != nullptr && kind->host_readable && !kind->own_memory;
+  }
   bool producer() const { return producer_; }
   bool released() const { return ref_ == nullptr; }
 

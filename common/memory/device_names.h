@@ -13,12 +13,14 @@
 
 namespace tensord::common {
 
-// "host", "cuda", "level_zero" (or "device type N" for one no backend has).
+// The kind's name (memory_kinds.h): "host", "cuda", "level_zero" (or "device type N" for
+// one tensord does not know).
 std::string BackendNameOf(tensord::v1::DeviceType type);
-// 16 raw bytes as "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", with "GPU-" in front for CUDA;
-// anything but 16 bytes as plain hex.
+// 16 raw bytes as "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", after the kind's uuid_prefix
+// ("GPU-" for CUDA); anything but 16 bytes as plain hex.
 std::string FormatDeviceUuid(tensord::v1::DeviceType type, std::string_view uuid);
-// The key quotas and status use: "host", or "<backend>:<formatted uuid>" (by ordinal,
+// The key quotas and status use: "host" (a kind with one device), or
+// "<backend>:<formatted uuid>" (by ordinal,
 // "<backend>:<index>", only when a device has no UUID).
 std::string DeviceKey(const tensord::v1::Device& device);
 

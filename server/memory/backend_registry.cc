@@ -5,6 +5,7 @@
 #include "common/check.h"
 #include "common/memory/device_names.h"
 #include "common/memory/host/host_backend.h"
+#include "common/memory/memory_kinds.h"
 
 namespace tensord::server {
 
@@ -41,10 +42,10 @@ absl::StatusOr<const ResolvedDevice*> BackendRegistry::Resolve(const v1::Device&
             absl::StrCat("this tensord has no ", missing.name, " backend: ", missing.reason));
       }
     }
-    if (type == v1::DEVICE_TYPE_CUDA_HOST) {
-      return absl::InvalidArgumentError(
-          "desc.device: DEVICE_TYPE_CUDA_HOST is a view of host memory a client asks for, not memory "
-          "the broker allocates: allocate host (CPU) memory");
+    if (const common::MemoryKind* kind = common::FindMemoryKind(type); kind != nullptr && !kind->own_memory) {
+      return absl::InvalidArgumentError(absl::StrCat("desc.device: ", v1::DeviceType_Name(type),
+                                                     " is a view of host memory a client asks for, not memory "
+                                                     "the broker allocates: allocate host (CPU) memory"));
     }
     return absl::FailedPreconditionError(absl::StrCat("this tensord serves no ", backend_name, " memory"));
   }

@@ -409,6 +409,15 @@ def test_dtype_and_device_compare_equal_to_numpy_and_torch_spellings(client, nam
         tensord.DType("bfloat16").numpy()
     assert str(tensord.Device((2, 1))) == "cuda:1" and tensord.Device((2, 1)) == "cuda:1"
     assert str(tensord.Device((3, 0))) == "cuda_host"
+    # The names come from the memory kinds' own descriptions, as tensorctl's do.
+    assert str(tensord.Device((14, 1))) == "xpu:1" and tensord.Device((14, 1)).type == "xpu"
+    assert str(tensord.Device((9, 2))) == "device9:2" and tensord.Device((9, 2)).type == "9"
+    kinds = {k["device_prefix"]: k for k in tensord._tensord._memory_kinds()}
+    assert kinds["cpu"]["host_readable"] and not kinds["cuda"]["host_readable"]
+    assert not kinds["cuda_host"]["own_memory"]
+    with pytest.raises(ValueError, match="give 'cpu', 'cuda', 'cuda:N', 'xpu', 'xpu:N'.*tuple"):
+        tensord._client.device_tuple("cuda_host")  # a view is asked for (pinned=True), not named
+    assert tensord.Device((1, 0)) != "cuda_host:0"
 
 
 def test_status_counts_a_sessions_calls_waiting_for_a_name(client, other, name):

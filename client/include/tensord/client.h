@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -321,6 +322,18 @@ TENSORD_EXPORT Result<std::string> DTypeName(DLDataType dtype);
 TENSORD_EXPORT Result<DLDataType> ParseDTypeName(std::string_view name);
 // "creating", "sealed" or "retired": TensorInfo::state as Python's info dicts name it.
 TENSORD_EXPORT const char* TensorStateName(TensorState state);
+
+// The memory kinds this build knows, host first (also those whose backend it was built
+// without: they can still be named). The views point at static storage.
+TENSORD_EXPORT std::span<const MemoryKindInfo> MemoryKinds();
+// The kind of a DLPack device type; nullptr for one tensord does not know.
+TENSORD_EXPORT const MemoryKindInfo* FindMemoryKind(int32_t device_type);
+// How users name a device of this process: "cpu", "cuda:1", "xpu:0", "cuda_host" (a pinned
+// view); "device<type>:<id>" for a type tensord does not know.
+TENSORD_EXPORT std::string DeviceName(DLDevice device);
+// The device a user names: "cpu", "cuda" (device 0), "cuda:1", "xpu:0": a kind with memory
+// of its own, by its device_prefix. INVALID_ARGUMENT naming the text and the forms it takes.
+TENSORD_EXPORT Result<DLDevice> ParseDeviceName(std::string_view text);
 
 // Process-wide: turns off abseil's lock-order (deadlock cycle) checks, which Debian's abseil
 // runs on every mutex acquisition in the process, the client's and gRPC's, at the cost of a

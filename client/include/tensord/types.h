@@ -113,6 +113,28 @@ inline constexpr uintptr_t kPerThreadDefaultStream = 2;  // CU_STREAM_PER_THREAD
 // cuIpcOpenEventHandle, seen on an H200.
 inline constexpr uintptr_t kNoStream = ~uintptr_t{0};
 
+// A kind of memory tensord knows (tensord::MemoryKinds() in client.h lists them), for code
+// that names devices or honours DLPack's stream protocol without a switch of its own.
+struct MemoryKindInfo {
+  // What `stream` in DLPack's __dlpack__(stream=...) means for the kind's tensors.
+  enum class StreamRule : uint8_t {
+    kNone,      // host memory: nothing to order; a consumer's stream is ignored
+    kCuda,      // None: kLegacyDefaultStream; 0 is ambiguous and refused; -1: no ordering;
+                // else a CUstream
+    kHostWait,  // no default stream (Level Zero): None waits on the host; -1: no ordering;
+                // else a ze_command_list_handle_t in tensord's context (UseLevelZeroContext)
+  };
+  int32_t device_type = 0;         // its DLDeviceType: kDLCPU, kDLCUDA, kDLCUDAHost, kDLOneAPI
+  std::string_view name;           // "host", "cuda", "cuda_host", "level_zero": status, errors
+  std::string_view device_prefix;  // "cpu", "cuda", "cuda_host", "xpu": how users and torch
+                                   // name its devices
+  bool numbered = false;           // devices are "cuda:1"; false: one device, "cpu"
+  bool host_readable = false;      // the CPU reads its bytes through data()
+  bool own_memory = false;         // false: a view a consumer asks for (cuda_host: pinned),
+                                   // never a device to allocate on
+  StreamRule streams = StreamRule::kNone;
+};
+
 // Identifies a tensor by id instead of by name.
 struct TensorId {
   uint64_t value = 0;

@@ -51,23 +51,15 @@ def dtype_name(dtype):
     return resolved.name
 
 
-# DLPack device types (DLDeviceType) by the names torch and users write.
-_DEVICE_TYPES = {"cpu": 1, "cuda": 2, "xpu": 14}
-
-
 def device_tuple(device):
     """(device_type, device_id) as __dlpack_device__ gives it, from None or 'cpu', 'cuda',
     'cuda:1', 'xpu:0' (a Level Zero GPU, kDLOneAPI), a torch.device, or such a tuple. The id
-    is this process's ordinal."""
+    is this process's ordinal. The names are the memory kinds' own (tensord::MemoryKinds)."""
     if device is None:
         return (1, 0)
     if isinstance(device, tuple) and len(device) == 2:
         return (int(device[0]), int(device[1]))
-    text = str(device)
-    kind, _, index = text.partition(":")
-    if kind not in _DEVICE_TYPES or (index and not index.isdigit()):
-        raise ValueError(f"device {device!r}: give 'cpu', 'cuda', 'cuda:N', 'xpu:N' or a (device_type, device_id) tuple")
-    return (_DEVICE_TYPES[kind], int(index) if index else 0)
+    return _tensord._parse_device_name(str(device))
 
 
 def _tags(tags):

@@ -1,9 +1,10 @@
 """A tensor's dtype and device as values that compare equal to numpy's and torch's."""
 
+from . import _tensord
 from ._client import device_tuple, dtype_name
 
-# DLPack device types by the names str(Device) uses.
-_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 14: "xpu"}
+# The memory kinds' user names by DLPack device type ('cpu', 'cuda', 'cuda_host', 'xpu').
+_DEVICE_NAMES = {kind["device_type"]: kind["device_prefix"] for kind in _tensord._memory_kinds()}
 
 
 def _comparisons(base, canonical):
@@ -77,5 +78,4 @@ class Device(tuple):
         return self[1]
 
     def __str__(self):
-        kind = self.type
-        return kind if kind in ("cpu", "cuda_host") else f"{kind}:{self[1]}"
+        return _tensord._device_name(self[0], self[1])

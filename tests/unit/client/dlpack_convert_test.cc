@@ -1,6 +1,7 @@
 #include "client/dlpack_convert.h"
 
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "gmock/gmock.h"
@@ -95,6 +96,37 @@ TEST(DLPackConvertTest, PublicTensorStateNames) {
   EXPECT_STREQ(tensord::TensorStateName(TensorState::kCreating), "creating");
   EXPECT_STREQ(tensord::TensorStateName(TensorState::kSealed), "sealed");
   EXPECT_STREQ(tensord::TensorStateName(TensorState::kRetired), "retired");
+}
+
+TEST(DLPackConvertTest, PublicMemoryKindsAndDeviceNames) {
+  ASSERT_FALSE(tensord::MemoryKinds().empty());
+  EXPECT_EQ(tensord::MemoryKinds().front().device_type, kDLCPU);
+  const tensord::MemoryKindInfo* cuda = tensord::FindMemoryKind(kDLCUDA);
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_EQ(cuda->name, "cuda");
+  EXPECT_EQ(cuda->streams, tensord::MemoryKindInfo::StreamRule::kCuda);
+  const tensord::MemoryKindInfo* pinned = tensord::FindMemoryKind(kDLCUDAHost);
+  ASSERT_NE(pinned, nullptr);
+  EXPECT_TRUE(pinned->host_readable);
+  EXPECT_FALSE(pinned->own_memory);
+  EXPECT_EQ(tensord::FindMemoryKind(kDLOneAPI)->streams, tensord::MemoryKindInfo::StreamRule::kHostWait);
+  EXPECT_EQ(tensord::FindMemoryKind(kDLVulkan), nullptr);
+
+  EXPECT_EQ(tensord::DeviceName(DLDevice{kDLCUDA, 1}), "cuda:1");
+  EXPECT_EQ(tensord::DeviceName(DLDevice{kDLCUDAHost, 0}), "cuda_host");
+  for (auto [text, type, id] : {std::tuple{"cpu", kDLCPU, 0}, std::tuple{"cuda", kDLCUDA, 0},
+                                std::tuple{"cuda:3", kDLCUDA, 3}, std::tuple{"xpu:1", kDLOneAPI, 1}}) {
+    Result<DLDevice> device = tensord::ParseDeviceName(text);
+    ASSERT_TRUE(device.ok()) << text << ": " << device.status().ToString();
+    EXPECT_EQ(device->device_type, type) << text;
+    EXPECT_EQ(device->device_id, id) << text;
+  }
+  // A view is asked for (pinned), never named as a device; ordinals are digits only.
+  for (const char* bad : {"gpu0", "cuda_host", "cuda:", "cuda:-1", "cuda:1x", "xpu:one", ""}) {
+    Result<DLDevice> device = tensord::ParseDeviceName(bad);
+    EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(device.status().message(), HasSubstr("give 'cpu', 'cuda', 'cuda:N', 'xpu', 'xpu:N'")) << bad;
+  }
 }
 
 TEST(DLPackConvertTest, DevicesRoundTrip) {
