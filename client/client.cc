@@ -1,18 +1,19 @@
-// The public API (tensord/client.h): thin wrappers over internal::ClientCore and
-// internal::LeaseView. Every entry point catches std exceptions (Guard), so nothing throws
-// across the API.
+// The public API (tensord/client.h): TensorRef over internal::LeaseView, and Client's calls
+// run on its current internal::Session through internal::SessionHolder. Every entry point
+// catches std exceptions (Guard), so nothing throws across the API.
 #include "tensord/client.h"
 
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
-#include "client/client_core.h"
 #include "client/dlpack_context.h"
 #include "client/dlpack_convert.h"
 #include "client/lease_view.h"
+#include "client/session_holder.h"
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
 #include "common/memory/backends.h"
+#include "common/protocol_limits.h"
 #include "common/socket_paths.h"
 #include "common/tensor_desc.h"
 
@@ -78,62 +79,100 @@ DLManagedTensorVersioned* TensorRef::ToDLPackVersioned() const {
 }
 
 // --- Client ---
+//
+// Each call runs on the holder's current Session (SessionHolder::Call), inside Guard. What is
+// checked before a session is asked for (an empty TensorRef, a batch too long) is checked
+// here, so it fails the same with or without a broker.
 
-Client::Client(std::shared_ptr<internal::ClientCore> core) : core_(std::move(core)) {}
+namespace {
+
+using internal::Session;
+using internal::SessionHolder;
+
+// One call of the API: `fn(Session&)` runs on the current session, its result comes back in
+// the public types, and nothing it throws leaves the API.
+template <typename Fn>
+auto OnSession(SessionHolder& holder, std::string_view what, Fn&& fn) {
+  return Guard(what, [&] { return holder.Call(std::forward<Fn>(fn)); });
+}
+
+Status EmptyTensorRef(std::string_view what) {
+  return Status(StatusCode::kInvalidArgument, std::string(what) + ": an empty TensorRef");
+}
+
+}  // namespace
+
+Client::Client(std::shared_ptr<internal::SessionHolder> holder) : holder_(std::move(holder)) {}
 
 Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   return Guard("connect", [&]() -> Result<std::unique_ptr<Client>> {
-    Result<std::shared_ptr<internal::ClientCore>> core = internal::ClientCore::Create(options);
-    if (!core.ok()) return core.status();
-    return std::unique_ptr<Client>(new Client(std::move(core).value()));
+    Result<std::shared_ptr<SessionHolder>> holder = SessionHolder::Create(options);
+    if (!holder.ok()) return holder.status();
+    return std::unique_ptr<Client>(new Client(std::move(holder).value()));
   });
 }
 
 Result<TensorRef> Client::Allocate(std::string_view ns, const TensorSpec& spec) {
-  return Guard("allocate", [&] { return core_->Allocate(ns, spec); });
+  return OnSession(*holder_, "allocate", [&](Session& s) { return s.Allocate(ns, spec); });
 }
 
 Result<TensorRef> Client::Export(int memfd, uint64_t offset, std::string_view ns,
                                  const TensorSpec& spec) {
-  return Guard("export", [&] { return core_->Export(memfd, offset, ns, spec); });
+  return OnSession(*holder_, "export", [&](Session& s) { return s.Export(memfd, offset, ns, spec); });
 }
 
 Result<TensorRef> Client::ExportDevice(const void* device_ptr, std::string_view ns, const TensorSpec& spec,
                                        std::shared_ptr<const void> source) {
-  return Guard("export device memory",
-               [&] { return core_->ExportDevice(device_ptr, ns, spec, std::move(source)); });
+  return OnSession(*holder_, "export device memory",
+                   [&](Session& s) { return s.ExportDevice(device_ptr, ns, spec, std::move(source)); });
 }
 
 Result<TensorInfo> Client::Publish(const TensorRef& tensor, std::string_view name,
                                    const PublishOptions& options) {
-  return Guard("publish", [&] { return core_->Publish(tensor, name, options); });
+  return Guard("publish", [&]() -> Result<TensorInfo> {
+    if (!tensor) return EmptyTensorRef("publish");
+    return holder_->Call([&](Session& s) { return s.Publish(*SessionHolder::ViewOf(tensor), name, options); });
+  });
 }
 
 Status Client::PublishNoWait(const TensorRef& tensor, std::string_view name,
                              const PublishOptions& options) {
-  return Guard("publish", [&] { return core_->PublishNoWait(tensor, name, options); });
+  return Guard("publish", [&]() -> Status {
+    if (!tensor) return EmptyTensorRef("publish");
+    return holder_->Call([&](Session& s) { return s.PublishNoWait(*SessionHolder::ViewOf(tensor), name, options); });
+  });
 }
 
 Result<TensorRef> Client::Acquire(std::string_view name, const AcquireOptions& options) {
-  return Guard("acquire", [&] { return core_->Acquire(std::string(name), options); });
+  return OnSession(*holder_, "acquire", [&](Session& s) { return s.Acquire(std::string(name), options); });
 }
 
 Result<TensorRef> Client::Acquire(TensorId id, const AcquireOptions& options) {
-  return Guard("acquire", [&] { return core_->Acquire(id.value, options); });
+  return OnSession(*holder_, "acquire", [&](Session& s) { return s.Acquire(id.value, options); });
 }
 
 Result<HandOverToken> Client::HandOver(const TensorRef& tensor, std::chrono::milliseconds ttl) {
-  return Guard("hand over", [&] { return core_->HandOver(tensor, ttl); });
+  return Guard("hand over", [&]() -> Result<HandOverToken> {
+    if (!tensor) return EmptyTensorRef("hand over");
+    return holder_->Call([&](Session& s) { return s.HandOver(*SessionHolder::ViewOf(tensor), ttl); });
+  });
 }
 
 Result<TensorRef> Client::Redeem(std::string_view token, const AcquireOptions& options) {
-  return Guard("redeem", [&] { return core_->Redeem(token, options); });
+  return OnSession(*holder_, "redeem", [&](Session& s) { return s.Redeem(token, options); });
 }
 
 Result<CancelledHandOvers> Client::CancelHandOvers(const std::vector<std::string>& tokens) {
-  return Guard("cancel hand-overs", [&] { return core_->CancelHandOvers(tokens); });
+  return Guard("cancel hand-overs", [&]() -> Result<CancelledHandOvers> {
+    if (tokens.size() > common::kMaxCancelHandOversBatch) {
+      return Status(StatusCode::kInvalidArgument,
+                    "cancel hand-overs: " + std::to_string(tokens.size()) + " tokens; at most " +
+                        std::to_string(common::kMaxCancelHandOversBatch) + " per call (none was cancelled)");
+    }
+    return holder_->Call([&](Session& s) { return s.CancelHandOvers(tokens); });
+  });
 }
 
 Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
@@ -141,7 +180,7 @@ Result<TensorRef> Client::Take(std::string_view name_or_prefix, Wait wait) {
 }
 
 Result<TensorRef> Client::Take(std::string_view name_or_prefix, const TakeOptions& options) {
-  return Guard("take", [&] { return core_->Take(name_or_prefix, options); });
+  return OnSession(*holder_, "take", [&](Session& s) { return s.Take(name_or_prefix, options); });
 }
 
 Result<std::vector<TensorRef>> Client::AllocateMany(std::string_view ns,
@@ -150,16 +189,27 @@ Result<std::vector<TensorRef>> Client::AllocateMany(std::string_view ns,
     std::vector<AllocateItem> items;
     items.reserve(specs.size());
     for (const TensorSpec& spec : specs) items.push_back(AllocateItem{std::string(ns), spec});
-    return core_->AllocateMany(items);
+    return holder_->Call([&](Session& s) { return s.AllocateMany(items); });
   });
 }
 
 Result<std::vector<TensorRef>> Client::AllocateMany(const std::vector<AllocateItem>& items) {
-  return Guard("allocate", [&] { return core_->AllocateMany(items); });
+  return OnSession(*holder_, "allocate", [&](Session& s) { return s.AllocateMany(items); });
 }
 
 Result<std::vector<TensorInfo>> Client::PublishMany(const std::vector<PublishItem>& items) {
-  return Guard("publish", [&] { return core_->PublishMany(items); });
+  return Guard("publish", [&]() -> Result<std::vector<TensorInfo>> {
+    std::vector<Session::PublishTarget> targets;
+    targets.reserve(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].tensor == nullptr || !*items[i].tensor) {
+        return EmptyTensorRef("publish element " + std::to_string(i) + " of " + std::to_string(items.size()) +
+                              " as '" + items[i].name + "'");
+      }
+      targets.push_back(Session::PublishTarget{SessionHolder::ViewOf(*items[i].tensor), items[i].name, items[i].options});
+    }
+    return holder_->Call([&](Session& s) { return s.PublishMany(targets); });
+  });
 }
 
 Result<std::vector<TensorRef>> Client::TakeMany(std::string_view name_or_prefix, size_t max_count,
@@ -169,49 +219,65 @@ Result<std::vector<TensorRef>> Client::TakeMany(std::string_view name_or_prefix,
 
 Result<std::vector<TensorRef>> Client::TakeMany(std::string_view name_or_prefix, size_t max_count,
                                                 const TakeOptions& options) {
-  return Guard("take", [&] { return core_->TakeMany(name_or_prefix, max_count, options); });
+  return OnSession(*holder_, "take", [&](Session& s) { return s.TakeMany(name_or_prefix, max_count, options); });
 }
 
 Result<std::vector<TensorRef>> Client::AcquireMany(const std::vector<std::string>& names,
                                                    const AcquireOptions& options) {
-  return Guard("acquire", [&] { return core_->AcquireMany(names, options); });
+  return OnSession(*holder_, "acquire", [&](Session& s) { return s.AcquireMany(names, options); });
 }
 
 Status Client::Delete(std::string_view name, uint64_t if_generation) {
-  return Guard("delete", [&] { return core_->Delete(name, if_generation); });
+  return OnSession(*holder_, "delete", [&](Session& s) { return s.Delete(name, if_generation); });
 }
 
 Result<std::vector<TensorInfo>> Client::List(std::string_view prefix) {
-  return Guard("list", [&] { return core_->List(prefix); });
+  return Guard("list", [&]() -> Result<std::vector<TensorInfo>> {
+    std::vector<TensorInfo> out;
+    ListPageOptions options;
+    // Page by page, each on the session current then.
+    do {
+      Result<TensorPage> page = holder_->Call([&](Session& s) { return s.ListPage(prefix, options); });
+      if (!page.ok()) return page.status();
+      if (out.empty()) {
+        out = std::move(page->tensors);
+      } else {
+        out.insert(out.end(), std::make_move_iterator(page->tensors.begin()),
+                   std::make_move_iterator(page->tensors.end()));
+      }
+      options.page_token = std::move(page->next_page_token);
+    } while (!options.page_token.empty());
+    return out;
+  });
 }
 
 Result<TensorPage> Client::ListPage(std::string_view prefix, const ListPageOptions& options) {
-  return Guard("list", [&] { return core_->ListPage(prefix, options); });
+  return OnSession(*holder_, "list", [&](Session& s) { return s.ListPage(prefix, options); });
 }
 
 Result<TensorStat> Client::Stat(std::string_view name) {
-  return Guard("stat", [&] { return core_->Stat(std::string(name)); });
+  return OnSession(*holder_, "stat", [&](Session& s) { return s.Stat(std::string(name)); });
 }
 
 Result<TensorStat> Client::Stat(TensorId id) {
-  return Guard("stat", [&] { return core_->Stat(id.value); });
+  return OnSession(*holder_, "stat", [&](Session& s) { return s.Stat(id.value); });
 }
 
 Result<BrokerStatus> Client::GetStatus(const StatusOptions& options) {
-  return Guard("status", [&] { return core_->GetStatus(options); });
+  return OnSession(*holder_, "status", [&](Session& s) { return s.GetStatus(options); });
 }
 
 Result<std::unique_ptr<Watcher>> Client::Watch(std::string_view prefix, bool initial) {
-  return Guard("watch", [&] { return core_->Watch(prefix, initial); });
+  return OnSession(*holder_, "watch", [&](Session& s) { return s.Watch(prefix, initial); });
 }
 
 Status Client::Flush() {
-  return Guard("flush", [&] { return core_->Flush(); });
+  return OnSession(*holder_, "flush", [&](Session& s) { return s.Flush(); });
 }
 
-uint64_t Client::session_id() const { return core_->session_id(); }
+uint64_t Client::session_id() const { return holder_->session_id(); }
 
-const std::string& Client::socket_path() const { return core_->socket_path(); }
+const std::string& Client::socket_path() const { return holder_->socket_path(); }
 
 std::string DefaultClientSocketPath() { return common::DefaultClientSocketPath(); }
 

@@ -3,7 +3,7 @@
 // producer must). Each export's `source` (the owner of the memory the user handed to
 // ExportDevice) is recorded by tensor id once the broker registered it, and stays here
 // until the broker pushes ExportReleased for it (the tensor is unbound and no lease on it
-// is left), or until the session's owner takes it (see ClientCore for a lost session and
+// is left), or until the session's owner takes it (see SessionHolder for a lost session and
 // the Client's end).
 //
 // A source may be user code when dropped (a shared_ptr deleter, a Python decref): nothing

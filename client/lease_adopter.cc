@@ -141,6 +141,31 @@ absl::StatusOr<LeaseView*> LeaseAdopter::AdoptLease(uint64_t lease_id,
   return inserted.view;
 }
 
+absl::Status LeaseAdopter::OrderOnStream(std::span<LeaseView* const> views, uintptr_t stream) {
+  for (LeaseView* view : views) {
+    if (!view->stream_ordered()) continue;
+    if (absl::Status ordered = view->UseOnStream(stream); !ordered.ok()) {
+      for (LeaseView* each : views) each->Unref();
+      return ordered;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LeaseView*> LeaseAdopter::Ordered(absl::StatusOr<LeaseView*> view, uintptr_t stream) {
+  if (view.ok()) {
+    LeaseView* const one = *view;
+    TENSORD_RETURN_IF_ERROR(OrderOnStream({&one, 1}, stream));
+  }
+  return view;
+}
+
+absl::StatusOr<std::vector<LeaseView*>> LeaseAdopter::Ordered(absl::StatusOr<std::vector<LeaseView*>> views,
+                                                              uintptr_t stream) {
+  if (views.ok()) TENSORD_RETURN_IF_ERROR(OrderOnStream(*views, stream));
+  return views;
+}
+
 void LeaseAdopter::AbandonBatch(const std::vector<LeaseView*>& views,
                                 const std::vector<uint64_t>& lease_ids) {
   queue_->PushLeaseIds(lease_ids);

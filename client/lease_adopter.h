@@ -9,6 +9,10 @@
 // (RetentionFor). Whatever it does not adopt goes back to the broker: the lease id is
 // queued on the release queue, as a deleter's release would be.
 //
+// A consumer's views are ordered on the caller's stream before the Session returns them
+// (OrderOnStream): that is where a device view's stream starts to wait for the producer's
+// writes, and where its release starts to wait for that stream.
+//
 // It owns nothing but constants: the fd channel, the mapping cache, the lease cache and the
 // release queue it uses are its Session's, each thread-safe, so it is thread-safe too.
 // Lifetime: a member of its Session, made after and destroyed before the parts it uses.
@@ -18,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,6 +87,16 @@ class LeaseAdopter {
                           std::vector<LeaseView*>& views);
   // Gives back what a failed batch holds: a reference on each view, each bare lease id.
   void AbandonBatch(const std::vector<LeaseView*>& views, const std::vector<uint64_t>& lease_ids);
+
+  // A consumer's views, before the caller gets them: device ones are ordered on `stream`
+  // (LeaseView::UseOnStream: the stream waits for the producer's writes, and the release
+  // for the stream); host ones have nothing to order and cost nothing. On failure every
+  // view's reference is given back and the error, which names the tensor, returned.
+  static absl::Status OrderOnStream(std::span<LeaseView* const> views, uintptr_t stream);
+  // OrderOnStream for what a call returns: one view, or a batch's.
+  static absl::StatusOr<LeaseView*> Ordered(absl::StatusOr<LeaseView*> view, uintptr_t stream);
+  static absl::StatusOr<std::vector<LeaseView*>> Ordered(absl::StatusOr<std::vector<LeaseView*>> views,
+                                                         uintptr_t stream);
 
  private:
   // Maps the buffers of `tensors` that are not mapped yet with one fetch (FETCH_FD per 253

@@ -1,7 +1,7 @@
 // PlainMutex: a std::mutex (a bare futex) that clang's thread-safety analysis knows as a
 // capability, so ABSL_GUARDED_BY on it is checked. libstdc++'s std::mutex carries no such
 // attributes, and an annotation naming one is checked by nothing. For the few locks that
-// must not be absl::Mutex (see ClientCore::mu_: locked in the parent before fork(), unlocked
+// must not be absl::Mutex (see SessionHolder::mu_: locked in the parent before fork(), unlocked
 // in the child); everything else uses absl::Mutex.
 #pragma once
 

@@ -10,18 +10,18 @@
 #include <string_view>
 #include <thread>
 
-#include "client/client_core.h"
+#include "client/session_holder.h"
 #include "client/plain_mutex.h"
 #include "grpc/grpc.h"
 
 namespace tensord::internal {
 namespace {
 
-// Every live ClientCore, for the fork and exit hooks. Leaked on purpose so it outlives
-// static destruction. A PlainMutex for the same reason as ClientCore::mu_.
+// Every live SessionHolder, for the fork and exit hooks. Leaked on purpose so it outlives
+// static destruction. A PlainMutex for the same reason as SessionHolder::mu_.
 struct Registry {
   PlainMutex mu;
-  std::set<ClientCore*> cores ABSL_GUARDED_BY(mu);
+  std::set<SessionHolder*> holders ABSL_GUARDED_BY(mu);
 };
 
 Registry& GetRegistry() {
@@ -106,14 +106,14 @@ bool WaitForGrpcShutdown(std::chrono::steady_clock::time_point deadline) {
   return true;
 }
 
-// The fork handlers hold the registry's and every core's mutex from prepare to the
-// after-fork hooks, one lock per core: the analysis tracks neither.
+// The fork handlers hold the registry's and every holder's mutex from prepare to the
+// after-fork hooks, one lock per holder: the analysis tracks neither.
 void PrepareFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   Registry& r = GetRegistry();
   r.mu.Lock();
   const auto deadline = std::chrono::steady_clock::now() + kForkPrepareBudget;
   bool suspended = true;
-  for (ClientCore* core : r.cores) suspended = core->LockForFork(deadline) && suspended;
+  for (SessionHolder* holder : r.holders) suspended = holder->LockForFork(deadline) && suspended;
   g_grpc_hooks_ran = false;
   if (suspended && WaitForGrpcShutdown(deadline)) return;
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
@@ -127,7 +127,7 @@ void ParentAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // see PrepareFork
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
   if (g_grpc_hooks_ran) hooks.postfork_parent();
   Registry& r = GetRegistry();
-  for (ClientCore* core : r.cores) core->UnlockAfterForkInParent();
+  for (SessionHolder* holder : r.holders) holder->UnlockAfterForkInParent();
   r.mu.Unlock();
 }
 
@@ -135,14 +135,14 @@ void ChildAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // see PrepareFork
   const GrpcForkHooks& hooks = GetGrpcForkHooks();
   if (g_grpc_hooks_ran) hooks.postfork_child();
   Registry& r = GetRegistry();
-  for (ClientCore* core : r.cores) core->ResetAfterForkInChild();
+  for (SessionHolder* holder : r.holders) holder->ResetAfterForkInChild();
   r.mu.Unlock();
 }
 
 void ShutdownAllAtExit() {
   Registry& r = GetRegistry();
   PlainMutexLock lock(&r.mu);
-  for (ClientCore* core : r.cores) core->ShutdownAtExit();
+  for (SessionHolder* holder : r.holders) holder->ShutdownAtExit();
 }
 
 void InstallProcessHooks() {
@@ -160,17 +160,17 @@ void InstallProcessHooks() {
 
 }  // namespace
 
-void JoinProcessHooks(ClientCore* core) {
+void JoinProcessHooks(SessionHolder* holder) {
   InstallProcessHooks();
   Registry& r = GetRegistry();
   PlainMutexLock lock(&r.mu);
-  r.cores.insert(core);
+  r.holders.insert(holder);
 }
 
-void LeaveProcessHooks(ClientCore* core) {
+void LeaveProcessHooks(SessionHolder* holder) {
   Registry& r = GetRegistry();
   PlainMutexLock lock(&r.mu);
-  r.cores.erase(core);
+  r.holders.erase(holder);
 }
 
 }  // namespace tensord::internal

@@ -29,8 +29,7 @@ std::string DescribePublish(const LeaseView& view, std::string_view name) {
 
 Session::Session(const ClientOptions& options, std::string socket_path,
                  std::unique_ptr<FdConnection> fd, std::shared_ptr<ReleaseQueue> queue)
-    : options_(options),
-      socket_path_(std::move(socket_path)),
+    : socket_path_(std::move(socket_path)),
       fd_(std::move(fd)),
       queue_(std::move(queue)),
       mappings_(common::ProcessImporters(), options.lease_cache_linger),
@@ -41,6 +40,7 @@ Session::Session(const ClientOptions& options, std::string socket_path,
                    [this](const tensord::v1::SessionResponse& reply) { OnOrphan(reply); },
                    [this](absl::Status failure) { quiet_.OnFailure(std::move(failure)); }}),
       adopter_(*fd_, mappings_, leases_, queue_),
+      allocator_(options.allocate_ahead, channel_, adopter_, queue_, [this] { return Flush(); }),
       releases_(leases_, mappings_, channel_,
                 [this](Clock::time_point now) { return TickExports(now); }) {}
 
@@ -85,7 +85,7 @@ absl::StatusOr<std::shared_ptr<Session>> Session::Open(const ClientOptions& opti
 Session::~Session() {
   channel_.MarkClosing();
   // Its call holds the stream, which must go before the channel.
-  (void)ahead_.Take();
+  allocator_.GiveUpAhead();
   if (sender_ != nullptr) sender_->Stop();
   // Closing the session releases every lease: not before this process's device work on
   // them has finished.
@@ -125,12 +125,12 @@ void Session::OnPush(const tensord::v1::SessionResponse& push) {
   } else if (push.has_recycled_buffer_freed()) {
     // The producer's writable mapping, or a reader's kept one: the broker will not hand the
     // buffer out again, and the memory is free once no process maps it.
-    recycled_.Forget(push.recycled_buffer_freed().buffer_id());
+    allocator_.OnRecycledBufferFreed(push.recycled_buffer_freed().buffer_id());
     mappings_.DropKept(push.recycled_buffer_freed().buffer_id());
   } else if (push.has_cache_reset()) {
     // A RecycledBufferFreed may have been lost: keep nothing the broker may have freed
     // (what it still pools is never offered again, so it never hands it out).
-    recycled_.ForgetAll();
+    allocator_.ForgetRecycled();
     dropped = leases_.DropAllCached();
     exports_.MarkUnsure();
     queue_->Wake();
@@ -160,7 +160,9 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
                                ? "acquire '" + *name + "'"
                                : "acquire tensor " + std::to_string(std::get<uint64_t>(target));
   if (name != nullptr) {
-    if (LeaseView* hit = leases_.FindByName(*name, kind, options.min_generation)) return hit;
+    if (LeaseView* hit = leases_.FindByName(*name, kind, options.min_generation)) {
+      return LeaseAdopter::Ordered(hit, options.stream);
+    }
   }
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
                            channel_.StreamCall(AcquireRequest(target, options), RpcChannel::ReplyBound(options.wait),
@@ -168,8 +170,11 @@ absl::StatusOr<LeaseView*> Session::Acquire(const Target& target, const AcquireO
   if (!response.has_acquire()) {
     return absl::InternalError(what + ": the broker answered with something else");
   }
-  return adopter_.AdoptLease(response.acquire().lease_id(), response.acquire().tensor(), GrantedFence::Of(response.acquire()), kind,
-                    name != nullptr ? std::string_view(*name) : std::string_view(), what);
+  return LeaseAdopter::Ordered(
+      adopter_.AdoptLease(response.acquire().lease_id(), response.acquire().tensor(),
+                          GrantedFence::Of(response.acquire()), kind,
+                          name != nullptr ? std::string_view(*name) : std::string_view(), what),
+      options.stream);
 }
 
 absl::Status Session::PrepareTake(ViewKind kind, const std::string& what, tensord::v1::TakeRequest& take) const {
@@ -203,8 +208,10 @@ absl::StatusOr<LeaseView*> Session::Take(std::string_view name_or_prefix, const 
   }
   // The name is unbound now: a cached lease of it must not serve it any more.
   ForgetName(response.take().tensor().name());
-  return adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(), GrantedFence::Of(response.take()),
-                    ConsumerViewKind(options), "", what);
+  return LeaseAdopter::Ordered(adopter_.AdoptLease(response.take().lease_id(), response.take().tensor(),
+                                                   GrantedFence::Of(response.take()), ConsumerViewKind(options), "",
+                                                   what),
+                               kLegacyDefaultStream);
 }
 
 tensord::v1::SessionRequest Session::AcquireRequest(const Target& target,
@@ -225,172 +232,9 @@ tensord::v1::SessionRequest Session::AcquireRequest(const Target& target,
   return request;
 }
 
-absl::StatusOr<tensord::v1::SessionRequest> Session::AllocateRequest(std::string_view ns,
-                                                                     const TensorSpec& spec,
-                                                                     std::string_view what) const {
-  absl::StatusOr<tensord::v1::TensorDesc> desc = SpecToDesc(spec);
-  if (!desc.ok()) return Annotate(desc.status(), what);
-  tensord::v1::SessionRequest request;
-  tensord::v1::AllocateRequest* allocate = request.mutable_allocate();
-  allocate->set_ns(std::string(ns));
-  *allocate->mutable_desc() = *std::move(desc);
-  allocate->set_isolated(spec.isolated);
-  allocate->mutable_tags()->insert(spec.tags.begin(), spec.tags.end());
-  return request;
-}
-
-void Session::OfferRecycled(uint64_t extent, tensord::v1::AllocateRequest& allocate,
-                            std::vector<std::shared_ptr<Mapping>>& hold) const {
-  // The broker recycles buffers only within a namespace.
-  if (allocate.ns().empty()) return;
-  allocate.set_recyclable(true);
-  RecycledBuffers::Candidates candidates = recycled_.For(allocate.ns(), extent);
-  allocate.mutable_reuse_buffer_ids()->Add(candidates.buffer_ids.begin(), candidates.buffer_ids.end());
-  hold.insert(hold.end(), std::make_move_iterator(candidates.held.begin()),
-              std::make_move_iterator(candidates.held.end()));
-}
-
-void Session::KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response,
-                           const LeaseView& view) {
-  if (response.recyclable() && view.mapping() != nullptr) {
-    recycled_.Keep(response.tensor().buffer().buffer_id(), ns, view.mapping());
-  }
-}
-
 absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSpec& spec) {
   TENSORD_RETURN_IF_ERROR(CheckOpen());
-  const std::string what = "allocate in '" + std::string(ns) + "'";
-  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what));
-  // AllocateRequest validated the description; this is its layout.
-  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout,
-                           common::ValidateDesc(request.allocate().desc()));
-  const uint64_t class_bytes = AllocationPool::ClassBytes(ns, spec, layout.extent);
-  if (class_bytes != 0) {
-    if (LeaseView* pooled =
-            AllocateFromPool(ns, class_bytes, request.allocate().desc(), layout, what)) {
-      return pooled;
-    }
-  }
-  // Recycling works within a namespace only, and so does allocating ahead.
-  std::string ahead_key;
-  std::optional<tensord::v1::SessionRequest> ahead_request;
-  bool released_ahead = false;
-  if (options_.allocate_ahead && !ns.empty()) {
-    ahead_key = AllocateAhead::KeyOf(request.allocate());
-    if (std::optional<AllocateAhead::Entry> ahead = ahead_.Take(); ahead.has_value()) {
-      if (ahead->key != ahead_key) {
-        released_ahead = ReleaseAhead(*std::move(ahead));
-      } else if (LeaseView* view = CollectAhead(*std::move(ahead), request, layout.extent, what)) {
-        return view;
-      }
-    }
-    ahead_request = request;
-  }
-  std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answer is adopted
-  OfferRecycled(layout.extent, *request.mutable_allocate(), reusable);
-  absl::StatusOr<tensord::v1::SessionResponse> response = channel_.StreamCall(request, kDefaultCallTimeout);
-  if (response.status().code() == absl::StatusCode::kResourceExhausted) {
-    // Slots the pool keeps idle in this namespace may be what is missing (arena room, the
-    // lease cap): without the pool they would not exist. Give them back, with every release
-    // still queued (an allocation sent ahead for another key among them), and once the
-    // broker has them, ask again.
-    std::vector<uint64_t> idle = pool_.TakeAll(ns);
-    if (!idle.empty() || released_ahead) {
-      queue_->PushLeaseIds(idle);
-      if (Flush().ok()) response = channel_.StreamCall(std::move(request), kDefaultCallTimeout);
-    }
-  }
-  if (!response.ok()) return response.status();
-  if (!response->has_allocate()) {
-    return absl::InternalError(what + ": the broker answered with something else");
-  }
-  TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
-                           adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), {},
-                                      ViewKind::kProducer, "", what));
-  KeepRecycled(ns, response->allocate(), *view);
-  if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
-  // A producer that gets recycled buffers is the steady kind: its next one is asked for now.
-  if (ahead_request.has_value() && response->allocate().recyclable()) {
-    SendAhead(std::move(ahead_key), *std::move(ahead_request), layout.extent);
-  }
-  return view;
-}
-
-LeaseView* Session::CollectAhead(AllocateAhead::Entry ahead, const tensord::v1::SessionRequest& request,
-                                 uint64_t extent, std::string_view what) {
-  absl::StatusOr<tensord::v1::SessionResponse> response = RpcChannel::Await(*ahead.call, kDefaultCallTimeout);
-  // Collected: the call lets go of its stream now, not after the next one is sent (a fork
-  // in between waits for every holder of a stream).
-  ahead.call.reset();
-  if (!response.ok() || !response->has_allocate()) return nullptr;
-  // On failure AdoptLease gave the lease back; the plain Allocate then says what is wrong.
-  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(),
-                                                        {}, ViewKind::kProducer, "", what);
-  if (!view.ok()) return nullptr;
-  KeepRecycled(request.allocate().ns(), response->allocate(), **view);
-  if (response->allocate().recyclable()) SendAhead(ahead.key, request, extent);
-  return *view;
-}
-
-bool Session::ReleaseAhead(AllocateAhead::Entry ahead) {
-  absl::StatusOr<tensord::v1::SessionResponse> response = RpcChannel::Await(*ahead.call, kDefaultCallTimeout);
-  // A reply that does not come in time goes to the orphan handler, which releases it.
-  if (!response.ok() || !response->has_allocate()) return false;
-  queue_->PushLeaseIds({response->allocate().lease_id()});
-  return true;
-}
-
-void Session::SendAhead(std::string key, tensord::v1::SessionRequest request, uint64_t extent) {
-  std::vector<std::shared_ptr<Mapping>> held;
-  OfferRecycled(extent, *request.mutable_allocate(), held);
-  absl::StatusOr<std::unique_ptr<SessionStream::PendingCall>> call = channel_.StreamStart(std::move(request));
-  // Not sent (the stream is closed or broke): the next Allocate asks as a plain one.
-  if (!call.ok()) return;
-  ahead_.Put(AllocateAhead::Entry{std::move(key), *std::move(call), std::move(held)});
-}
-
-LeaseView* Session::AllocateFromPool(std::string_view ns, uint64_t class_bytes,
-                                     const tensord::v1::TensorDesc& desc,
-                                     const common::TensorLayout& layout, std::string_view what) {
-  AllocationPool::Next next = pool_.Take(ns, class_bytes);
-  std::optional<AllocationPool::Entry> entry = std::move(next.entry);
-  if (!entry && next.refill > 0) entry = RefillPool(ns, class_bytes, next.refill, what);
-  if (!entry) return nullptr;
-  // What the broker would have answered for this spec in this slot. The slot's bytes are
-  // left as they are: a plain Allocate in an arena gives a reused slot's old bytes too.
-  tensord::v1::TensorInfo tensor = std::move(entry->tensor);
-  *tensor.mutable_desc() = desc;
-  tensor.mutable_desc()->mutable_strides()->Assign(layout.strides.begin(), layout.strides.end());
-  tensor.mutable_buffer()->set_extent(layout.extent);
-  tensor.set_nbytes(layout.nbytes);
-  absl::StatusOr<LeaseView*> view = adopter_.AdoptLease(entry->lease_id, tensor, {}, ViewKind::kProducer, "",
-                                               what, /*own=*/{}, /*described_here=*/true);
-  // On failure AdoptLease gave the lease back; a plain Allocate then says what is wrong.
-  return view.ok() ? *view : nullptr;
-}
-
-std::optional<AllocationPool::Entry> Session::RefillPool(std::string_view ns, uint64_t class_bytes,
-                                                         size_t count, std::string_view what) {
-  TensorSpec slot;
-  slot.dtype = dtypes::kUInt8;
-  slot.shape = {static_cast<int64_t>(class_bytes)};
-  absl::StatusOr<tensord::v1::SessionRequest> request = AllocateRequest(ns, slot, what);
-  if (!request.ok()) return std::nullopt;
-  std::vector<tensord::v1::SessionRequest> requests(count, *request);
-  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
-  // Failed elements hold nothing; when none was granted, the plain call reports the error.
-  std::vector<AllocationPool::Entry> granted;
-  for (absl::StatusOr<tensord::v1::SessionResponse>& reply : replies) {
-    if (!reply.ok() || !reply->has_allocate()) continue;
-    granted.push_back(AllocationPool::Entry{reply->allocate().lease_id(),
-                                            std::move(*reply->mutable_allocate()->mutable_tensor())});
-  }
-  std::vector<uint64_t> release;
-  std::optional<AllocationPool::Entry> mine =
-      pool_.Refill(ns, class_bytes, std::move(granted), release);
-  queue_->PushLeaseIds(release);
-  return mine;
+  return allocator_.Allocate(ns, spec);
 }
 
 absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(

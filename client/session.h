@@ -3,19 +3,28 @@
 //  - RpcChannel (rpc_channel.h): the gRPC connection, the Session stream, calls in flight,
 //    fork suspension, and whether the session is closing or dead;
 //  - LeaseAdopter (lease_adopter.h): the leases the broker grants, made into views;
+//  - ProducerAllocator (producer_allocator.h): how an Allocate is served (pooled slots, an
+//    allocation sent ahead, recycled buffers, or a plain Allocate);
 //  - ReleaseDispatcher (release_dispatcher.h): the release sender's sink, sending releases;
 //  - QuietPublishes (quiet_publishes.h): failures of publishes sent without waiting.
 // It owns what they share: the mapping cache, the lease cache (lease_cache.h), the export
-// table, the allocation pool, and the release queue and its sender thread. It implements
-// the public operations with them (Acquire/Take/Allocate/Publish here, their batches in
-// session_batch.cc, exports in session_export.cc) and handles the broker's pushes.
+// table, and the release queue and its sender thread. It implements every operation of the
+// public API with them (Acquire/Take/Allocate/Publish here, their batches in
+// session_batch.cc, exports in session_export.cc, hand-overs in session_hand_over.cc, the
+// unary Broker calls in session_queries.cc) and handles the broker's pushes. Its owner
+// (SessionHolder) only picks the current Session and converts the results to public types.
 //
-// Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller. A
-// small Allocate in a namespace is served from the allocation pool once its slot class has
-// been allocated before (allocation_pool.h): no round trip, and Publish describes the slot.
+// Acquire/Take/Allocate/Export return a LeaseView holding one reference for the caller.
 // The broker-facing work (validation, dedupe of leases on one tensor, fetching and mapping
-// buffers) happens here; ClientCore turns views into TensorRefs and handles reconnects
-// and fork.
+// buffers) happens here.
+//
+// Stream order: a consumer's views (Acquire, AcquireMany and Redeem on
+// AcquireOptions::stream; Take and TakeMany on kLegacyDefaultStream) are ordered on that
+// stream before they are returned (LeaseAdopter::OrderOnStream: a device view's stream waits
+// for the producer's writes and is one its release waits for; host views cost nothing), a
+// lease-cache hit as much as a new lease. When ordering fails, every reference the call
+// would have returned is given back and the error (naming the tensor and the driver's
+// reason) returned.
 //
 // Exports of memory this process owns (ExportDevice with a source): the source is kept in
 // the session's ExportTable until the broker pushes ExportReleased for it, and dropped on
@@ -24,10 +33,10 @@
 // the broker about each one (Stat by id: NOT_FOUND means freed; ids are never reused).
 // TakeExportSources() hands the rest to the owner when the session is gone.
 //
-// Lifetime: shared_ptr-owned by ClientCore and by calls in flight. Views outlive it: their
-// ReleaseQueue is shared, and once this Session stops its sender, a view's last reference
-// frees it inline. dead() turns true when the broker hangs up the fd channel; the owner then
-// connects a new Session. Thread-safe.
+// Lifetime: shared_ptr-owned by SessionHolder, by calls in flight and by Watch streams
+// (shared_from_this). Views outlive it: their ReleaseQueue is shared, and once this Session
+// stops its sender, a view's last reference frees it inline. dead() turns true when the
+// broker hangs up the fd channel; the owner then connects a new Session. Thread-safe.
 //
 // Errors of Open(): PERMISSION_DENIED for a socket directory the rule refuses
 // (common/socket_paths.h), a daemon uid we do not trust, or a gRPC socket not served by the
@@ -50,15 +59,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/allocate_ahead.h"
-#include "client/allocation_pool.h"
-#include "client/recycled_buffers.h"
 #include "client/export_table.h"
 #include "client/fd_connection.h"
 #include "client/grpc_connection.h"
 #include "client/lease_adopter.h"
 #include "client/lease_cache.h"
 #include "client/mapping_cache.h"
+#include "client/producer_allocator.h"
 #include "client/quiet_publishes.h"
 #include "client/release_dispatcher.h"
 #include "client/release_queue.h"
@@ -71,7 +78,7 @@
 
 namespace tensord::internal {
 
-class Session final {
+class Session final : public std::enable_shared_from_this<Session> {
  public:
   // Connects: socket directory check, fd channel (uid check, HELLO/WELCOME), gRPC connection
   // (peer check), Session stream, sender.
@@ -82,8 +89,10 @@ class Session final {
   Session& operator=(const Session&) = delete;
 
   using Target = std::variant<std::string, uint64_t>;  // name or tensor id
+  // Consumers: views ordered on their stream (see the header comment).
   absl::StatusOr<LeaseView*> Acquire(const Target& target, const AcquireOptions& options);
   absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, const TakeOptions& options);
+  // The producer's view of a new tensor, as the ProducerAllocator decides to serve it.
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
   // Exports (session_export.cc): a memfd the caller has, or device memory at a pointer it
   // has (Importer::ExportExisting of spec.device's type makes the handle; the producer's
@@ -135,7 +144,19 @@ class Session final {
   void ForgetName(std::string_view name);
   absl::Status Flush();
 
-  // One Broker call (rpc_channel.h); client_core.cc and watcher.cc make theirs here.
+  // Unary Broker calls (session_queries.cc), each its own gRPC call beside the stream. The
+  // broker's answers are checked (a page that does not move the listing on is DATA_LOSS);
+  // their errors are the broker's.
+  absl::StatusOr<CancelledHandOvers> CancelHandOvers(const std::vector<std::string>& tokens);
+  // Whatever the outcome, a cached lease of the name asks the broker again afterwards.
+  absl::Status Delete(std::string_view name, uint64_t if_generation);
+  absl::StatusOr<TensorPage> ListPage(std::string_view prefix, const ListPageOptions& options);
+  absl::StatusOr<TensorStat> Stat(const Target& target);
+  absl::StatusOr<BrokerStatus> GetStatus(const StatusOptions& options);
+  // A Watch stream (watcher.h), which holds this Session.
+  absl::StatusOr<std::unique_ptr<Watcher>> Watch(std::string_view prefix, bool initial);
+
+  // One Broker call (rpc_channel.h); session_queries.cc and watcher.cc make theirs here.
   using RpcCall = RpcChannel::Call;
   absl::StatusOr<RpcCall> BeginCall(
       std::optional<std::chrono::milliseconds> timeout = RpcChannel::kDefaultCallTimeout,
@@ -163,7 +184,7 @@ class Session final {
   bool SuspendForFork(std::chrono::steady_clock::time_point deadline) {
     // An allocation sent ahead is a call in flight on the stream: given up, its lease is
     // released, and the stream can go.
-    (void)ahead_.Take();
+    allocator_.GiveUpAhead();
     return channel_.SuspendForFork(deadline);
   }
   void ResumeAfterFork() { channel_.ResumeAfterFork(); }
@@ -189,21 +210,11 @@ class Session final {
   Session(const ClientOptions& options, std::string socket_path, std::unique_ptr<FdConnection> fd,
           std::shared_ptr<ReleaseQueue> queue);
 
-  // Request builders shared by the single and the batch calls; `what` names the element.
-  absl::StatusOr<tensord::v1::SessionRequest> AllocateRequest(std::string_view ns,
-                                                              const TensorSpec& spec,
-                                                              std::string_view what) const;
-  // In a namespace: asks for a recyclable buffer and names the kept ones of at least
-  // `extent` bytes it may reuse; their mappings go into `hold`, which the caller keeps until
-  // the answer is adopted (KeepRecycled).
-  void OfferRecycled(uint64_t extent, tensord::v1::AllocateRequest& allocate,
-                     std::vector<std::shared_ptr<Mapping>>& hold) const;
   // A take cannot be undone: for a view kind with an importer of its own (pinned), fails
   // here when that importer cannot map in this process, and has the broker refuse, without
   // unbinding it, a tensor whose memory that importer does not map (TakeRequest.memory_type).
   absl::Status PrepareTake(ViewKind kind, const std::string& what, tensord::v1::TakeRequest& take) const;
-  // After adopting `response` as `view`: keeps the writable mapping of a recyclable buffer.
-  void KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response, const LeaseView& view);
+  // Request builders shared by the single and the batch calls; `what` names the element.
   absl::StatusOr<tensord::v1::SessionRequest> PublishRequest(const LeaseView& view,
                                                              std::string_view name,
                                                              const PublishOptions& options,
@@ -228,30 +239,8 @@ class Session final {
   // Releases every held export the broker no longer knows (Stat by id: NOT_FOUND); marks
   // the table unsure again when it could not ask.
   void ReconcileExports();
-  // A view of a pooled slot of `class_bytes` described as `desc`, refilling the pool when it
-  // is empty; nullptr when a plain Allocate must serve the call (the class is not pooled
-  // yet or any more, or the refill or the adoption failed: the plain call then reports).
-  LeaseView* AllocateFromPool(std::string_view ns, uint64_t class_bytes,
-                              const tensord::v1::TensorDesc& desc,
-                              const common::TensorLayout& layout, std::string_view what);
-  // ClientOptions::allocate_ahead: the view of `ahead`'s reply, with the next Allocate sent
-  // ahead; nullptr when it failed (the plain call then reports). `request` is the Allocate
-  // it was sent for, without offered buffers; `extent` its byte extent.
-  LeaseView* CollectAhead(AllocateAhead::Entry ahead, const tensord::v1::SessionRequest& request,
-                          uint64_t extent, std::string_view what);
-  // An Allocate sent ahead that the next call does not want: its lease (once granted) goes
-  // to the release queue. True when there was one to release.
-  bool ReleaseAhead(AllocateAhead::Entry ahead);
-  // Sends `request` ahead, offering the kept buffers of at least `extent` bytes, for the
-  // next Allocate of `key`.
-  void SendAhead(std::string key, tensord::v1::SessionRequest request, uint64_t extent);
-  // Allocates `count` slots of `class_bytes` in one batch; one for the caller,
-  // the rest go into the pool.
-  std::optional<AllocationPool::Entry> RefillPool(std::string_view ns, uint64_t class_bytes,
-                                                  size_t count, std::string_view what);
   absl::Status CheckOpen() const { return channel_.CheckOpen(); }
 
-  const ClientOptions options_;
   const std::string socket_path_;
   const std::unique_ptr<FdConnection> fd_;
   const std::shared_ptr<ReleaseQueue> queue_;
@@ -259,21 +248,18 @@ class Session final {
   MappingCache mappings_;
   LeaseCache leases_;
   ExportTable exports_;
-  // Its leases go with the session; never released from a forked child.
-  AllocationPool pool_;
-  // Writable mappings of recyclable buffers, for later Allocates to reuse.
-  RecycledBuffers recycled_;
-  // The Allocate sent ahead (ClientOptions::allocate_ahead); given up before the stream goes.
-  AllocateAhead ahead_;
 
   // Failed publishes sent without waiting, for the next Flush().
   QuietPublishes quiet_;
 
   // The gRPC connection, the Session stream, calls in flight, fork suspension; the
-  // session's closing and dead flags. Its handlers use what is above.
+  // session's closing and dead flags. Its handlers use what is above, and allocator_
+  // (recycled buffers): ~Session drops the stream before the members go.
   RpcChannel channel_;
   // Makes the views of granted leases.
   LeaseAdopter adopter_;
+  // Pooled slots, the allocation sent ahead, recycled buffers; uses the two above.
+  ProducerAllocator allocator_;
 
   // The sender's sink: releases what the lease cache does not keep; drives TickExports.
   ReleaseDispatcher releases_;

@@ -1,6 +1,7 @@
 // Session's batch calls (see session.h): AllocateMany, PublishMany, AcquireMany, TakeMany,
 // each one Session-stream message each way; LeaseAdopter::AdoptBatch fetches the buffers
-// they map together.
+// they map together. AllocateMany's requests and recycled buffers are the
+// ProducerAllocator's; the consumers' views are ordered on their stream before they return.
 #include <functional>
 #include <string>
 #include <utility>
@@ -53,11 +54,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answers are adopted
   for (size_t i = 0; i < n; ++i) {
     // A spec refused here sends nothing at all.
-    TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request,
-                             AllocateRequest(items[i].ns, items[i].spec, what(i)));
-    // AllocateRequest validated the description; this is its layout.
-    TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(request.allocate().desc()));
-    OfferRecycled(layout.extent, *request.mutable_allocate(), reusable);
+    TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, allocator_.BatchRequest(items[i], what(i), reusable));
     requests.push_back(std::move(request));
   }
   std::vector<LeaseView*> views(n, nullptr);
@@ -83,7 +80,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AllocateMany(
   }
   TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ViewKind::kProducer, nullptr, what, views));
   for (const Grant& grant : grants) {
-    KeepRecycled(items[grant.index].ns, replies[grant.index]->allocate(), *views[grant.index]);
+    allocator_.KeepRecycled(items[grant.index].ns, replies[grant.index]->allocate(), *views[grant.index]);
   }
   return views;
 }
@@ -158,7 +155,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
     asked.push_back(i);
     requests.push_back(AcquireRequest(names[i], options));
   }
-  if (requests.empty()) return views;
+  if (requests.empty()) return LeaseAdopter::Ordered(std::move(views), options.stream);
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
       channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(options.wait),
                               CancelState::Of(options.cancel));
@@ -182,7 +179,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
     return failed.Error(what);
   }
   TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, kind, &names, what, views));
-  return views;
+  return LeaseAdopter::Ordered(std::move(views), options.stream);
 }
 
 absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_or_prefix,
@@ -233,7 +230,7 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
   }
   std::vector<LeaseView*> views(grants.size(), nullptr);
   TENSORD_RETURN_IF_ERROR(adopter_.AdoptBatch(grants, ConsumerViewKind(options), nullptr, what, views));
-  return views;
+  return LeaseAdopter::Ordered(std::move(views), kLegacyDefaultStream);
 }
 
 }  // namespace tensord::internal

@@ -97,7 +97,7 @@ ReleaseSink::Clock::time_point Session::TickExports(Clock::time_point now) {
   if (!over && exports_.TakeUnsure()) ReconcileExports();
   // Dropped here, on the sender thread and under no lock: a source may be user code.
   exports_.TakeReleased().clear();
-  // A session that is over leaves what is held to its owner (ClientCore).
+  // A session that is over leaves what is held to its owner (SessionHolder).
   if (over || exports_.held() == 0) return Clock::time_point::max();
   // A notice comes only down a stream: keep one open (a fork or a broken stream closes it,
   // and nothing else may reopen it soon). One that missed pushes starts with a cache_reset.

@@ -51,8 +51,9 @@ absl::StatusOr<LeaseView*> Session::Redeem(std::string_view token, const Acquire
                            channel_.StreamCall(std::move(request), kDefaultCallTimeout));
   if (!response.has_acquire()) return absl::InternalError(what + ": the broker answered with something else");
   const tensord::v1::AcquireResponse& acquire = response.acquire();
-  return adopter_.AdoptLease(acquire.lease_id(), acquire.tensor(), GrantedFence::Of(acquire), ConsumerViewKind(options), "",
-                             what);
+  return LeaseAdopter::Ordered(adopter_.AdoptLease(acquire.lease_id(), acquire.tensor(), GrantedFence::Of(acquire),
+                                                   ConsumerViewKind(options), "", what),
+                               options.stream);
 }
 
 }  // namespace tensord::internal

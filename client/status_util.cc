@@ -29,6 +29,12 @@ Status FromGrpc(const grpc::Status& status) {
   return Status(CodeFromInt(static_cast<int>(status.error_code())), status.error_message());
 }
 
+absl::Status AbslFromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  const StatusCode code = CodeFromInt(static_cast<int>(status.error_code()));
+  return absl::Status(static_cast<absl::StatusCode>(code), status.error_message());
+}
+
 Status FromRpcError(const tensord::v1::RpcError& error) {
   StatusCode code = CodeFromInt(error.code());
   // An error reply that says OK is the broker's bug; never let it look like success.

@@ -24,6 +24,8 @@ namespace tensord::internal {
 Status FromAbsl(const absl::Status& status);
 absl::Status ToAbsl(const Status& status);
 Status FromGrpc(const grpc::Status& status);
+// A unary Broker call's outcome, for the Session's absl results; FromAbsl of it is FromGrpc.
+absl::Status AbslFromGrpc(const grpc::Status& status);
 Status FromRpcError(const tensord::v1::RpcError& error);
 // A canonical code from a peer: anything outside 1..16 becomes UNKNOWN.
 StatusCode CodeFromInt(int code);

@@ -1,7 +1,7 @@
 // Batches (AllocateMany, PublishMany, AcquireMany), batched FETCH_FD and arena mappings,
 // against the real `tensord` binary. Links the static client (tensord_client_core) instead of
 // libtensord.so, so that besides the public API it can look at a session's mapping cache
-// (how many buffers it fetched, how many mappings it keeps) through internal::ClientCore.
+// (how many buffers it fetched, how many mappings it keeps) through internal::ClientPeer.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/client_core.h"
+#include "tests/integration/client_peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensord/client.h"
@@ -30,13 +30,13 @@ using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
 // A client whose session's internals the test can look at.
-std::shared_ptr<internal::ClientCore> Core(const ClientOptions& options) {
-  auto core = internal::ClientCore::Create(options);
+std::shared_ptr<internal::ClientPeer> Core(const ClientOptions& options) {
+  auto core = internal::ClientPeer::Create(options);
   EXPECT_TRUE(core.ok()) << core.status().ToString();
   return core.ok() ? std::move(core).value() : nullptr;
 }
 
-internal::MappingCache& Mappings(internal::ClientCore& core) {
+internal::MappingCache& Mappings(internal::ClientPeer& core) {
   auto session = core.CurrentSession();
   EXPECT_TRUE(session.ok());
   return (*session)->mappings_for_test();
@@ -301,7 +301,7 @@ TEST(Batch, BuffersNotMappedYetAreFetchedTogether) {
 // --- arenas (small tensors of one producer and namespace share a buffer) ---
 
 // Allocates a small float tensor in `ns`, which the broker should carve from an arena.
-Result<TensorRef> AllocateSmall(internal::ClientCore& core, const std::string& ns, float value) {
+Result<TensorRef> AllocateSmall(internal::ClientPeer& core, const std::string& ns, float value) {
   auto ref = core.Allocate(ns, Floats(64));
   if (!ref.ok()) return ref;
   float* data = static_cast<float*>(ref->mutable_data());

@@ -1,7 +1,7 @@
 // The gRPC connection of a live session, against the real `tensord` binary: the client makes
 // it from a socket it connected and checked itself, so gRPC never reconnects it; the session
 // must make a new one when the broker closed it, and after a fork(). Links the static client
-// (tensord_client_core) to reach a session's connection through internal::ClientCore.
+// (tensord_client_core) to reach a session's connection through internal::ClientPeer.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "client/client_core.h"
+#include "tests/integration/client_peer.h"
 #include "gtest/gtest.h"
 #include "tensord/client.h"
 #include "tests/integration/daemon_fixture.h"
@@ -25,20 +25,20 @@ namespace {
 using testing::DaemonProcess;
 using testing::Options;
 
-std::shared_ptr<internal::ClientCore> Core(const DaemonProcess& daemon) {
-  auto core = internal::ClientCore::Create(Options(daemon));
+std::shared_ptr<internal::ClientPeer> Core(const DaemonProcess& daemon) {
+  auto core = internal::ClientPeer::Create(Options(daemon));
   EXPECT_TRUE(core.ok()) << core.status().ToString();
   return core.ok() ? std::move(core).value() : nullptr;
 }
 
-std::shared_ptr<internal::Session> SessionOf(internal::ClientCore& core) {
+std::shared_ptr<internal::Session> SessionOf(internal::ClientPeer& core) {
   auto session = core.CurrentSession();
   EXPECT_TRUE(session.ok()) << session.status().ToString();
   return session.ok() ? *session : nullptr;
 }
 
 // Publishes float32[4] of `value` as `name` and reads it back through an acquire.
-Status RoundTrip(internal::ClientCore& core, const std::string& name, float value) {
+Status RoundTrip(internal::ClientPeer& core, const std::string& name, float value) {
   TensorSpec spec;
   spec.shape = {4};
   Result<TensorRef> tensor = core.Allocate("ns", spec);

@@ -56,7 +56,8 @@ namespace tensord {
 
 namespace internal {
 class LeaseView;
-class ClientCore;
+class SessionHolder;
+class ClientPeer;
 }  // namespace internal
 
 // A held tensor: a lease plus a mapping of its memory. Move-only. Destroying it (or
@@ -111,7 +112,7 @@ class TENSORD_EXPORT TensorRef {
   Status CopyFromDevice(const void* src, uint64_t bytes, uintptr_t stream) const;
 
  private:
-  friend class internal::ClientCore;
+  friend class internal::SessionHolder;
   explicit TensorRef(internal::LeaseView* view) : view_(view) {}
   internal::LeaseView* view_ = nullptr;
 };
@@ -296,8 +297,9 @@ class TENSORD_EXPORT Client {
   const std::string& socket_path() const;
 
  private:
-  explicit Client(std::shared_ptr<internal::ClientCore> core);
-  std::shared_ptr<internal::ClientCore> core_;
+  friend class internal::ClientPeer;  // tests' view of a Client (tests/integration/client_peer.h)
+  explicit Client(std::shared_ptr<internal::SessionHolder> holder);
+  std::shared_ptr<internal::SessionHolder> holder_;
 };
 
 // A stream of binding changes under a prefix. Destroying it cancels the stream.

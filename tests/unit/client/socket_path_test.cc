@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "client/client_core.h"
+#include "client/session_holder.h"
 #include "client/fd_connection.h"
 #include "client/tensor_convert.h"
 #include "common/socket_paths.h"
