@@ -234,27 +234,7 @@ absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t
   std::vector<FetchedHandle> handles;
   size_t fds = 0;
   for (uint64_t buffer_id : request.buffer_ids()) {
-    Buffer* buffer = registry_.FindBuffer(buffer_id);
-    bool held = false;
-    if (buffer != nullptr) {
-      // O(tensors in the buffer), once per buffer and client: clients keep arena fds.
-      for (uint64_t tensor_id : buffer->tensor_ids) {
-        Tensor* tensor = registry_.Find(tensor_id);
-        if (tensor != nullptr && tensor->holders.contains(session->id)) {
-          held = true;
-          break;
-        }
-      }
-    }
-    // The same answer whether the buffer is absent or someone else's: no probing.
-    if (!held) {
-      return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not held by session ",
-                                              session->id, ": acquire a tensor in it first"));
-    }
-    // A lease taken before its producer exited does not make the memory come back.
-    if (!buffer->producer_exited.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("buffer ", buffer_id, ": ", buffer->producer_exited));
-    }
+    TENSORD_ASSIGN_OR_RETURN(Buffer * buffer, FetchableBufferLocked(*session, buffer_id));
     absl::StatusOr<common::MemoryHandle> handle = buffer->memory->Export();
     if (!handle.ok()) {
       return absl::Status(handle.status().code(),
@@ -272,6 +252,31 @@ absl::StatusOr<std::vector<Broker::FetchedHandle>> Broker::FetchHandles(uint64_t
         FetchedHandle{buffer_id, buffer->size, buffer->device->device.device.type(), *std::move(handle)});
   }
   return handles;
+}
+
+absl::StatusOr<Buffer*> Broker::FetchableBufferLocked(const Session& session, uint64_t buffer_id) {
+  Buffer* buffer = registry_.FindBuffer(buffer_id);
+  bool held = false;
+  if (buffer != nullptr) {
+    // O(tensors in the buffer), once per buffer and client: clients keep arena fds.
+    for (uint64_t tensor_id : buffer->tensor_ids) {
+      Tensor* tensor = registry_.Find(tensor_id);
+      if (tensor != nullptr && tensor->holders.contains(session.id)) {
+        held = true;
+        break;
+      }
+    }
+  }
+  // The same answer whether the buffer is absent or someone else's: no probing.
+  if (!held) {
+    return absl::NotFoundError(absl::StrCat("buffer ", buffer_id, " is not held by session ", session.id,
+                                            ": acquire a tensor in it first"));
+  }
+  // A lease taken before its producer exited does not make the memory come back.
+  if (!buffer->producer_exited.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("buffer ", buffer_id, ": ", buffer->producer_exited));
+  }
+  return buffer;
 }
 
 absl::StatusOr<v1::Staged> Broker::StageFd(uint64_t session_id, common::UniqueFd fd) {

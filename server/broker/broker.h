@@ -44,6 +44,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -247,62 +248,50 @@ class Broker {
     std::vector<std::unique_ptr<common::BackendBuffer>> garbage;
     std::vector<uint64_t> cancel_timers;
   };
+  // What finishing allocations leaves for after the lock: the answers, in order, and the
+  // allocation that makes the next arena (of next_arena_bytes) when a new one overflowed.
+  struct FinishedAllocations {
+    std::vector<std::pair<Completion<tensord::v1::AllocateResponse>, absl::StatusOr<tensord::v1::AllocateResponse>>>
+        answers;
+    std::optional<QueuedAllocate> next_arena;
+    uint64_t next_arena_bytes = 0;
+  };
+  // A snapshot buffer as restored: its device, memory and size (no memory: tensors of no bytes).
+  struct RestoredBuffer {
+    const ResolvedDevice* device = nullptr;
+    std::unique_ptr<common::BackendBuffer> memory;
+    uint64_t size = 0;
+  };
 
-
-  // Checks the session's and its uid's caps for one more wait on `target`, and charges the
-  // uid for it; StartWait then registers it.
-  absl::Status ReserveWaitLocked(const Session& session, std::string_view target)
+  // The private steps, by the file that holds them. broker.cc: effects, sessions, leases,
+  // bindings, retirement and memory given back.
+  // Runs what an operation collected, outside the mutex.
+  void Deliver(Effects& effects);
+  absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FetchHandles' buffer: NOT_FOUND unless the session leases a tensor in it; FAILED_PRECONDITION: producer gone.
+  absl::StatusOr<Buffer*> FetchableBufferLocked(const Session& session, uint64_t buffer_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Registers a pending acquire/take (with its timer unless it waits forever); the caller
-  // has reserved it (ReserveWaitLocked).
-  uint64_t StartWait(Session& session, Waiter waiter, Completion<tensord::v1::AcquireResponse>& done,
-                     std::optional<uint64_t> timeout_ms, std::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back what a waiter removed from waiters_ held: one of its session's waits (when
-  // the session is still open) and its uid's charges.
-  void ForgetWaiterLocked(const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when `session` may not hold one more lease (its cap, or its uid's
-  // metadata bytes) / start one more wait.
-  absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckWaitCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a wait's session may be granted `tensor` now that it matched: access is checked
-  // again at the grant, since an unnamed tensor gets its namespace only when published.
-  absl::Status CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Charges the producer's uid for a tensor about to be registered: one tensor, its
-  // metadata, and `host_bytes` of a dedicated buffer outside an ACL'd namespace. Records the
-  // charges in `tensor`; nothing is charged on an error.
-  absl::Status ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UnchargeTensorLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Charges (or refunds) the producer's uid for `tensor`'s metadata once published with
-  // `desc` and `tags` under `name` in `ns`; nothing changes on an error.
-  absl::Status RechargeMetadataLocked(Tensor& tensor, const tensord::v1::TensorDesc& desc, std::string_view ns,
-                                      std::string_view name, const std::map<std::string, std::string>& tags)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `session` closed: every tensor in memory it owned (its producer_owned_buffers) retires,
+  // unbound as a Delete would; the buffers remember why (Buffer::producer_exited).
+  void RetireProducerMemoryLocked(const Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION naming `tensor` when its memory went with its producer.
+  absl::Status CheckMemoryLiveLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants a lease on `tensor` to `session`; `by_name`: acquired by its name, so the client
   // may cache it and must hear when the tensor retires.
   tensord::v1::AcquireResponse GrantLocked(Session& session, Tensor& tensor, bool by_name = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a new CREATING tensor (and its buffer, when it has memory) with a producer lease.
-  tensord::v1::AllocateResponse RegisterLocked(Session& session, Tensor tensor,
-                                               std::unique_ptr<common::BackendBuffer> memory,
-                                               uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds a new CREATING tensor in a pooled buffer of its session, the buffer registered
-  // again under its own id.
-  tensord::v1::AllocateResponse RegisterRecycledLocked(Session& session, Tensor tensor, BufferPool::Entry entry)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Acquire's hand_over target: the pending hand-over becomes a lease of the session, once.
-  // A redeemer that may not read the tensor, or may hold no more leases, leaves it pending;
-  // a tensor whose memory went with its producer ends it.
-  absl::StatusOr<tensord::v1::AcquireResponse> RedeemHandOver(uint64_t session_id, std::string_view token);
-  void ExpireHandOver(const std::string& token);
-  // Gives back what a hand-over removed from hand_overs_ held: its uid's charges (the pinned
-  // memory with its uid's last token on the tensor) and its hold on the tensor (which may go
-  // with it); `cancel_timer` unless its timer is what fired.
-  void EndHandOverLocked(const PendingHandOver& hand_over, bool cancel_timer, Effects& effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeRemoveLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A recyclable buffer's last tensor went: into its producer's pool when it may wait
+  // there, else freed.
+  void RecycleLocked(BufferPool::Entry entry, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees recyclable buffers (their quota released, their memory freed off the RPC threads)
+  // and tells each one's producer session, while open, RecycledBufferFreed.
+  void FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves `bytes` of `device`'s quota; when that fails, takes pooled buffers on the device
+  // back (oldest first) and tries once more.
+  absl::Status ReserveLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
+                             Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The buffer of `tensor_id`, in memory its producer owned, was freed: tells the producer
   // (ExportReleased) while its session is open.
   void ExportReleasedLocked(uint64_t producer_session, uint64_t tensor_id, uint64_t buffer_id,
@@ -310,44 +299,31 @@ class Broker {
   // Queues `push` for `session`'s stream, or, with none attached, owes it a cache_reset.
   void PushLocked(Session& session, tensord::v1::SessionResponse push, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `session` closed: every tensor in memory it owned (its producer_owned_buffers) retires,
-  // unbound as a Delete would; the buffers remember why (Buffer::producer_exited).
-  void RetireProducerMemoryLocked(const Session& session, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FAILED_PRECONDITION naming `tensor` when its memory went with its producer.
-  absl::Status CheckMemoryLiveLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Binds (retiring what was bound) and tells watchers; waking waiters is the caller's.
-  void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)
+  void RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unbinds and retires; pushes the change to holders and watchers.
   void UnbindLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects)
+  // Binds (retiring what was bound) and tells watchers; waking waiters is the caller's.
+  void BindLocked(Tensor& tensor, const std::string& name, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the waiter `wait_id`, which `tensor` matched, and completes it: with a lease when
   // it may be granted one (true), else with why not (false; the tensor stays for the next).
   bool GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Publish's `desc` for a CREATING tensor: same device, and an extent that fits the region
-  // the tensor was allocated (its arena slot, or its buffer from its offset on).
-  absl::Status CheckFitsRegionLocked(const Tensor& tensor, const tensord::v1::TensorDesc& desc,
-                                     const common::TensorLayout& layout)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireTtl(uint64_t tensor_id, uint64_t generation);
+
+  // broker_allocate.cc: Allocate validates, places and reserves; memory is made on the
+  // executor; FinishAllocate registers what was made and answers.
+  // A request's namespace, description and tags, checked, as a new tensor on the broker's device; nothing else set.
+  absl::StatusOr<Tensor> DescribeNewTensor(const std::string& ns, const tensord::v1::TensorDesc& desc,
+                                           const google::protobuf::Map<std::string, std::string>& tags) const;
+  // ACL, lease cap and uid charge, then Placement's choice with its memory reserved; on an error nothing is kept.
+  absl::StatusOr<Placement::Choice> PlaceAllocationLocked(Session& session, Tensor& tensor,
+                                                          const Placement::Request& wants, uint64_t size,
+                                                          Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves quota for one more arena of `bytes` in namespace `ns`.
   absl::Status ReserveArenaLocked(std::string_view ns, uint64_t bytes, Effects& effects)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves `bytes` of `device`'s quota; when that fails, takes pooled buffers on the device
-  // back (oldest first) and tries once more.
-  absl::Status ReserveLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
-                             Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A recyclable buffer's last tensor went: into its producer's pool when it may wait
-  // there, else freed.
-  void RecycleLocked(BufferPool::Entry entry, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees recyclable buffers (their quota released, their memory freed off the RPC threads)
-  // and tells each one's producer session, while open, RecycledBufferFreed.
-  void FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session closed: its arenas go once empty (those empty now go at once, their memory
   // given back and freed off the RPC threads).
@@ -361,31 +337,178 @@ class Broker {
   void FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
                       absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                       Completion<tensord::v1::AllocateResponse> done);
-  void CompleteWaitWith(uint64_t wait_id, absl::Status status);
-  // Gives back what a watcher was charged to its uid.
-  void ReleaseWatcherLocked(const Watcher& watcher) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs what an operation collected, outside the mutex.
-  void Deliver(Effects& effects);
+  // `made`, or CANCELLED with no `session`; a node short of memory first gets `device`'s idle pooled buffers back.
+  absl::Status CheckMadeMemoryLocked(const Session* session, absl::Status made, const ResolvedDevice& device,
+                                     Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers `allocation` with `why`, its uid charges given back.
+  void RefuseLocked(QueuedAllocate& allocation, const absl::Status& why, FinishedAllocations& finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers the tensor in its made buffer (or none) within the lease cap; else frees the buffer and its quota.
+  void FinishBufferLocked(Session& session, QueuedAllocate allocation, std::unique_ptr<common::BackendBuffer> memory,
+                          uint64_t size, FinishedAllocations& finished, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the arena made to the session's in `ns` and registers `batch` where Placement::PlaceBatch puts it.
+  void FillArenaLocked(Session& session, const std::string& ns, uint64_t size,
+                       std::unique_ptr<common::BackendBuffer> memory, std::vector<QueuedAllocate> batch,
+                       FinishedAllocations& finished, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves the next arena for `overflow` (its first makes it, the rest queue), or refuses them all.
+  void QueueNextArenaLocked(uint64_t session_id, const std::string& ns, Placement::Overflow overflow,
+                            FinishedAllocations& finished, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a new CREATING tensor (and its buffer, when it has memory) with a producer lease.
+  tensord::v1::AllocateResponse RegisterLocked(Session& session, Tensor tensor,
+                                               std::unique_ptr<common::BackendBuffer> memory,
+                                               uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a new CREATING tensor in a pooled buffer of its session, the buffer registered
+  // again under its own id.
+  tensord::v1::AllocateResponse RegisterRecycledLocked(Session& session, Tensor tensor, BufferPool::Entry entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::StatusOr<Session*> SessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Snapshot SnapshotLocked(const std::set<uint64_t>* stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // UNAVAILABLE while FreezeAndSnapshot's freeze holds.
-  absl::Status CheckNamesMayChangeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // broker_publish.cc: exports, publish, TTLs.
+  // Export's handle: its bytes, or the session's staged fd, taken (NOT_FOUND: not staged by it).
+  absl::StatusOr<common::MemoryHandle> ExportedHandle(uint64_t session_id, const tensord::v1::ExportRequest& request);
+  // ACL and lease cap, `tensor` stamped as the session's, its uid charged, `size` reserved; on an error, nothing.
+  absl::Status ReserveExportLocked(Session& session, Tensor& tensor, uint64_t size, std::string_view what,
+                                   Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tensor the session is creating: NOT_FOUND (not its own), FAILED_PRECONDITION (published already).
+  absl::StatusOr<Tensor*> PublishableLocked(uint64_t session_id, uint64_t tensor_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `tensor` may take request.name() in `ns`: its namespace, the ACL, if_absent and if_generation.
+  absl::Status CheckPublishedNameLocked(const Session& session, const Tensor& tensor,
+                                        const tensord::v1::PublishRequest& request, std::string_view ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the seals of `tensor`'s buffer (CheckShareable), once, before any reader can get it.
+  absl::Status SealForReadersLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publish once every check passed: description, namespace, tags, SEALED, fence, name (and TTL) or generation.
+  void CommitPublishLocked(Session& session, Tensor& tensor, const tensord::v1::PublishRequest& request,
+                           std::string_view ns, std::optional<common::TensorLayout> new_layout,
+                           std::optional<std::map<std::string, std::string>> merged_tags, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publish's `desc` for a CREATING tensor: same device, and an extent that fits the region
+  // the tensor was allocated (its arena slot, or its buffer from its offset on).
+  absl::Status CheckFitsRegionLocked(const Tensor& tensor, const tensord::v1::TensorDesc& desc,
+                                     const common::TensorLayout& layout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireTtl(uint64_t tensor_id, uint64_t generation);
+
+  // broker_reads.cc and broker_take.cc: acquires, takes and their waits; status; watchers.
+  // NOT_FOUND for a name nothing is bound to: `lead` and the name, and a bound name of its
+  // namespace a typo away if there is one. Only after the caller's access to that namespace
+  // was checked, so the hint tells nothing it could not list.
+  absl::Status NotBoundLocked(std::string_view lead, const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GrantLocked, if CheckLeaseCapLocked lets `session` hold one more lease.
+  absl::StatusOr<tensord::v1::AcquireResponse> GrantWithinCapLocked(Session& session, Tensor& tensor,
+                                                                    bool by_name = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the session's and its uid's caps for one more wait on `target`, and charges the
+  // uid for it.
+  absl::Status ReserveWaitLocked(const Session& session, std::string_view target)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves (ReserveWaitLocked) and registers a wait with its timer, taking `done`; else CANCELLED or the caps' error.
+  absl::StatusOr<uint64_t> StartWaitLocked(Session& session, Waiter waiter,
+                                           Completion<tensord::v1::AcquireResponse>& done,
+                                           std::optional<uint64_t> timeout_ms, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what a waiter removed from waiters_ held: one of its session's waits (when
+  // the session is still open) and its uid's charges.
+  void ForgetWaiterLocked(const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a wait's session may be granted `tensor` now that it matched: access is checked
+  // again at the grant, since an unnamed tensor gets its namespace only when published.
+  absl::Status CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An acquire by name (by id) now: a lease, or why not; nullopt to wait, only when `may_wait`.
+  std::optional<absl::StatusOr<tensord::v1::AcquireResponse>> AcquireByNameLocked(Session& session,
+                                                                                  const Waiter& waiter,
+                                                                                  bool may_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<absl::StatusOr<tensord::v1::AcquireResponse>> AcquireByIdLocked(Session& session,
+                                                                                const Waiter& waiter, bool may_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A take now: a lease on what it names, which it unbinds, or why not; nullopt to wait, when it asks to.
+  std::optional<absl::StatusOr<tensord::v1::AcquireResponse>> TakeNowLocked(Session& session,
+                                                                            const tensord::v1::TakeRequest& request,
+                                                                            Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when `tensor` is not memory of the type a take maps (`wanted`), before anything is unbound.
+  static absl::Status CheckTakenMemory(tensord::v1::DeviceType wanted, const Tensor& tensor);
+  void CompleteWaitWith(uint64_t wait_id, absl::Status status);
   // Whose per-uid Status figures `session_id` sees, in `only_uid`: every uid (nullopt) for
   // session 0 (the metrics page, the service manager), root and the daemon's uid; else its
-  // own uid. False when the session is gone (nothing to show). broker_reads.cc.
+  // own uid. False when the session is gone (nothing to show).
   bool StatusScopeLocked(uint64_t session_id, std::optional<uid_t>& only_uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // GetStatus's optional parts (broker_reads.cc).
+  // GetStatus's optional parts.
   void DescribeSessionsLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With a session: only the tensors its uid may read (root and the daemon's uid read all);
   // with none (the metrics page, the service manager's status line): every tensor.
   void DescribeNamespacesLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what a watcher was charged to its uid.
+  void ReleaseWatcherLocked(const Watcher& watcher) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // broker_limits.cc: caps and per-uid charges.
+  // RESOURCE_EXHAUSTED when `session` may not hold one more lease (its cap, or its uid's
+  // metadata bytes) / start one more wait.
+  absl::Status CheckLeaseCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWaitCapLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges the producer's uid for a tensor about to be registered: one tensor, its
+  // metadata, and `host_bytes` of a dedicated buffer outside an ACL'd namespace. Records the
+  // charges in `tensor`; nothing is charged on an error.
+  absl::Status ChargeTensorLocked(Tensor& tensor, uint64_t host_bytes, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnchargeTensorLocked(const Tensor& tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges (or refunds) the producer's uid for `tensor`'s metadata once published with
+  // `desc` and `tags` under `name` in `ns`; nothing changes on an error.
+  absl::Status RechargeMetadataLocked(Tensor& tensor, const tensord::v1::TensorDesc& desc, std::string_view ns,
+                                      std::string_view name, const std::map<std::string, std::string>& tags)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // broker_hand_over.cc: hand-overs.
+  // The leased tensor a hand-over would hold: NOT_FOUND (no such lease), FAILED_PRECONDITION (unpublished, gone).
+  absl::StatusOr<Tensor*> HandedOverTensorLocked(uint64_t session_id, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `uid`, or the lease, has the most hand-overs pending it may.
+  absl::Status CheckHandOverCapsLocked(uid_t uid, uint64_t lease_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A hand-over of `tensor` by `uid`: the memory it pins, and how much of it the uid is charged.
+  PendingHandOver NewHandOverLocked(const Tensor& tensor, uid_t uid, uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges the maker's uid for `hand_over` (its pin, with its first token on the tensor, and the entry), or nothing.
+  absl::Status ChargeHandOverLocked(const PendingHandOver& hand_over) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acquire's hand_over target: the pending hand-over becomes a lease of the session, once.
+  // A redeemer that may not read the tensor, or may hold no more leases, leaves it pending;
+  // a tensor whose memory went with its producer ends it.
+  absl::StatusOr<tensord::v1::AcquireResponse> RedeemHandOver(uint64_t session_id, std::string_view token);
+  void ExpireHandOver(const std::string& token);
+  // Gives back what a hand-over removed from hand_overs_ held: its uid's charges (the pinned
+  // memory with its uid's last token on the tensor) and its hold on the tensor (which may go
+  // with it); `cancel_timer` unless its timer is what fired.
+  void EndHandOverLocked(const PendingHandOver& hand_over, bool cancel_timer, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The memory pending hand-overs pin, by maker uid (every uid for session 0, root and the
-  // daemon's uid; else the caller's own). broker_hand_over.cc.
+  // daemon's uid; else the caller's own).
   void DescribeHandOversLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // broker_snapshot.cc: take-over.
+  // UNAVAILABLE while FreezeAndSnapshot's freeze holds.
+  absl::Status CheckNamesMayChangeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot SnapshotLocked(const std::set<uint64_t>* stored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds buffer `buffer_id` to `out` with its fds (none when in `stored`), or says why its memory is not carried.
+  absl::Status SnapshotBufferLocked(uint64_t buffer_id, const std::set<uint64_t>* stored, Snapshot& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Snapshot buffer `buffer_id`'s memory, made from its fds (taken from `fds`) and reserved; or why not.
+  absl::StatusOr<RestoredBuffer> RestoreBufferLocked(
+      const std::map<uint64_t, const tensord::v1::SnapshotBuffer*>& buffers, uint64_t buffer_id,
+      std::vector<common::UniqueFd>& fds, const std::string& what, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One buffer's tensors, each checked against it and charged to its uid; those refused are logged and counted.
+  std::vector<std::pair<Tensor, const tensord::v1::SnapshotTensor*>> ChargeRestoredLocked(
+      const std::vector<const tensord::v1::SnapshotTensor*>& entries, const RestoredBuffer& buffer,
+      RestoreReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers the buffer and its tensors, each bound at its generation with what is left of its TTL.
+  void AddRestoredLocked(RestoredBuffer buffer,
+                         std::vector<std::pair<Tensor, const tensord::v1::SnapshotTensor*>> accepted, int64_t now,
+                         RestoreReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const BrokerOptions options_;

@@ -4,7 +4,9 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -20,92 +22,102 @@ namespace tensord::server {
 
 namespace v1 = tensord::v1;
 
-void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
-                      Completion<v1::AllocateResponse> done) {
-  auto fail = [&](absl::Status status) { std::move(done)(std::move(status)); };
-  absl::StatusOr<common::TensorLayout> layout = common::ValidateDesc(request.desc());
-  if (!layout.ok()) return fail(layout.status());
-  absl::StatusOr<const ResolvedDevice*> device = backends_->Resolve(request.desc().device());
-  if (!device.ok()) return fail(device.status());
-  if (!request.ns().empty()) {
-    if (absl::Status status = common::ValidateNamespace(request.ns()); !status.ok()) return fail(status);
-  }
-  if (absl::Status status = ValidateTags(request.tags()); !status.ok()) return fail(status);
+namespace {
+
+// What an allocation asks for besides its description, as Placement reads it.
+Placement::Request WantsOf(const v1::AllocateRequest& request) {
+  return Placement::Request{request.isolated(), request.recyclable(),
+                            std::span<const uint64_t>(request.reuse_buffer_ids().data(),
+                                                      request.reuse_buffer_ids_size())};
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Broker::DescribeNewTensor(const std::string& ns, const v1::TensorDesc& desc,
+                                                 const google::protobuf::Map<std::string, std::string>& tags) const {
+  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(desc));
+  TENSORD_ASSIGN_OR_RETURN(const ResolvedDevice* device, backends_->Resolve(desc.device()));
+  if (!ns.empty()) TENSORD_RETURN_IF_ERROR(common::ValidateNamespace(ns));
+  TENSORD_RETURN_IF_ERROR(ValidateTags(tags));
   Tensor tensor;
-  tensor.ns = request.ns();
-  tensor.desc = request.desc();
+  tensor.ns = ns;
+  tensor.desc = desc;
   tensor.desc.clear_strides();
   // The description names the device as the broker knows it: its UUID and the daemon's
   // ordinal (each client turns the UUID into its own ordinal).
-  *tensor.desc.mutable_device() = (*device)->device.device;
-  tensor.device = *device;
-  tensor.layout = *layout;
-  tensor.tags.insert(request.tags().begin(), request.tags().end());
-  tensor.created_unix_ms = NowUnixMs();
-  tensor.producer_session = session_id;
-  tensor.recyclable_requested = request.recyclable();
-  uint64_t size = layout->extent == 0 ? 0 : (*device)->backend->RoundUp((*device)->device, layout->extent);
-  const Placement::Request wants{request.isolated(), request.recyclable(),
-                                 std::span<const uint64_t>(request.reuse_buffer_ids().data(),
-                                                           request.reuse_buffer_ids_size())};
-  bool in_arena = false;
-  std::optional<absl::StatusOr<v1::AllocateResponse>> placed;
+  *tensor.desc.mutable_device() = device->device.device;
+  tensor.device = device;
+  tensor.layout = layout;
+  tensor.tags.insert(tags.begin(), tags.end());
+  return tensor;
+}
+
+void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
+                      Completion<v1::AllocateResponse> done) {
+  absl::StatusOr<Tensor> tensor = DescribeNewTensor(request.ns(), request.desc(), request.tags());
+  if (!tensor.ok()) return std::move(done)(tensor.status());
+  tensor->created_unix_ms = NowUnixMs();
+  tensor->producer_session = session_id;
+  tensor->recyclable_requested = request.recyclable();
+  const ResolvedDevice& device = *tensor->device;
+  const uint64_t extent = tensor->layout.extent;
+  const uint64_t size = extent == 0 ? 0 : device.backend->RoundUp(device.device, extent);
   Effects effects;  // pooled buffers taken back for this allocation
-  absl::Cleanup deliver = [&] { Deliver(effects); };  // after the mutex, on every return
+  absl::Cleanup deliver = [&] { Deliver(effects); };  // after the mutex and the answer, on every return
+  absl::StatusOr<Placement::Choice> choice;
+  std::optional<absl::StatusOr<v1::AllocateResponse>> answer;  // set: answered without making memory
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
-    if (!session.ok()) return fail(session.status());
-    if (!tensor.ns.empty()) {
-      absl::Status status = access_.CheckAccess((*session)->creds, tensor.ns, true);
-      if (!status.ok()) return fail(status);
-    }
-    if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) return fail(cap);
-    tensor.producer_uid = (*session)->creds.uid;
-    in_arena = placement_.InArena(tensor, wants);
-    const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()),
-                                          " tensor of ", layout->nbytes, " bytes");
-    const uint64_t uid_host_bytes = in_arena || *device != &backends_->host() ? 0 : access_.UidHostBytes(tensor.ns, size);
-    if (absl::Status charged = ChargeTensorLocked(tensor, uid_host_bytes, what);
-        !charged.ok()) {
-      return fail(charged);
-    }
-    Placement::Choice choice = placement_.Choose(registry_, **session, tensor, wants, size);
-    absl::Status reserved;
-    switch (choice.kind) {
-      case Placement::Kind::kNoMemory:
-        break;
-      case Placement::Kind::kArenaSlot:
-        placed = RegisterLocked(**session, std::move(tensor), nullptr, 0);
-        break;
-      case Placement::Kind::kAwaitArena: {
-        std::string ns = tensor.ns;
-        arenas_.Enqueue(session_id, ns, QueuedAllocate{std::move(tensor), std::move(done)});
-        return;
-      }
-      case Placement::Kind::kNewArena:
-        size = choice.bytes;
-        reserved = ReserveArenaLocked(tensor.ns, size, effects);
-        if (reserved.ok()) arenas_.StartMaking(session_id, tensor.ns);
-        break;
-      case Placement::Kind::kRecycled:
-        placed = RegisterRecycledLocked(**session, std::move(tensor), *std::move(choice.recycled));
-        break;
-      case Placement::Kind::kDedicated:
-        reserved = ReserveLocked(**device, size, what, effects);
-        break;
-    }
-    if (!reserved.ok()) {
-      UnchargeTensorLocked(tensor);
-      return fail(reserved);
+    choice = session.ok() ? PlaceAllocationLocked(**session, *tensor, WantsOf(request), size, effects)
+                          : absl::StatusOr<Placement::Choice>(session.status());
+    if (!choice.ok()) {
+      answer = choice.status();
+    } else if (choice->kind == Placement::Kind::kArenaSlot) {
+      answer = RegisterLocked(**session, *std::move(tensor), nullptr, 0);
+    } else if (choice->kind == Placement::Kind::kRecycled) {
+      answer = RegisterRecycledLocked(**session, *std::move(tensor), *std::move(choice->recycled));
+    } else if (choice->kind == Placement::Kind::kAwaitArena) {
+      const std::string ns = tensor->ns;
+      return arenas_.Enqueue(session_id, ns, QueuedAllocate{*std::move(tensor), std::move(done)});
     }
   }
-  if (placed) return std::move(done)(std::move(*placed));
-  if (size == 0) {
-    return FinishAllocate(session_id, 0, false, std::move(tensor),
-                          std::unique_ptr<common::BackendBuffer>(), std::move(done));
+  if (answer) return std::move(done)(*std::move(answer));
+  if (choice->kind == Placement::Kind::kNoMemory) {
+    return FinishAllocate(session_id, 0, false, *std::move(tensor), std::unique_ptr<common::BackendBuffer>(),
+                          std::move(done));
   }
-  PostAllocation(session_id, size, in_arena, std::move(tensor), std::move(done));
+  PostAllocation(session_id, choice->bytes, choice->kind == Placement::Kind::kNewArena, *std::move(tensor),
+                 std::move(done));
+}
+
+absl::StatusOr<Placement::Choice> Broker::PlaceAllocationLocked(Session& session, Tensor& tensor,
+                                                                const Placement::Request& wants, uint64_t size,
+                                                                Effects& effects) {
+  if (!tensor.ns.empty()) TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session.creds, tensor.ns, true));
+  TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(session));
+  tensor.producer_uid = session.creds.uid;
+  const bool in_arena = placement_.InArena(tensor, wants);
+  const std::string what = absl::StrCat("allocating a ", common::DTypeName(tensor.desc.dtype()), " tensor of ",
+                                        tensor.layout.nbytes, " bytes");
+  // An arena's bytes are its namespace's, not its producer's.
+  const uint64_t uid_host_bytes =
+      in_arena || tensor.device != &backends_->host() ? 0 : access_.UidHostBytes(tensor.ns, size);
+  TENSORD_RETURN_IF_ERROR(ChargeTensorLocked(tensor, uid_host_bytes, what));
+  Placement::Choice choice = in_arena ? placement_.ChooseArena(registry_, session, tensor)
+                                      : placement_.ChooseBuffer(session, tensor, wants, size);
+  absl::Status reserved;
+  if (choice.kind == Placement::Kind::kNewArena) {
+    reserved = ReserveArenaLocked(tensor.ns, choice.bytes, effects);
+    if (reserved.ok()) arenas_.StartMaking(session.id, tensor.ns);
+  } else if (choice.kind == Placement::Kind::kDedicated) {
+    reserved = ReserveLocked(*tensor.device, choice.bytes, what, effects);
+  }
+  if (!reserved.ok()) {
+    UnchargeTensorLocked(tensor);
+    return reserved;
+  }
+  return choice;
 }
 
 void Broker::PostAllocation(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
@@ -134,89 +146,102 @@ void Broker::ReleaseArenasLocked(Session& session, Effects& effects) {
 void Broker::FinishAllocate(uint64_t session_id, uint64_t size, bool arena, Tensor tensor,
                             absl::StatusOr<std::unique_ptr<common::BackendBuffer>> memory,
                             Completion<v1::AllocateResponse> done) {
-  std::vector<std::pair<Completion<v1::AllocateResponse>, absl::StatusOr<v1::AllocateResponse>>> results;
-  std::optional<QueuedAllocate> next_arena;  // overflow that needs yet another arena
-  uint64_t next_arena_bytes = 0;
+  FinishedAllocations finished;
   Effects effects;
   {
     absl::MutexLock lock(&mu_);
     // The first tensor and whatever queued behind the arena it waited for, in order.
+    const std::string ns = tensor.ns;
+    const ResolvedDevice& device = *tensor.device;
     std::vector<QueuedAllocate> batch;
-    std::string ns = tensor.ns;
     batch.push_back(QueuedAllocate{std::move(tensor), std::move(done)});
     if (arena) {
       for (QueuedAllocate& entry : arenas_.FinishMaking(session_id, ns)) batch.push_back(std::move(entry));
     }
     Session* session = sessions_.Find(session_id);
-    absl::Status failed = session == nullptr ? absl::CancelledError("the session closed during Allocate")
-                                             : memory.status();
-    const std::string& device_key = batch[0].tensor.device->key;
-    if (failed.code() == absl::StatusCode::kResourceExhausted && pool_.size() > 0) {
-      // The node itself is short of memory (the quota had room): every idle pooled buffer
-      // on the device goes, so that a retry finds the memory once their producers unmapped.
-      std::vector<BufferPool::Entry> evicted =
-          pool_.EvictOldest(batch[0].tensor.device, std::numeric_limits<uint64_t>::max());
-      if (!evicted.empty()) {
-        failed = absl::ResourceExhaustedError(absl::StrCat(
-            failed.message(), " (", evicted.size(), " idle recycled buffers were given back: try again)"));
-        FreeRecycledLocked(std::move(evicted), effects);
-      }
-    }
-    if (!failed.ok()) {
-      memory_quota_.Release(device_key, size);
-      for (QueuedAllocate& entry : batch) {
-        UnchargeTensorLocked(entry.tensor);
-        results.emplace_back(std::move(entry.done), failed);
-      }
+    if (absl::Status failed = CheckMadeMemoryLocked(session, memory.status(), device, effects); !failed.ok()) {
+      memory_quota_.Release(device.key, size);
+      for (QueuedAllocate& entry : batch) RefuseLocked(entry, failed, finished);
     } else if (!arena) {
-      // Other calls of the session may have taken the last lease under the cap meanwhile.
-      absl::Status cap = CheckLeaseCapLocked(*session);
-      if (!cap.ok()) {
-        memory_quota_.Release(device_key, size);
-        UnchargeTensorLocked(batch[0].tensor);
-        if (*memory != nullptr) effects.garbage.push_back(std::move(*memory));
-        results.emplace_back(std::move(batch[0].done), cap);
-      } else {
-        results.emplace_back(std::move(batch[0].done),
-                             RegisterLocked(*session, std::move(batch[0].tensor), std::move(*memory), size));
-      }
+      FinishBufferLocked(*session, std::move(batch[0]), *std::move(memory), size, finished, effects);
     } else {
-      const uint64_t arena_id = arenas_.AddArena(registry_, *session, ns, size, std::move(*memory));
-      registry_.FindBuffer(arena_id)->device = &backends_->host();
-      std::vector<QueuedAllocate> overflow;
-      for (QueuedAllocate& entry : batch) {
-        if (absl::Status cap = CheckLeaseCapLocked(*session); !cap.ok()) {
-          UnchargeTensorLocked(entry.tensor);
-          results.emplace_back(std::move(entry.done), cap);
-        } else if (arenas_.PlaceInArena(registry_, *session, entry.tensor)) {
-          results.emplace_back(std::move(entry.done), RegisterLocked(*session, std::move(entry.tensor), nullptr, 0));
-        } else {
-          overflow.push_back(std::move(entry));
-        }
-      }
-      // The new arena is full: the first that did not fit makes the next, the rest wait for it.
-      if (!overflow.empty()) {
-        next_arena_bytes =
-            arenas_.NextArenaBytes(registry_, *session, ns, ArenaSlots::SlotBytes(overflow[0].tensor.layout.extent));
-        absl::Status reserved = ReserveArenaLocked(ns, next_arena_bytes, effects);
-        if (!reserved.ok()) {
-          for (QueuedAllocate& entry : overflow) {
-            UnchargeTensorLocked(entry.tensor);
-            results.emplace_back(std::move(entry.done), reserved);
-          }
-        } else {
-          next_arena = std::move(overflow[0]);
-          arenas_.StartMaking(session_id, ns);
-          for (size_t k = 1; k < overflow.size(); ++k) arenas_.Enqueue(session_id, ns, std::move(overflow[k]));
-        }
-      }
+      FillArenaLocked(*session, ns, size, *std::move(memory), std::move(batch), finished, effects);
     }
   }
   Deliver(effects);
-  for (auto& [completion, result] : results) std::move(completion)(std::move(result));
-  if (next_arena) {
-    PostAllocation(session_id, next_arena_bytes, true, std::move(next_arena->tensor),
-                   std::move(next_arena->done));
+  for (auto& [completion, result] : finished.answers) std::move(completion)(std::move(result));
+  if (finished.next_arena) {
+    PostAllocation(session_id, finished.next_arena_bytes, true, std::move(finished.next_arena->tensor),
+                   std::move(finished.next_arena->done));
+  }
+}
+
+absl::Status Broker::CheckMadeMemoryLocked(const Session* session, absl::Status made, const ResolvedDevice& device,
+                                           Effects& effects) {
+  if (session == nullptr) return absl::CancelledError("the session closed during Allocate");
+  if (made.code() != absl::StatusCode::kResourceExhausted || pool_.size() == 0) return made;
+  // The node itself is short of memory (the quota had room): every idle pooled buffer on the
+  // device goes, so that a retry finds the memory once their producers unmapped.
+  std::vector<BufferPool::Entry> evicted = pool_.EvictOldest(&device, std::numeric_limits<uint64_t>::max());
+  if (evicted.empty()) return made;
+  absl::Status failed = absl::ResourceExhaustedError(
+      absl::StrCat(made.message(), " (", evicted.size(), " idle recycled buffers were given back: try again)"));
+  FreeRecycledLocked(std::move(evicted), effects);
+  return failed;
+}
+
+void Broker::RefuseLocked(QueuedAllocate& allocation, const absl::Status& why, FinishedAllocations& finished) {
+  UnchargeTensorLocked(allocation.tensor);
+  finished.answers.emplace_back(std::move(allocation.done), why);
+}
+
+void Broker::FinishBufferLocked(Session& session, QueuedAllocate allocation,
+                                std::unique_ptr<common::BackendBuffer> memory, uint64_t size,
+                                FinishedAllocations& finished, Effects& effects) {
+  // Other calls of the session may have taken the last lease under the cap meanwhile.
+  if (absl::Status cap = CheckLeaseCapLocked(session); !cap.ok()) {
+    memory_quota_.Release(allocation.tensor.device->key, size);
+    RefuseLocked(allocation, cap, finished);
+    if (memory != nullptr) effects.garbage.push_back(std::move(memory));
+    return;
+  }
+  finished.answers.emplace_back(std::move(allocation.done),
+                                RegisterLocked(session, std::move(allocation.tensor), std::move(memory), size));
+}
+
+void Broker::FillArenaLocked(Session& session, const std::string& ns, uint64_t size,
+                             std::unique_ptr<common::BackendBuffer> memory, std::vector<QueuedAllocate> batch,
+                             FinishedAllocations& finished, Effects& effects) {
+  const uint64_t arena_id = arenas_.AddArena(registry_, session, ns, size, std::move(memory));
+  registry_.FindBuffer(arena_id)->device = &backends_->host();
+  Placement::Overflow overflow = placement_.PlaceBatch(
+      registry_, session, std::move(batch),
+      // Checked as each is reached: the ones placed before it hold leases by then.
+      [&](QueuedAllocate& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        absl::Status cap = CheckLeaseCapLocked(session);
+        if (!cap.ok()) RefuseLocked(allocation, cap, finished);
+        return cap.ok();
+      },
+      [&](QueuedAllocate& allocation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        finished.answers.emplace_back(std::move(allocation.done),
+                                      RegisterLocked(session, std::move(allocation.tensor), nullptr, 0));
+      });
+  if (!overflow.allocations.empty()) QueueNextArenaLocked(session.id, ns, std::move(overflow), finished, effects);
+}
+
+void Broker::QueueNextArenaLocked(uint64_t session_id, const std::string& ns, Placement::Overflow overflow,
+                                  FinishedAllocations& finished, Effects& effects) {
+  absl::Status reserved = ReserveArenaLocked(ns, overflow.next_arena_bytes, effects);
+  if (!reserved.ok()) {
+    for (QueuedAllocate& allocation : overflow.allocations) RefuseLocked(allocation, reserved, finished);
+    return;
+  }
+  // The new arena is full: the first that did not fit makes the next, the rest wait for it.
+  arenas_.StartMaking(session_id, ns);
+  finished.next_arena_bytes = overflow.next_arena_bytes;
+  finished.next_arena = std::move(overflow.allocations[0]);
+  for (size_t k = 1; k < overflow.allocations.size(); ++k) {
+    arenas_.Enqueue(session_id, ns, std::move(overflow.allocations[k]));
   }
 }
 

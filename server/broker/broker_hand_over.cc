@@ -18,61 +18,31 @@ namespace tensord::server {
 
 namespace v1 = tensord::v1;
 
-absl::StatusOr<v1::HandOverResponse> Broker::HandOver(uint64_t session_id, const v1::HandOverRequest& request) {
+namespace {
+
+// How long a hand-over waits for its redeemer: the TTL asked for, at most an hour, by default
+// a minute.
+absl::StatusOr<uint64_t> HandOverTtl(const v1::HandOverRequest& request) {
   if (request.ttl_ms() > common::kMaxHandOverTtlMs) {
     return absl::InvalidArgumentError(absl::StrCat("hand-over: a TTL of ", request.ttl_ms(),
                                                    " ms is longer than the most a tensor is held for a token, ",
                                                    common::kMaxHandOverTtlMs, " ms (one hour)"));
   }
-  const uint64_t ttl_ms = request.ttl_ms() == 0 ? common::kDefaultHandOverTtlMs : request.ttl_ms();
+  return request.ttl_ms() == 0 ? common::kDefaultHandOverTtlMs : request.ttl_ms();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::HandOverResponse> Broker::HandOver(uint64_t session_id, const v1::HandOverRequest& request) {
+  TENSORD_ASSIGN_OR_RETURN(const uint64_t ttl_ms, HandOverTtl(request));
   TENSORD_ASSIGN_OR_RETURN(std::string token, NewRandomToken(common::kHandOverTokenBytes, "a hand-over token"));
   absl::MutexLock lock(&mu_);
   TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-  const Lease* lease = leases_.Find(request.lease_id(), session_id);
-  if (lease == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("hand-over: session ", session_id, " holds no lease ", request.lease_id()));
-  }
-  Tensor* tensor = registry_.Find(lease->tensor_id);
-  TENSORD_CHECK(tensor != nullptr);
-  if (tensor->state == v1::TENSOR_STATE_CREATING) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "hand-over: tensor ", tensor->id, " is not published yet; publish it first (unnamed is enough)"));
-  }
-  TENSORD_RETURN_IF_ERROR(CheckMemoryLiveLocked(*tensor));
+  TENSORD_ASSIGN_OR_RETURN(Tensor * tensor, HandedOverTensorLocked(session_id, request.lease_id()));
   const uid_t uid = session->creds.uid;
-  if (const size_t pending = hand_overs_.CountFor(uid); pending >= options_.max_leases_per_session) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "hand-over: uid ", uid, " has ", pending, " hand-overs pending, the limit (--max-leases-per-session ",
-        options_.max_leases_per_session, "): let receivers redeem them or their TTLs run out first"));
-  }
-  if (const size_t of_lease = hand_overs_.CountForLease(request.lease_id()); of_lease >= kMaxHandOversPerLease) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "hand-over: lease ", request.lease_id(), " has ", of_lease, " hand-overs pending, the most one lease may have (",
-        kMaxHandOversPerLease, "): let receivers redeem them or their TTLs run out first"));
-  }
-  // The memory it will hold alive, whoever else holds it: the token may outlive every other hold.
-  PendingHandOver hand_over{tensor->id, uid, 0, request.lease_id()};
-  if (tensor->buffer_id != 0) {
-    const Buffer* buffer = registry_.FindBuffer(tensor->buffer_id);
-    TENSORD_CHECK(buffer != nullptr);
-    hand_over.bytes = tensor->slot_bytes > 0 ? tensor->slot_bytes : buffer->size;
-    hand_over.host = buffer->device == &backends_->host();
-  }
-  const bool charged_as_producer = tensor->producer_uid == uid && tensor->uid_host_bytes > 0;
-  hand_over.charged_host_bytes = hand_over.host && !charged_as_producer ? hand_over.bytes : 0;
-  // Its uid's first token on the tensor pins the memory; later ones pin nothing more.
-  const uint64_t pin = hand_overs_.Pins(uid, tensor->id) ? 0 : hand_over.charged_host_bytes;
-  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(
-      uid, UidResource::kHostBytes, pin,
-      absl::StrCat("hand-over: keeping tensor ", tensor->id, " for a token (its memory counts against its maker "
-                   "until the token is redeemed, expires or is cancelled)")));
-  if (absl::Status charged =
-          uid_quota_.Reserve(uid, UidResource::kMetadataBytes, kHandOverEntryBytes, "a pending hand-over");
-      !charged.ok()) {
-    uid_quota_.Release(uid, UidResource::kHostBytes, pin);
-    return charged;
-  }
+  TENSORD_RETURN_IF_ERROR(CheckHandOverCapsLocked(uid, request.lease_id()));
+  PendingHandOver hand_over = NewHandOverLocked(*tensor, uid, request.lease_id());
+  TENSORD_RETURN_IF_ERROR(ChargeHandOverLocked(hand_over));
   ++tensor->hand_overs;
   hand_over.timer_id = timers_.Schedule(TimerQueue::Clock::now() + std::chrono::milliseconds(ttl_ms),
                                         [this, token] { ExpireHandOver(token); });
@@ -83,6 +53,66 @@ absl::StatusOr<v1::HandOverResponse> Broker::HandOver(uint64_t session_id, const
   response.set_ttl_ms(ttl_ms);
   spdlog::debug("session {} handed over tensor {} for {} ms", session_id, tensor->id, ttl_ms);
   return response;
+}
+
+absl::StatusOr<Tensor*> Broker::HandedOverTensorLocked(uint64_t session_id, uint64_t lease_id) {
+  const Lease* lease = leases_.Find(lease_id, session_id);
+  if (lease == nullptr) {
+    return absl::NotFoundError(absl::StrCat("hand-over: session ", session_id, " holds no lease ", lease_id));
+  }
+  Tensor* tensor = registry_.Find(lease->tensor_id);
+  TENSORD_CHECK(tensor != nullptr);
+  if (tensor->state == v1::TENSOR_STATE_CREATING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hand-over: tensor ", tensor->id, " is not published yet; publish it first (unnamed is enough)"));
+  }
+  TENSORD_RETURN_IF_ERROR(CheckMemoryLiveLocked(*tensor));
+  return tensor;
+}
+
+absl::Status Broker::CheckHandOverCapsLocked(uid_t uid, uint64_t lease_id) const {
+  if (const size_t pending = hand_overs_.CountFor(uid); pending >= options_.max_leases_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hand-over: uid ", uid, " has ", pending, " hand-overs pending, the limit (--max-leases-per-session ",
+        options_.max_leases_per_session, "): let receivers redeem them or their TTLs run out first"));
+  }
+  if (const size_t of_lease = hand_overs_.CountForLease(lease_id); of_lease >= kMaxHandOversPerLease) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "hand-over: lease ", lease_id, " has ", of_lease, " hand-overs pending, the most one lease may have (",
+        kMaxHandOversPerLease, "): let receivers redeem them or their TTLs run out first"));
+  }
+  return absl::OkStatus();
+}
+
+PendingHandOver Broker::NewHandOverLocked(const Tensor& tensor, uid_t uid, uint64_t lease_id) {
+  // The memory it will hold alive, whoever else holds it: the token may outlive every other hold.
+  PendingHandOver hand_over{tensor.id, uid, 0, lease_id};
+  if (tensor.buffer_id != 0) {
+    const Buffer* buffer = registry_.FindBuffer(tensor.buffer_id);
+    TENSORD_CHECK(buffer != nullptr);
+    hand_over.bytes = tensor.slot_bytes > 0 ? tensor.slot_bytes : buffer->size;
+    hand_over.host = buffer->device == &backends_->host();
+  }
+  const bool charged_as_producer = tensor.producer_uid == uid && tensor.uid_host_bytes > 0;
+  hand_over.charged_host_bytes = hand_over.host && !charged_as_producer ? hand_over.bytes : 0;
+  return hand_over;
+}
+
+absl::Status Broker::ChargeHandOverLocked(const PendingHandOver& hand_over) {
+  const uid_t uid = hand_over.uid;
+  // Its uid's first token on the tensor pins the memory; later ones pin nothing more.
+  const uint64_t pin = hand_overs_.Pins(uid, hand_over.tensor_id) ? 0 : hand_over.charged_host_bytes;
+  TENSORD_RETURN_IF_ERROR(uid_quota_.Reserve(
+      uid, UidResource::kHostBytes, pin,
+      absl::StrCat("hand-over: keeping tensor ", hand_over.tensor_id, " for a token (its memory counts against its "
+                   "maker until the token is redeemed, expires or is cancelled)")));
+  if (absl::Status charged =
+          uid_quota_.Reserve(uid, UidResource::kMetadataBytes, kHandOverEntryBytes, "a pending hand-over");
+      !charged.ok()) {
+    uid_quota_.Release(uid, UidResource::kHostBytes, pin);
+    return charged;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::AcquireResponse> Broker::RedeemHandOver(uint64_t session_id, std::string_view token) {

@@ -1,5 +1,5 @@
-// The consumer side of the Broker: acquire, take, waits, release, delete, list, stat,
-// status and watchers.
+// The Broker's reads: acquire, the waits of acquires and takes, list, stat, status and
+// watchers. Take, Delete and Release, which change what is held, have their own files.
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,20 +33,106 @@ bool AsksToWaitImpl(const Request& request) {
          (request.has_forever() ? request.forever() : request.timeout_ms() > 0);
 }
 
-// NOT_FOUND for a name nothing is bound to: `lead` and the name, and a bound name of its
-// namespace a typo away if there is one. Only after the caller's access to that namespace
-// was checked, so the hint tells nothing it could not list.
-absl::Status NotBound(const TensorRegistry& registry, std::string_view lead, const std::string& name) {
-  std::optional<std::string> nearest = registry.NearestBoundName(name);
-  return absl::NotFoundError(absl::StrCat(common::AbslView(lead), common::QuoteForError(name),
-                                          nearest ? absl::StrCat(" (did you mean ", common::QuoteForError(*nearest), "?)")
-                                                  : std::string()));
+// The wait an acquire by name or by id would be: what it matches.
+absl::StatusOr<Waiter> AcquireWaiter(const v1::AcquireRequest& request) {
+  Waiter waiter;
+  if (request.target_case() == v1::AcquireRequest::kName) {
+    TENSORD_RETURN_IF_ERROR(common::ValidateName(request.name()));
+    waiter.kind = Waiter::Kind::kAcquireName;
+    waiter.target = request.name();
+    waiter.min_generation = request.min_generation();
+  } else if (request.target_case() == v1::AcquireRequest::kTensorId) {
+    waiter.kind = Waiter::Kind::kAcquireId;
+    waiter.tensor_id = request.tensor_id();
+  } else {
+    return absl::InvalidArgumentError("acquire: give a name, a tensor_id or a hand_over token");
+  }
+  return waiter;
 }
+
+// The checks of List's request: a prefix, and a page token that is a name under it.
+absl::Status ValidateList(const v1::ListRequest& request) {
+  const std::string& prefix = request.prefix();
+  const std::string& token = request.page_token();
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(prefix));
+  if (!token.empty() && (!common::ValidateName(token).ok() || !common::NameHasPrefix(token, prefix))) {
+    return absl::InvalidArgumentError(absl::StrCat("list ", common::QuoteForError(prefix),
+                                                   ": page_token is not a name under the prefix; pass the "
+                                                   "next_page_token of the last answer for the same prefix"));
+  }
+  return absl::OkStatus();
+}
+
+// One answer of List: its entries, in name order, until it holds the most entries or bytes a
+// page may (next_page_token: its last name). An unpaged answer too large for one message
+// counts the names it would have held instead, to refuse them all with their number.
+class ListPage {
+ public:
+  explicit ListPage(const v1::ListRequest& request)
+      : paged_(request.page_size() > 0),
+        max_entries_(paged_ ? std::min<size_t>(request.page_size(), common::kMaxListPageEntries)
+                            : std::numeric_limits<size_t>::max()),
+        max_bytes_(paged_ ? common::kMaxListPageBytes : common::kMaxUnpagedListBytes) {}
+
+  // The next listed tensor; false when the page is full (list no more).
+  bool Offer(const TensorRegistry& registry, const Tensor& tensor) {
+    if (unsent_ > 0) {
+      ++unsent_;
+      return true;
+    }
+    const size_t entries = static_cast<size_t>(response_.tensors_size());
+    if (entries >= max_entries_) return EndPage();
+    v1::TensorInfo info = registry.Describe(tensor);
+    // The entry as the repeated field carries it: a tag byte, its length, the message.
+    const size_t entry = info.ByteSizeLong() + 1 + 5;
+    if (bytes_ + entry > max_bytes_ && entries > 0) {
+      if (paged_) return EndPage();
+      unsent_ = entries + 1;
+      return true;
+    }
+    bytes_ += entry;
+    *response_.add_tensors() = std::move(info);
+    return true;
+  }
+
+  absl::StatusOr<v1::ListResponse> Answer(const std::string& prefix) && {
+    if (unsent_ == 0) return std::move(response_);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("list ", common::QuoteForError(prefix), ": its ", unsent_, " names take more than the ",
+                     common::kMaxUnpagedListBytes, " bytes one answer may carry; list them in pages ",
+                     "(ListRequest.page_size, which this client does not send: upgrade it)"));
+  }
+
+ private:
+  bool EndPage() {
+    response_.set_next_page_token(response_.tensors(response_.tensors_size() - 1).name());
+    return false;
+  }
+
+  const bool paged_;
+  const size_t max_entries_;
+  const size_t max_bytes_;
+  v1::ListResponse response_;
+  size_t bytes_ = 0;
+  size_t unsent_ = 0;  // an unpaged answer that does not fit: the names it would have held
+};
 
 }  // namespace
 
 bool AsksToWait(const v1::AcquireRequest& request) { return AsksToWaitImpl(request); }
 bool AsksToWait(const v1::TakeRequest& request) { return AsksToWaitImpl(request); }
+
+absl::Status Broker::NotBoundLocked(std::string_view lead, const std::string& name) const {
+  std::optional<std::string> nearest = registry_.NearestBoundName(name);
+  return absl::NotFoundError(absl::StrCat(common::AbslView(lead), common::QuoteForError(name),
+                                          nearest ? absl::StrCat(" (did you mean ", common::QuoteForError(*nearest), "?)")
+                                                  : std::string()));
+}
+
+absl::StatusOr<v1::AcquireResponse> Broker::GrantWithinCapLocked(Session& session, Tensor& tensor, bool by_name) {
+  TENSORD_RETURN_IF_ERROR(CheckLeaseCapLocked(session));
+  return GrantLocked(session, tensor, by_name);
+}
 
 absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view target) {
   TENSORD_RETURN_IF_ERROR(CheckWaitCapLocked(session));
@@ -58,8 +144,11 @@ absl::Status Broker::ReserveWaitLocked(const Session& session, std::string_view 
   return charged;
 }
 
-uint64_t Broker::StartWait(Session& session, Waiter waiter, Completion<v1::AcquireResponse>& done,
-                           std::optional<uint64_t> timeout_ms, std::string_view what) {
+absl::StatusOr<uint64_t> Broker::StartWaitLocked(Session& session, Waiter waiter,
+                                                 Completion<v1::AcquireResponse>& done,
+                                                 std::optional<uint64_t> timeout_ms, std::string_view what) {
+  if (shutting_down_) return absl::CancelledError("tensord is shutting down");
+  TENSORD_RETURN_IF_ERROR(ReserveWaitLocked(session, waiter.target));
   waiter.session_id = session.id;
   waiter.uid = session.creds.uid;
   waiter.metadata_bytes = kWaitEntryBytes + waiter.target.size();  // as ReserveWaitLocked charged
@@ -87,20 +176,6 @@ void Broker::ForgetWaiterLocked(const Waiter& waiter) {
   uid_quota_.Release(waiter.uid, UidResource::kMetadataBytes, waiter.metadata_bytes);
 }
 
-namespace {
-
-// TakeRequest.memory_type against the tensor, before anything is unbound.
-absl::Status CheckTakenMemory(v1::DeviceType wanted, const Tensor& tensor) {
-  const v1::DeviceType memory = tensor.desc.device().type();
-  if (wanted == v1::DEVICE_TYPE_UNSPECIFIED || memory == wanted) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.id, " (", common::QuoteForError(tensor.name),
-                                                 ") is ", v1::DeviceType_Name(memory),
-                                                 " memory and this take maps only ", v1::DeviceType_Name(wanted),
-                                                 " memory; it stays bound"));
-}
-
-}  // namespace
-
 absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const {
   if (waiter.kind == Waiter::Kind::kTake) {
     TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session.creds, common::NamespaceOf(tensor.name), true));
@@ -114,134 +189,67 @@ absl::Status Broker::CheckGrantLocked(const Session& session, const Waiter& wait
 
 uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
                          Completion<v1::AcquireResponse> done) {
-  Waiter waiter;
-  if (request.target_case() == v1::AcquireRequest::kName) {
-    if (absl::Status status = common::ValidateName(request.name()); !status.ok()) {
-      std::move(done)(status);
-      return 0;
-    }
-    waiter.kind = Waiter::Kind::kAcquireName;
-    waiter.target = request.name();
-    waiter.min_generation = request.min_generation();
-  } else if (request.target_case() == v1::AcquireRequest::kTensorId) {
-    waiter.kind = Waiter::Kind::kAcquireId;
-    waiter.tensor_id = request.tensor_id();
-  } else if (request.target_case() == v1::AcquireRequest::kHandOver) {
+  if (request.target_case() == v1::AcquireRequest::kHandOver) {
     std::move(done)(RedeemHandOver(session_id, request.hand_over()));  // at once: nothing to wait for
     return 0;
-  } else {
-    std::move(done)(absl::InvalidArgumentError("acquire: give a name, a tensor_id or a hand_over token"));
+  }
+  absl::StatusOr<Waiter> waiter = AcquireWaiter(request);
+  if (!waiter.ok()) {
+    std::move(done)(waiter.status());
     return 0;
   }
-
   std::optional<absl::StatusOr<v1::AcquireResponse>> result;  // empty: wait
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
     if (!session.ok()) {
       result = session.status();
-    } else if (waiter.kind == Waiter::Kind::kAcquireName) {
-      std::string_view ns = common::NamespaceOf(waiter.target);
-      Tensor* tensor = registry_.FindByName(waiter.target);
-      if (absl::Status access = access_.CheckAccess((*session)->creds, ns, false); !access.ok()) {
-        result = access;
-      } else if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
-        absl::Status cap = CheckLeaseCapLocked(**session);
-        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor, true))
-                          : cap;
-      } else if (tensor != nullptr && !AsksToWait(request)) {
-        result = absl::NotFoundError(absl::StrCat(common::QuoteForError(waiter.target), " is at generation ",
-                                                  tensor->generation, ", below the ",
-                                                  waiter.min_generation, " asked for"));
-      } else if (!AsksToWait(request)) {
-        result = NotBound(registry_, "no tensor is bound to ", waiter.target);
-      }
     } else {
-      // An id names no namespace, so the answer is the same for a tensor that does not exist
-      // and one the caller may not read. A wait by id is for a tensor being created that the
-      // caller may read (its publish may still move it out of reach: checked at the grant);
-      // a wait for an id that does not exist could only ever be granted someone else's.
-      Tensor* tensor = registry_.Find(waiter.tensor_id);
-      if (tensor == nullptr || !access_.MayReadIn((*session)->creds, tensor->ns, tensor->producer_uid)) {
-        result = absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id,
-                                                  " exists that uid ", (*session)->creds.uid, " may read"));
-      } else if (absl::Status live = CheckMemoryLiveLocked(*tensor); !live.ok()) {
-        result = live;
-      } else if (tensor->state != v1::TENSOR_STATE_CREATING) {
-        absl::Status cap = CheckLeaseCapLocked(**session);
-        result = cap.ok() ? absl::StatusOr<v1::AcquireResponse>(GrantLocked(**session, *tensor)) : cap;
-      } else if (!AsksToWait(request)) {
-        result = absl::NotFoundError(absl::StrCat("tensor ", waiter.tensor_id, " is not published yet"));
-      }
+      const bool may_wait = AsksToWait(request);
+      result = waiter->kind == Waiter::Kind::kAcquireName ? AcquireByNameLocked(**session, *waiter, may_wait)
+                                                          : AcquireByIdLocked(**session, *waiter, may_wait);
     }
     if (!result) {
-      if (shutting_down_) {
-        result = absl::CancelledError("tensord is shutting down");
-      } else if (absl::Status cap = ReserveWaitLocked(**session, waiter.target); !cap.ok()) {
-        result = cap;
-      } else {
-        std::optional<uint64_t> timeout;
-        if (!request.has_forever()) timeout = request.timeout_ms();
-        return StartWait(**session, std::move(waiter), done, timeout, "acquire");
-      }
+      std::optional<uint64_t> timeout;  // nullopt: forever
+      if (!request.has_forever()) timeout = request.timeout_ms();
+      absl::StatusOr<uint64_t> wait_id = StartWaitLocked(**session, *std::move(waiter), done, timeout, "acquire");
+      if (wait_id.ok()) return *wait_id;
+      result = wait_id.status();
     }
   }
   std::move(done)(std::move(*result));
   return 0;
 }
 
-uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
-                      Completion<v1::AcquireResponse> done) {
-  const std::string& target = request.name_or_prefix();
-  bool prefix = target.ends_with('/');
-  absl::Status valid = prefix ? common::ValidatePrefix(target) : common::ValidateName(target);
-  if (valid.ok() && target.empty()) valid = absl::InvalidArgumentError("take: give a name or a prefix");
-  if (!valid.ok()) {
-    std::move(done)(valid);
-    return 0;
+std::optional<absl::StatusOr<v1::AcquireResponse>> Broker::AcquireByNameLocked(Session& session,
+                                                                                const Waiter& waiter,
+                                                                                bool may_wait) {
+  TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session.creds, common::NamespaceOf(waiter.target), false));
+  Tensor* tensor = registry_.FindByName(waiter.target);
+  if (tensor != nullptr && tensor->generation >= waiter.min_generation) {
+    return GrantWithinCapLocked(session, *tensor, /*by_name=*/true);
   }
-  absl::StatusOr<v1::AcquireResponse> result;
-  Effects effects;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> session = SessionLocked(session_id);
-    absl::Status access = session.ok() ? access_.CheckAccess((*session)->creds, common::NamespaceOf(target), true)
-                                       : session.status();
-    if (access.ok()) access = CheckNamesMayChangeLocked();  // a take unbinds
-    if (!access.ok()) {
-      result = access;
-    } else {
-      Tensor* tensor = prefix ? registry_.OldestUnder(target) : registry_.FindByName(target);
-      if (tensor != nullptr) {
-        if (absl::Status memory = CheckTakenMemory(request.memory_type(), *tensor); !memory.ok()) {
-          result = memory;
-        } else if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) {
-          result = cap;
-        } else {
-          result = GrantLocked(**session, *tensor);
-          UnbindLocked(*tensor, effects);
-        }
-      } else if (!AsksToWait(request)) {
-        result = prefix ? absl::NotFoundError(absl::StrCat("nothing is bound under ", common::QuoteForError(target)))
-                        : NotBound(registry_, "nothing is bound to ", target);
-      } else if (shutting_down_) {
-        result = absl::CancelledError("tensord is shutting down");
-      } else if (absl::Status cap = ReserveWaitLocked(**session, target); !cap.ok()) {
-        result = cap;
-      } else {
-        Waiter waiter;
-        waiter.kind = Waiter::Kind::kTake;
-        waiter.target = target;
-        waiter.memory_type = request.memory_type();
-        std::optional<uint64_t> timeout;
-        if (!request.has_forever()) timeout = request.timeout_ms();
-        return StartWait(**session, std::move(waiter), done, timeout, "take");
-      }
-    }
+  if (may_wait) return std::nullopt;
+  if (tensor == nullptr) return NotBoundLocked("no tensor is bound to ", waiter.target);
+  return absl::NotFoundError(absl::StrCat(common::QuoteForError(waiter.target), " is at generation ",
+                                          tensor->generation, ", below the ", waiter.min_generation, " asked for"));
+}
+
+std::optional<absl::StatusOr<v1::AcquireResponse>> Broker::AcquireByIdLocked(Session& session, const Waiter& waiter,
+                                                                              bool may_wait) {
+  // An id names no namespace, so the answer is the same for a tensor that does not exist
+  // and one the caller may not read. A wait by id is for a tensor being created that the
+  // caller may read (its publish may still move it out of reach: checked at the grant);
+  // a wait for an id that does not exist could only ever be granted someone else's.
+  Tensor* tensor = registry_.Find(waiter.tensor_id);
+  if (tensor == nullptr || !access_.MayReadIn(session.creds, tensor->ns, tensor->producer_uid)) {
+    return absl::NotFoundError(absl::StrCat("no tensor with id ", waiter.tensor_id, " exists that uid ",
+                                            session.creds.uid, " may read"));
   }
-  Deliver(effects);
-  std::move(done)(std::move(result));
-  return 0;
+  TENSORD_RETURN_IF_ERROR(CheckMemoryLiveLocked(*tensor));
+  if (tensor->state != v1::TENSOR_STATE_CREATING) return GrantWithinCapLocked(session, *tensor);
+  if (may_wait) return std::nullopt;
+  return absl::NotFoundError(absl::StrCat("tensor ", waiter.tensor_id, " is not published yet"));
 }
 
 void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
@@ -260,115 +268,23 @@ void Broker::CancelWait(uint64_t wait_id) {
   CompleteWaitWith(wait_id, absl::CancelledError("the wait was cancelled"));
 }
 
-absl::StatusOr<v1::ReleaseResponse> Broker::Release(uint64_t session_id,
-                                                    const v1::ReleaseRequest& request) {
-  if (static_cast<size_t>(request.lease_ids_size()) > common::kMaxReleaseBatch) {
-    // All or nothing: releasing a prefix would leave the caller unsure what it still holds.
-    return absl::InvalidArgumentError(absl::StrCat("release: lease_ids has ", request.lease_ids_size(),
-                                                   " entries, at most ", common::kMaxReleaseBatch,
-                                                   " per request; nothing was released"));
-  }
-  v1::ReleaseResponse response;
-  Effects effects;
-  {
-    absl::MutexLock lock(&mu_);
-    Session* session = sessions_.Find(session_id);
-    for (uint64_t lease_id : request.lease_ids()) {
-      Tensor* tensor = session == nullptr ? nullptr : leases_.Drop(*session, lease_id);
-      if (tensor == nullptr) {
-        ++releases_not_found_;
-        response.add_not_found(lease_id);
-        continue;
-      }
-      MaybeRemoveLocked(*tensor, effects);
-      response.set_released(response.released() + 1);
-    }
-  }
-  Deliver(effects);
-  return response;
-}
-
-absl::StatusOr<v1::DeleteResponse> Broker::Delete(uint64_t session_id, const v1::DeleteRequest& request) {
-  TENSORD_RETURN_IF_ERROR(common::ValidateName(request.name()));
-  Effects effects;
-  v1::DeleteResponse response;
-  {
-    absl::MutexLock lock(&mu_);
-    TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
-    TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), true));
-    TENSORD_RETURN_IF_ERROR(CheckNamesMayChangeLocked());
-    Tensor* tensor = registry_.FindByName(request.name());
-    if (tensor == nullptr) {
-      return NotBound(registry_, "no tensor is bound to ", request.name());
-    }
-    if (request.if_generation() != 0 && tensor->generation != request.if_generation()) {
-      return absl::AbortedError(absl::StrCat(common::QuoteForError(request.name()), " is at generation ",
-                                             tensor->generation, ", not ", request.if_generation()));
-    }
-    response.set_tensor_id(tensor->id);
-    response.set_generation(tensor->generation);
-    UnbindLocked(*tensor, effects);
-  }
-  Deliver(effects);
-  return response;
-}
-
 absl::StatusOr<v1::ListResponse> Broker::List(uint64_t session_id, const v1::ListRequest& request) {
+  TENSORD_RETURN_IF_ERROR(ValidateList(request));
   const std::string& prefix = request.prefix();
   const std::string& token = request.page_token();
-  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(prefix));
-  if (!token.empty() && (!common::ValidateName(token).ok() || !common::NameHasPrefix(token, prefix))) {
-    return absl::InvalidArgumentError(absl::StrCat("list ", common::QuoteForError(prefix),
-                                                   ": page_token is not a name under the prefix; pass the "
-                                                   "next_page_token of the last answer for the same prefix"));
-  }
-  const bool paged = request.page_size() > 0;
-  const size_t max_entries = paged ? std::min<size_t>(request.page_size(), common::kMaxListPageEntries)
-                                   : std::numeric_limits<size_t>::max();
-  const size_t max_bytes = paged ? common::kMaxListPageBytes : common::kMaxUnpagedListBytes;
-  v1::ListResponse response;
-  size_t bytes = 0;
+  ListPage page(request);
   absl::MutexLock lock(&mu_);
   TENSORD_ASSIGN_OR_RETURN(Session * session, SessionLocked(session_id));
   const auto& names = registry_.names();
   // Names are unique and ordered, so resuming after the token never repeats one.
   auto it = token.empty() ? names.lower_bound(prefix) : names.upper_bound(token);
-  size_t unsent = 0;  // an unpaged answer that does not fit: the names it would have held
-  for (; it != names.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+  for (; it != names.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
     if (!common::NameHasPrefix(it->first, prefix)) continue;
     if (!access_.MayRead(session->creds, common::NamespaceOf(it->first))) continue;
-    Tensor* tensor = registry_.Find(it->second);
-    if (tensor == nullptr) continue;
-    if (unsent > 0) {
-      ++unsent;
-      continue;
-    }
-    if (static_cast<size_t>(response.tensors_size()) >= max_entries) {
-      response.set_next_page_token(response.tensors(response.tensors_size() - 1).name());
-      break;
-    }
-    v1::TensorInfo info = registry_.Describe(*tensor);
-    // The entry as the repeated field carries it: a tag byte, its length, the message.
-    const size_t entry = info.ByteSizeLong() + 1 + 5;
-    if (bytes + entry > max_bytes && response.tensors_size() > 0) {
-      if (!paged) {
-        unsent = static_cast<size_t>(response.tensors_size()) + 1;
-        continue;
-      }
-      response.set_next_page_token(response.tensors(response.tensors_size() - 1).name());
-      break;
-    }
-    bytes += entry;
-    *response.add_tensors() = std::move(info);
+    const Tensor* tensor = registry_.Find(it->second);
+    if (tensor != nullptr && !page.Offer(registry_, *tensor)) break;
   }
-  if (unsent > 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("list ", common::QuoteForError(prefix), ": its ", unsent, " names take more than the ",
-                     common::kMaxUnpagedListBytes, " bytes one answer may carry; list them in pages ",
-                     "(ListRequest.page_size, which this client does not send: upgrade it)"));
-  }
-  return response;
+  return std::move(page).Answer(prefix);
 }
 
 absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::StatRequest& request) {
@@ -387,7 +303,7 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
     TENSORD_RETURN_IF_ERROR(access_.CheckAccess(session->creds, common::NamespaceOf(request.name()), false));
     tensor = registry_.FindByName(request.name());
     if (tensor == nullptr) {
-      return NotBound(registry_, "no tensor is bound to ", request.name());
+      return NotBoundLocked("no tensor is bound to ", request.name());
     }
   } else {
     tensor = registry_.Find(request.tensor_id());

@@ -8,15 +8,20 @@
 //    same namespace, device and about the same size, among the buffers it still maps
 //    (BufferPool::Take);
 //  - else a dedicated buffer of the tensor's size as its backend rounds it.
-// Choose decides and takes what it names (an arena slot, a pooled buffer); reserving memory,
-// making buffers, queueing and answering the caller are the broker's. The host device is
-// the BackendRegistry's. Not thread-safe: the Broker guards it with its mutex.
+// InArena says which of the two a tensor is for; ChooseArena or ChooseBuffer then decides and
+// takes what it names (an arena slot, a pooled buffer). Once a new arena is made, PlaceBatch
+// decides where the allocations that waited for it go: its slots, or the next arena.
+// Reserving memory, making buffers and arenas, queueing and answering the caller are the
+// broker's. The host device is the BackendRegistry's. Not thread-safe: the Broker guards it
+// with its mutex.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "server/memory/backend_registry.h"
 #include "server/memory/buffer_pool.h"
 #include "server/placement/arena_allocator.h"
@@ -53,15 +58,35 @@ class Placement {
     std::optional<BufferPool::Entry> recycled;
   };
 
+  // The allocations that waited for a new arena, PlaceBatch's overflow: those no arena of
+  // their session had room for, in order. The first makes the next arena, of
+  // `next_arena_bytes`; the others wait for it.
+  struct Overflow {
+    std::vector<QueuedAllocate> allocations;
+    uint64_t next_arena_bytes = 0;  // 0 when there are none
+  };
+
   Placement(Limits limits, const ResolvedDevice* host, ArenaAllocator& arenas, BufferPool& pool)
       : limits_(limits), host_(host), arenas_(arenas), pool_(pool) {}
 
   // Whether `tensor` (its device, namespace and layout set) belongs in an arena: its bytes
-  // are then the namespace's arena's, not charged to its producer's uid as a buffer.
+  // are then the namespace's arena's, not charged to its producer's uid as a buffer. Asked
+  // once per allocation: ChooseArena places a tensor that does, ChooseBuffer any other.
   bool InArena(const Tensor& tensor, const Request& request) const;
-  // Where `tensor` of session `session` goes; `size` is its extent as its backend rounds it.
-  Choice Choose(TensorRegistry& registry, Session& session, Tensor& tensor, const Request& request,
-                uint64_t size);
+  // Where `tensor` of `session`, which belongs in an arena, goes: kArenaSlot, kAwaitArena or
+  // kNewArena (its `bytes` the session's next arena size for that namespace).
+  Choice ChooseArena(TensorRegistry& registry, Session& session, Tensor& tensor);
+  // Where `tensor` of `session`, which does not, goes: kNoMemory, kRecycled or kDedicated;
+  // `size` is its extent as its backend rounds it.
+  Choice ChooseBuffer(const Session& session, const Tensor& tensor, const Request& request, uint64_t size);
+  // A new arena of `session` was added for the namespace of `batch`: the allocation that made
+  // it, then those queued behind it (ArenaAllocator::FinishMaking). In order, each that
+  // `admit` lets through (the broker's caps; it answers one it refuses, which takes no slot)
+  // goes in a free slot of the session's arenas there and then to `placed` (the broker
+  // registers it before the next is admitted), or, with none free, to the overflow.
+  Overflow PlaceBatch(TensorRegistry& registry, Session& session, std::vector<QueuedAllocate> batch,
+                      absl::FunctionRef<bool(QueuedAllocate&)> admit,
+                      absl::FunctionRef<void(QueuedAllocate&)> placed);
 
  private:
   const Limits limits_;

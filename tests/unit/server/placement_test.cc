@@ -1,8 +1,11 @@
 #include "server/placement/placement.h"
 
+#include <initializer_list>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/memory/arena.h"
 #include "tests/unit/server/sized_buffer.h"
@@ -10,6 +13,8 @@
 namespace tensord::server {
 namespace {
 
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
 using testing::SizedBuffer;
 
 const ResolvedDevice kHost{nullptr, {}, "host"};
@@ -36,8 +41,19 @@ class PlacementTest : public ::testing::Test {
     tensor.layout.extent = extent;
     return tensor;
   }
+  // As the broker asks: InArena once, then where.
   Placement::Choice Choose(Tensor& tensor, Placement::Request request = {}) {
-    return placement_.Choose(registry_, session_, tensor, request, tensor.layout.extent);
+    if (placement_.InArena(tensor, request)) return placement_.ChooseArena(registry_, session_, tensor);
+    return placement_.ChooseBuffer(session_, tensor, request, tensor.layout.extent);
+  }
+  // Allocations of `ns` that waited for an arena, one per extent, in order.
+  std::vector<QueuedAllocate> Waiting(const std::string& ns, std::initializer_list<uint64_t> extents) {
+    std::vector<QueuedAllocate> batch;
+    for (uint64_t extent : extents) batch.push_back(QueuedAllocate{Make(ns, extent), {}});
+    return batch;
+  }
+  void AddArena(const std::string& ns, uint64_t bytes) {
+    arenas_.AddArena(registry_, session_, ns, bytes, std::make_unique<SizedBuffer>(bytes));
   }
 
   TensorRegistry registry_;
@@ -93,6 +109,39 @@ TEST_F(PlacementTest, ARecyclableAllocationTakesAPooledBufferItStillMaps) {
   ASSERT_TRUE(choice.recycled.has_value());
   EXPECT_EQ(choice.recycled->buffer_id, 42u);
   EXPECT_EQ(pool_.size(), 0u);  // taken
+}
+
+TEST_F(PlacementTest, ABatchFillsTheNewArenaInOrderAndTheFirstThatDoesNotFitMakesTheNextArena) {
+  constexpr uint64_t kQuarter = kFirstArenaBytes / 4;  // whole pages wherever pages are up to 64 KiB
+  AddArena("ns", kFirstArenaBytes);
+  std::vector<uint64_t> placed;
+  Placement::Overflow overflow = placement_.PlaceBatch(
+      registry_, session_, Waiting("ns", {2 * kQuarter, 3 * kQuarter, kQuarter, 2 * kQuarter}),
+      [](QueuedAllocate&) { return true; },
+      [&](QueuedAllocate& allocation) {
+        EXPECT_NE(allocation.tensor.buffer_id, 0u);  // its slot is set
+        placed.push_back(allocation.tensor.layout.extent);
+      });
+  // A later, smaller one still takes the room an earlier, larger one could not.
+  EXPECT_THAT(placed, ElementsAre(2 * kQuarter, kQuarter));
+  ASSERT_EQ(overflow.allocations.size(), 2u);
+  EXPECT_EQ(overflow.allocations[0].tensor.layout.extent, 3 * kQuarter);
+  EXPECT_EQ(overflow.allocations[1].tensor.layout.extent, 2 * kQuarter);
+  EXPECT_EQ(overflow.next_arena_bytes, 2 * kFirstArenaBytes);  // twice the largest the session has there
+}
+
+TEST_F(PlacementTest, AnAllocationTheBrokerRefusesTakesNoSlotOfTheBatch) {
+  AddArena("ns", kFirstArenaBytes);
+  int offered = 0;
+  std::vector<uint64_t> placed_ids;
+  Placement::Overflow overflow = placement_.PlaceBatch(
+      registry_, session_, Waiting("ns", {kFirstArenaBytes, kFirstArenaBytes}),
+      [&](QueuedAllocate&) { return ++offered > 1; },
+      [&](QueuedAllocate& allocation) { placed_ids.push_back(allocation.tensor.buffer_id); });
+  EXPECT_EQ(offered, 2);
+  EXPECT_EQ(placed_ids.size(), 1u);  // the second one, in the whole arena the first left
+  EXPECT_THAT(overflow.allocations, IsEmpty());
+  EXPECT_EQ(overflow.next_arena_bytes, 0u);
 }
 
 }  // namespace
