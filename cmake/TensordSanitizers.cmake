@@ -68,8 +68,8 @@ endif()
 
 if(_tensord_san_flags)
   # -O1 with line tables only (-g1): an instrumented build compiles in about half the time
-  # of -O2 -g (measured with gcc's ASan+UBSan: broker.cc 37 -> 19 s, hostile_test.cc
-  # 50 -> 26 s), and a report still names the function, file and line of every frame,
+  # of -O2 -g (measured with gcc's ASan+UBSan: broker.cc 37 -> 19 s, the hostile test,
+  # then one file, 50 -> 26 s), and a report still names the function, file and line of every frame,
   # inlined ones included. Last on the command line, so it wins over the build type's
   # flags; TENSORD_SANITIZER_OPT_FLAGS="" keeps the build type's.
   set(TENSORD_SANITIZER_OPT_FLAGS "-O1;-g1" CACHE STRING

@@ -154,7 +154,7 @@ def fd_channel_seeds():
           Fdp().boolean(False).string(welcome).integral(0, 3, 1).data())
 
 
-# The broker fuzzer's op numbers (fuzz_broker_requests.cc, Harness::Step).
+# The broker fuzzer's op numbers (Harness::Step in fuzz_broker_requests.cc; the ops in fuzz_broker_ops.cc).
 OPEN, CLOSE, ALLOCATE, EXPORT, SEAL, PUBLISH, ACQUIRE, TAKE, RELEASE, DELETE, LIST, WATCH, \
     CANCEL, SINK, RAW = 0, 1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16
 

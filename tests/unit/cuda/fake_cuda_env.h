@@ -8,7 +8,7 @@
 
 namespace tensord::common::testing {
 
-// The fake's test-only queries (tests/fake_cuda/fake_cuda.cc), looked up with dlsym in the
+// The fake's test-only queries (tests/fake_cuda/fake_cuda_queries.cc), looked up with dlsym in the
 // library CudaDriver loaded. `kind` null counts everything.
 int FakeLiveObjects(const char* kind = nullptr);
 // Any symbol of the fake CudaDriver loaded (CHECKed to exist): e.g. the test producer's
