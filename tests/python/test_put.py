@@ -146,6 +146,34 @@ class LegacyProducer:
         return (1, 0)
 
 
+class RefusingProducer:
+    """Takes max_version but refuses it with a TypeError that does not name it."""
+
+    def __init__(self, array):
+        self.array = array
+        self.asked = []
+
+    def __dlpack__(self, stream=None, **kwargs):
+        self.asked.append(sorted(kwargs))
+        if kwargs:
+            raise TypeError("versioned capsules are not supported here")
+        return self.array.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_a_producer_that_refuses_max_version_is_not_offered_it_again(client, name):
+    """Whatever its TypeError says: put() does not read error text."""
+    a = np.arange(3, dtype=np.int32)
+    first = RefusingProducer(a)
+    _, t = roundtrip(client, name(), first)
+    assert first.asked == [["max_version"], []] and t.numpy().tolist() == a.tolist()
+    second = RefusingProducer(a)
+    _, t = roundtrip(client, name(), second)
+    assert second.asked == [[]] and t.numpy().tolist() == a.tolist()
+
+
 def test_dlpack_producers_with_and_without_max_version(client, name):
     a = np.arange(6, dtype=np.float32)
     new = VersionedProducer(a)

@@ -132,10 +132,11 @@ def source_of(obj):
             else:
                 try:
                     capsule = dlpack(max_version=_tensord.DLPACK_VERSION)
-                except TypeError as e:
+                except TypeError:
+                    # Refused with max_version, taken without it: the type does not know the
+                    # argument (whatever its error says), so it is not offered again.
                     capsule = dlpack()
-                    if "max_version" in str(e):
-                        _NO_MAX_VERSION.add(type(obj))
+                    _NO_MAX_VERSION.add(type(obj))
             source = _tensord._Source.from_dlpack(capsule)
         except (BufferError, RuntimeError, TypeError) as e:
             # numpy refuses bool and read-only arrays over DLPack; the buffer protocol takes
