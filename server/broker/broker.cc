@@ -476,40 +476,6 @@ void Broker::NotifyWatchersLocked(const v1::WatchEvent& event, Effects& effects)
   }
 }
 
-void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {
-  // Acquirers first: they all get the tensor. Then the oldest matching take that may have
-  // it, which unbinds it.
-  WaitQueue::Matches matches = waiters_.Match(tensor);
-  for (uint64_t wait_id : matches.acquires) GrantWaiterLocked(wait_id, tensor, effects);
-  for (uint64_t wait_id : matches.takes) {
-    if (GrantWaiterLocked(wait_id, tensor, effects)) {
-      UnbindLocked(tensor, effects);
-      return;
-    }
-  }
-}
-
-bool Broker::GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) {
-  std::optional<Waiter> waiter = waiters_.Remove(wait_id);
-  TENSORD_CHECK(waiter.has_value());
-  Session* session = sessions_.Find(waiter->session_id);
-  TENSORD_CHECK(session != nullptr);  // closing a session removes its waiters
-  effects.cancel_timers.push_back(waiter->timer_id);
-  // Checked while the waiter's own charges are still held, as a lease is granted.
-  absl::Status grantable = CheckGrantLocked(*session, *waiter, tensor);
-  if (grantable.ok()) grantable = CheckLeaseCapLocked(*session);
-  if (!grantable.ok()) {
-    // The waiter fails; the tensor stays for the next one (a take does not unbind).
-    effects.completions.emplace_back(std::move(waiter->done), std::move(grantable));
-    ForgetWaiterLocked(*waiter);
-    return false;
-  }
-  effects.completions.emplace_back(
-      std::move(waiter->done), GrantLocked(*session, tensor, waiter->kind == Waiter::Kind::kAcquireName));
-  ForgetWaiterLocked(*waiter);
-  return true;
-}
-
 bool Broker::UsageMatchesRecountForTest() {
   absl::MutexLock lock(&mu_);
   return registry_.usage() == registry_.RecountUsageForTest();

@@ -308,10 +308,6 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the waiter `wait_id`, which `tensor` matched, and completes it: with a lease when
-  // it may be granted one (true), else with why not (false; the tensor stays for the next).
-  bool GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // broker_allocate.cc: Allocate validates, places and reserves; memory is made on the
   // executor; FinishAllocate registers what was made and answers.
@@ -391,7 +387,7 @@ class Broker {
   void ScheduleTtlLocked(Tensor& tensor, uint64_t ttl_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
 
-  // broker_reads.cc and broker_take.cc: acquires, takes and their waits; status; watchers.
+  // broker_reads.cc and broker_take.cc: acquires and takes.
   // NOT_FOUND for a name nothing is bound to: `lead` and the name, and a bound name of its
   // namespace a typo away if there is one. Only after the caller's access to that namespace
   // was checked, so the hint tells nothing it could not list.
@@ -400,22 +396,6 @@ class Broker {
   // GrantLocked, if CheckLeaseCapLocked lets `session` hold one more lease.
   absl::StatusOr<tensord::v1::AcquireResponse> GrantWithinCapLocked(Session& session, Tensor& tensor,
                                                                     bool by_name = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Checks the session's and its uid's caps for one more wait on `target`, and charges the
-  // uid for it.
-  absl::Status ReserveWaitLocked(const Session& session, std::string_view target)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves (ReserveWaitLocked) and registers a wait with its timer, taking `done`; else CANCELLED or the caps' error.
-  absl::StatusOr<uint64_t> StartWaitLocked(Session& session, Waiter waiter,
-                                           Completion<tensord::v1::AcquireResponse>& done,
-                                           std::optional<uint64_t> timeout_ms, std::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back what a waiter removed from waiters_ held: one of its session's waits (when
-  // the session is still open) and its uid's charges.
-  void ForgetWaiterLocked(const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a wait's session may be granted `tensor` now that it matched: access is checked
-  // again at the grant, since an unnamed tensor gets its namespace only when published.
-  absl::Status CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An acquire by name (by id) now: a lease, or why not; nullopt to wait, only when `may_wait`.
   std::optional<absl::StatusOr<tensord::v1::AcquireResponse>> AcquireByNameLocked(Session& session,
@@ -432,7 +412,36 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT when `tensor` is not memory of the type a take maps (`wanted`), before anything is unbound.
   static absl::Status CheckTakenMemory(tensord::v1::DeviceType wanted, const Tensor& tensor);
+
+  // broker_waits.cc: waits for a name, granted by a publish, ended by a timeout, a cancel or
+  // shutdown.
+  // Checks the session's and its uid's caps for one more wait on `target`, and charges the
+  // uid for it.
+  absl::Status ReserveWaitLocked(const Session& session, std::string_view target)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves (ReserveWaitLocked) and registers a wait with its timer, taking `done`; else CANCELLED or the caps' error.
+  absl::StatusOr<uint64_t> StartWaitLocked(Session& session, Waiter waiter,
+                                           Completion<tensord::v1::AcquireResponse>& done,
+                                           std::optional<uint64_t> timeout_ms, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what a waiter removed from waiters_ held: one of its session's waits (when
+  // the session is still open) and its uid's charges.
+  void ForgetWaiterLocked(const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a wait's session may be granted `tensor` now that it matched: access is checked
+  // again at the grant, since an unnamed tensor gets its namespace only when published.
+  absl::Status CheckGrantLocked(const Session& session, const Waiter& waiter, const Tensor& tensor) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The waiters `tensor` satisfies, now bound: every acquirer, then the oldest take that may
+  // have it (which unbinds it).
+  void WakeWaitersLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the waiter `wait_id`, which `tensor` matched, and completes it: with a lease when
+  // it may be granted one (true), else with why not (false; the tensor stays for the next).
+  bool GrantWaiterLocked(uint64_t wait_id, Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the wait `wait_id` with `status` (a timeout, a cancel, shutdown); nothing when it was
+  // granted or ended already.
   void CompleteWaitWith(uint64_t wait_id, absl::Status status);
+
+  // broker_status.cc: what GetStatus shows whom.
   // Whose per-uid Status figures `session_id` sees, in `only_uid`: every uid (nullopt) for
   // session 0 (the metrics page, the service manager), root and the daemon's uid; else its
   // own uid. False when the session is gone (nothing to show).
@@ -444,6 +453,8 @@ class Broker {
   // with none (the metrics page, the service manager's status line): every tensor.
   void DescribeNamespacesLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // broker_watch.cc: watchers.
   // Gives back what a watcher was charged to its uid.
   void ReleaseWatcherLocked(const Watcher& watcher) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
