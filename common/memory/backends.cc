@@ -1,7 +1,9 @@
 #include "common/memory/backends.h"
 
+#include "common/memory/cuda/cuda_kind.h"
 #include "common/memory/host/host_backend.h"
 #include "common/memory/host/host_importer.h"
+#include "common/memory/level_zero/ze_kind.h"
 
 // ---- cuda (built when CMake found cuda.h: TENSORD_HAVE_CUDA) ----
 #if defined(TENSORD_HAVE_CUDA)
@@ -51,14 +53,14 @@ std::vector<std::unique_ptr<Importer>> MakeImporters() {
   // Pinned views of host memory: the host import, registered with the cuda driver.
   importers.push_back(std::make_unique<CudaHostImporter>(std::make_unique<HostImporter>()));
 #else
-  importers.push_back(std::make_unique<UnbuiltImporter>(tensord::v1::DEVICE_TYPE_CUDA_HOST, "cuda", kNoCudaReason));
+  importers.push_back(std::make_unique<UnbuiltImporter>(kCudaHostKind.type, std::string(kCudaKind.name), kNoCudaReason));
 #endif
 #if defined(TENSORD_HAVE_LEVEL_ZERO)
   // Loads the loader at its first import, so host-only clients never pay for zeInit.
   importers.push_back(std::make_unique<ZeImporter>());
 #else
   importers.push_back(
-      std::make_unique<UnbuiltImporter>(tensord::v1::DEVICE_TYPE_ONEAPI, "level_zero", kNoLevelZeroReason));
+      std::make_unique<UnbuiltImporter>(kLevelZeroKind.type, std::string(kLevelZeroKind.name), kNoLevelZeroReason));
 #endif
   return importers;
 }
@@ -81,10 +83,10 @@ absl::Status UseLevelZeroContext(void* driver, void* context) {
 std::vector<MissingBackend> MissingBackends() {
   std::vector<MissingBackend> missing;
 #if !defined(TENSORD_HAVE_CUDA)
-  missing.push_back({"cuda", tensord::v1::DEVICE_TYPE_CUDA, kNoCudaReason});
+  missing.push_back({std::string(kCudaKind.name), kCudaKind.type, kNoCudaReason});
 #endif
 #if !defined(TENSORD_HAVE_LEVEL_ZERO)
-  missing.push_back({"level_zero", tensord::v1::DEVICE_TYPE_ONEAPI, kNoLevelZeroReason});
+  missing.push_back({std::string(kLevelZeroKind.name), kLevelZeroKind.type, kNoLevelZeroReason});
 #endif
   return missing;
 }
