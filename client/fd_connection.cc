@@ -81,6 +81,14 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
   }
   const uint64_t seq = next_seq_++;
   request.set_seq(seq);
+  TENSORD_RETURN_IF_ERROR(SendRequest(request, fds, seq));
+  absl::StatusOr<common::ReceivedMessage> received = ReceiveReply(seq, max_fds);
+  if (!received.ok()) return received.status();
+  return AcceptReply(*received, seq, fds_out);
+}
+
+absl::Status FdConnection::SendRequest(const tensord::v1::FdRequest& request, std::span<const int> fds,
+                                       uint64_t seq) {
   absl::StatusOr<common::FdIo> sent = common::SendFdMessage(socket_.get(), request, fds);
   if (!sent.ok()) {
     if (sent.status().code() != absl::StatusCode::kInvalidArgument) broken_.store(true);
@@ -90,6 +98,10 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
     broken_.store(true);
     return WouldBlock("send", seq);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<common::ReceivedMessage> FdConnection::ReceiveReply(uint64_t seq, size_t max_fds) {
   // One request in flight, so the next datagram is its reply; wait for it with a bound so
   // a wedged broker cannot hang this thread forever while it holds mu_.
   pollfd pfd{socket_.get(), POLLIN, 0};
@@ -110,14 +122,19 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
   absl::StatusOr<common::ReceivedMessage> received = common::ReceiveFdMessage(socket_.get(), max_fds);
   if (!received.ok()) {
     broken_.store(true);
-    return received.status();
+    return received;
   }
   if (received->io == common::FdIo::kWouldBlock) {
     broken_.store(true);
     return WouldBlock("receive the reply to", seq);
   }
+  return received;
+}
+
+absl::StatusOr<tensord::v1::FdResponse> FdConnection::AcceptReply(common::ReceivedMessage& received, uint64_t seq,
+                                                                  std::vector<common::UniqueFd>* fds_out) {
   tensord::v1::FdResponse response;
-  absl::Status parsed = common::ParseFdMessage(*received, &response);
+  absl::Status parsed = common::ParseFdMessage(received, &response);
   if (!parsed.ok()) {
     broken_.store(true);
     return parsed;
@@ -128,15 +145,15 @@ absl::StatusOr<tensord::v1::FdResponse> FdConnection::Call(tensord::v1::FdReques
                                " does not match request " + std::to_string(seq));
   }
   if (response.has_error()) {
-    if (!received->fds.empty()) {
+    if (!received.fds.empty()) {
       return absl::InternalError("fd channel: an error reply carried fds");
     }
     return ToAbsl(FromRpcError(response.error()));
   }
   if (fds_out != nullptr) {
-    *fds_out = std::move(received->fds);
-  } else if (!received->fds.empty()) {
-    // Unexpected fds were closed by ReceivedMessage's destructor; refuse the message.
+    *fds_out = std::move(received.fds);
+  } else if (!received.fds.empty()) {
+    // Unexpected fds close when Call drops `received`; refuse the message.
     return absl::InternalError("fd channel: unexpected fds in the reply");
   }
   return response;
@@ -157,40 +174,47 @@ absl::StatusOr<std::vector<common::FetchedBuffer>> FdConnection::Fetch(std::span
       reply = Call(std::move(request), {}, common::kMaxFdsPerMessage, &fds);
     }
     if (!reply.ok()) return reply.status();
-    if (!reply->has_fetched()) return absl::InternalError("fetch: the broker answered without buffers");
-    const auto& buffers = reply->fetched().buffers();
-    // The broker may answer fewer buffers than asked (to stay within 253 fds), never none.
-    if (buffers.empty() || static_cast<size_t>(buffers.size()) > ask.size()) {
-      return absl::InternalError("fetch: asked for " + std::to_string(ask.size()) + " buffers, got " +
-                                 std::to_string(buffers.size()));
-    }
-    size_t next_fd = 0;
-    for (int i = 0; i < buffers.size(); ++i) {
-      const tensord::v1::FetchedBuffer& entry = buffers[i];
-      if (entry.buffer_id() != ask[static_cast<size_t>(i)]) {
-        return absl::InternalError("fetch: asked for buffer " + std::to_string(ask[static_cast<size_t>(i)]) +
-                                   ", got " + std::to_string(entry.buffer_id()));
-      }
-      const size_t count = entry.handle().fd_count();
-      if (count > fds.size() - next_fd) {
-        return absl::InternalError("fetch: buffer " + std::to_string(entry.buffer_id()) + " names " +
-                                   std::to_string(count) + " fds, the reply carries " +
-                                   std::to_string(fds.size() - next_fd) + " more");
-      }
-      common::FetchedBuffer fetched;
-      fetched.buffer_id = entry.buffer_id();
-      fetched.size = entry.size();
-      fetched.device_type = entry.device_type();
-      fetched.handle.data = entry.handle().data();
-      for (size_t k = 0; k < count; ++k) fetched.handle.fds.push_back(std::move(fds[next_fd++]));
-      out.push_back(std::move(fetched));
-    }
-    if (next_fd != fds.size()) {
-      return absl::InternalError("fetch: the reply carries " + std::to_string(fds.size()) + " fds, its buffers name " +
-                                 std::to_string(next_fd));
-    }
+    TENSORD_RETURN_IF_ERROR(TakeFetched(ask, *reply, fds, out));
   }
   return out;
+}
+
+absl::Status FdConnection::TakeFetched(std::span<const uint64_t> ask, const tensord::v1::FdResponse& reply,
+                                       std::vector<common::UniqueFd>& fds,
+                                       std::vector<common::FetchedBuffer>& out) {
+  if (!reply.has_fetched()) return absl::InternalError("fetch: the broker answered without buffers");
+  const auto& buffers = reply.fetched().buffers();
+  // The broker may answer fewer buffers than asked (to stay within 253 fds), never none.
+  if (buffers.empty() || static_cast<size_t>(buffers.size()) > ask.size()) {
+    return absl::InternalError("fetch: asked for " + std::to_string(ask.size()) + " buffers, got " +
+                               std::to_string(buffers.size()));
+  }
+  size_t next_fd = 0;
+  for (int i = 0; i < buffers.size(); ++i) {
+    const tensord::v1::FetchedBuffer& entry = buffers[i];
+    if (entry.buffer_id() != ask[static_cast<size_t>(i)]) {
+      return absl::InternalError("fetch: asked for buffer " + std::to_string(ask[static_cast<size_t>(i)]) +
+                                 ", got " + std::to_string(entry.buffer_id()));
+    }
+    const size_t count = entry.handle().fd_count();
+    if (count > fds.size() - next_fd) {
+      return absl::InternalError("fetch: buffer " + std::to_string(entry.buffer_id()) + " names " +
+                                 std::to_string(count) + " fds, the reply carries " +
+                                 std::to_string(fds.size() - next_fd) + " more");
+    }
+    common::FetchedBuffer fetched;
+    fetched.buffer_id = entry.buffer_id();
+    fetched.size = entry.size();
+    fetched.device_type = entry.device_type();
+    fetched.handle.data = entry.handle().data();
+    for (size_t k = 0; k < count; ++k) fetched.handle.fds.push_back(std::move(fds[next_fd++]));
+    out.push_back(std::move(fetched));
+  }
+  if (next_fd != fds.size()) {
+    return absl::InternalError("fetch: the reply carries " + std::to_string(fds.size()) + " fds, its buffers name " +
+                               std::to_string(next_fd));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> FdConnection::Stage(int memfd) {

@@ -75,6 +75,25 @@ class FdConnection {
                                                std::span<const int> fds, size_t max_fds,
                                                std::vector<common::UniqueFd>* fds_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Call's steps. Sends `request` (its seq `seq`) with `fds`; any failure but
+  // INVALID_ARGUMENT (a message never sent) marks the connection broken.
+  absl::Status SendRequest(const tensord::v1::FdRequest& request, std::span<const int> fds,
+                           uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits up to reply_timeout_ for the reply to `seq` and receives it with room for
+  // `max_fds`; any failure marks the connection broken.
+  absl::StatusOr<common::ReceivedMessage> ReceiveReply(uint64_t seq, size_t max_fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Parses `received` as the reply to `seq` (a bad or mismatched one marks the connection
+  // broken): the broker's error as a status, else the reply with its fds moved to `fds_out`;
+  // fds on an error reply, or where `fds_out` is null, refuse the reply.
+  absl::StatusOr<tensord::v1::FdResponse> AcceptReply(common::ReceivedMessage& received, uint64_t seq,
+                                                      std::vector<common::UniqueFd>* fds_out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the buffers of one FETCH_FD reply to `out`, each with its fds taken from `fds`,
+  // once they are the ones `ask` named, in order, and name every fd the reply carries.
+  static absl::Status TakeFetched(std::span<const uint64_t> ask, const tensord::v1::FdResponse& reply,
+                                  std::vector<common::UniqueFd>& fds,
+                                  std::vector<common::FetchedBuffer>& out);
 
   // Constant after construction (until CloseInForkedChild).
   common::UniqueFd socket_;

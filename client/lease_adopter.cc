@@ -82,47 +82,21 @@ absl::StatusOr<LeaseView*> LeaseAdopter::AdoptLease(uint64_t lease_id,
       return held;
     }
   }
-  std::shared_ptr<Mapping> mapping;
-  uint64_t offset = 0;
-  if (valid->layout.nbytes > 0) {
-    absl::StatusOr<std::shared_ptr<Mapping>> mapped =
-        own.mapping != nullptr ? own.mapping : MapBuffer(tensor, kind, own.memfd);
-    if (!mapped.ok()) return give_back(Annotate(mapped.status(), what));
-    mapping = *std::move(mapped);
-    offset = valid->buffer_offset + valid->info.byte_offset;
-    if (valid->buffer_offset > mapping->size() ||
-        valid->layout.extent > mapping->size() - valid->buffer_offset) {
-      return give_back(absl::DataLossError(std::string(what) + ": the tensor reaches past its " +
-                                           std::to_string(mapping->size()) + "-byte buffer"));
-    }
-  }
+  absl::StatusOr<std::shared_ptr<Mapping>> mapping = MapTensor(tensor, *valid, kind, own, what);
+  if (!mapping.ok()) return give_back(mapping.status());
+  const uint64_t offset = valid->layout.nbytes > 0 ? valid->buffer_offset + valid->info.byte_offset : 0;
   LeaseView::Params params;
   params.info = std::move(valid->info);
-  // The description carries the daemon's ordinal; DLPack wants this process's. A view of
-  // another kind than the memory's (pinned host memory) names its own device type.
-  if (mapping != nullptr) {
-    params.info.device.device_id = mapping->device_ordinal();
-    if (mapping->view_device_type() != tensord::v1::DEVICE_TYPE_UNSPECIFIED) {
-      tensord::v1::Device view;
-      view.set_type(mapping->view_device_type());
-      view.set_index(mapping->device_ordinal());
-      params.info.device = ToDLDevice(view);
-    }
-  }
+  // The description carries the daemon's ordinal; DLPack wants this process's.
+  if (*mapping != nullptr) NameDeviceHere(**mapping, params.info);
   params.lease_id = lease_id;
   params.session_id = session_id_;
   params.kind = kind;
-  params.mapping = std::move(mapping);
+  params.mapping = *std::move(mapping);
   params.offset_in_mapping = offset;
   params.cache_name = std::string(cache_name);
   params.described_here = described_here;
-  params.ready_fence = std::string(ready_fence.bytes);
-  // The broker's names for the fence's process: its instance and the producer's session.
-  if (ready_fence.producer_session != 0) {
-    params.ready_fence_source = instance_nonce_;
-    params.ready_fence_source.append(reinterpret_cast<const char*>(&ready_fence.producer_session),
-                                     sizeof(ready_fence.producer_session));
-  }
+  SetReadyFence(ready_fence, params);
   // A mapping that outlives the lease (an arena's, a recycled buffer's) must not show the
   // next tensor there our private copies of its pages.
   if (kind == ViewKind::kPrivate && (tensor.buffer().arena() || tensor.buffer().recyclable()) &&
@@ -130,6 +104,44 @@ absl::StatusOr<LeaseView*> LeaseAdopter::AdoptLease(uint64_t lease_id,
     params.arena_slot_offset = valid->buffer_offset;
     params.arena_slot_length = valid->layout.extent;
   }
+  return IndexView(std::move(params), lease_id);
+}
+
+absl::StatusOr<std::shared_ptr<Mapping>> LeaseAdopter::MapTensor(const tensord::v1::TensorInfo& tensor,
+                                                                 const ValidatedTensor& valid, ViewKind kind,
+                                                                 const OwnMemory& own, std::string_view what) {
+  if (valid.layout.nbytes == 0) return nullptr;
+  absl::StatusOr<std::shared_ptr<Mapping>> mapped =
+      own.mapping != nullptr ? own.mapping : MapBuffer(tensor, kind, own.memfd);
+  if (!mapped.ok()) return Annotate(mapped.status(), what);
+  const uint64_t size = (*mapped)->size();
+  if (valid.buffer_offset > size || valid.layout.extent > size - valid.buffer_offset) {
+    return absl::DataLossError(std::string(what) + ": the tensor reaches past its " + std::to_string(size) +
+                               "-byte buffer");
+  }
+  return mapped;
+}
+
+void LeaseAdopter::NameDeviceHere(const Mapping& mapping, TensorInfo& info) {
+  info.device.device_id = mapping.device_ordinal();
+  if (mapping.view_device_type() != tensord::v1::DEVICE_TYPE_UNSPECIFIED) {
+    tensord::v1::Device view;
+    view.set_type(mapping.view_device_type());
+    view.set_index(mapping.device_ordinal());
+    info.device = ToDLDevice(view);
+  }
+}
+
+void LeaseAdopter::SetReadyFence(GrantedFence ready_fence, LeaseView::Params& params) const {
+  params.ready_fence = std::string(ready_fence.bytes);
+  if (ready_fence.producer_session != 0) {
+    params.ready_fence_source = instance_nonce_;
+    params.ready_fence_source.append(reinterpret_cast<const char*>(&ready_fence.producer_session),
+                                     sizeof(ready_fence.producer_session));
+  }
+}
+
+LeaseView* LeaseAdopter::IndexView(LeaseView::Params&& params, uint64_t lease_id) {
   auto* view = new LeaseView(std::move(params), queue_);
   LeaseCache::InsertResult inserted = leases_.Insert(view);
   for (LeaseView* old : inserted.to_release) ReleaseQueue::Push(old);

@@ -37,6 +37,8 @@
 
 namespace tensord::internal {
 
+struct ValidatedTensor;  // tensor_convert.h
+
 // What the producer of an export has of its buffer already, so the broker's handle is
 // never fetched: the memfd it exported (mapped again here), or its own memory as it is
 // (a device pointer: a process cannot import its own CUDA IPC handle).
@@ -110,6 +112,20 @@ class LeaseAdopter {
   // for the session's life, a reader's for the linger), a reader's of a recycled buffer for
   // the linger, other dedicated buffers not at all.
   static Retention RetentionFor(const tensord::v1::TensorInfo& tensor, ViewKind kind);
+  // AdoptLease's steps. The mapping `valid`'s bytes are in (`own`'s, else MapBuffer's),
+  // once it holds them (DATA_LOSS naming `what` otherwise); null for a tensor of no bytes.
+  absl::StatusOr<std::shared_ptr<Mapping>> MapTensor(const tensord::v1::TensorInfo& tensor,
+                                                     const ValidatedTensor& valid, ViewKind kind,
+                                                     const OwnMemory& own, std::string_view what);
+  // Names the device as this process does: its ordinal here, and the view's own device type
+  // where the view is of another kind than the memory (pinned host memory).
+  static void NameDeviceHere(const Mapping& mapping, TensorInfo& info);
+  // Sets `params`' ready fence and, when a producer session recorded it, the broker's names
+  // for the fence's process (its instance and that session).
+  void SetReadyFence(GrantedFence ready_fence, LeaseView::Params& params) const;
+  // Indexes a new view of `params` in the lease cache and returns the one it holds: ours,
+  // or the view of another acquire of the tensor that won the race (ours given back).
+  LeaseView* IndexView(LeaseView::Params&& params, uint64_t lease_id);
   MappingKey KeyFor(uint64_t buffer_id, ViewKind kind) const;
 
   FdConnection& fd_;

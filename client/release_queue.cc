@@ -188,8 +188,7 @@ void ReleaseSender::Run() {
   while (!stopping_.load(std::memory_order_acquire)) {
     queue_->ConsumeWake();
     uint64_t ticket = flush_requested_.load(std::memory_order_acquire);
-    std::vector<uint64_t> new_ids = queue_->PopLeaseIds();
-    ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+    TakeLeaseIds(ids);
     if (views.empty() && queue_->empty() && ids.empty() && ticket == done) {
       // Stop() sets the flag before its wake: if ConsumeWake() above ate that wake, the
       // flag is visible here, and ppoll must not wait for a wake that already came.
@@ -198,37 +197,19 @@ void ReleaseSender::Run() {
       continue;
     }
     // Each entry goes out within max_delay of the first one waiting, or at once when a
-    // batch is full, a flush is asked for, or we are stopping. While collecting, the views
-    // stay on the stack: later pushes find it non-empty and do not wake this thread, except
-    // the one that fills the batch.
+    // batch is full, a flush is asked for, or we are stopping.
     if (views.empty()) collect_until = Clock::now() + options_.max_delay;
-    auto full = [&] { return views.size() + queue_->size() >= options_.max_batch; };
-    queue_->set_wake_at(options_.max_batch - views.size());
-    while (!full() && ticket == done && !stopping_.load(std::memory_order_acquire) &&
-           Clock::now() < collect_until) {
-      WaitFor(collect_until);
-      queue_->ConsumeWake();
-      ticket = flush_requested_.load(std::memory_order_acquire);
-    }
+    ticket = Collect(views.size(), done, ticket, collect_until);
     std::vector<LeaseView*> popped = queue_->PopAll();
     views.insert(views.end(), popped.begin(), popped.end());
-    new_ids = queue_->PopLeaseIds();
-    ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+    TakeLeaseIds(ids);
     // Full batches go now; a partial one only once its window closed (or a flush or stop
     // asks): otherwise it keeps collecting with the deadline of its oldest entry.
     const bool send_all = ticket != done || stopping_.load(std::memory_order_acquire) ||
                           Clock::now() >= collect_until;
     const size_t send = send_all ? views.size()
                                  : views.size() / options_.max_batch * options_.max_batch;
-    size_t i = 0;
-    do {
-      size_t n = std::min(options_.max_batch, send - i);
-      std::vector<LeaseView*> chunk(views.begin() + static_cast<ptrdiff_t>(i),
-                                    views.begin() + static_cast<ptrdiff_t>(i + n));
-      sink_->ProcessBatch(std::move(chunk), std::exchange(ids, {}));
-      i += n;
-    } while (i < send);
-    views.erase(views.begin(), views.begin() + static_cast<ptrdiff_t>(send));
+    SendBatches(views, send, ids);
     if (send_all) {
       done = ticket;
       absl::MutexLock lock(&mu_);
@@ -237,13 +218,47 @@ void ReleaseSender::Run() {
     sink_->Tick(Clock::now());
   }
   // Stopping: what was collected still goes (the queue's own Stop() drains the rest).
-  if (!views.empty()) {
-    for (size_t i = 0; i < views.size(); i += options_.max_batch) {
-      size_t n = std::min(options_.max_batch, views.size() - i);
-      sink_->ProcessBatch(std::vector<LeaseView*>(views.begin() + static_cast<ptrdiff_t>(i),
-                                                  views.begin() + static_cast<ptrdiff_t>(i + n)),
-                          {});
-    }
+  SendCollected(views);
+}
+
+void ReleaseSender::TakeLeaseIds(std::vector<uint64_t>& ids) {
+  std::vector<uint64_t> new_ids = queue_->PopLeaseIds();
+  ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+}
+
+uint64_t ReleaseSender::Collect(size_t pending, uint64_t done, uint64_t ticket,
+                                ReleaseSink::Clock::time_point until) {
+  // While collecting, the views stay on the stack: later pushes find it non-empty and do
+  // not wake this thread, except the one that fills the batch.
+  auto full = [&] { return pending + queue_->size() >= options_.max_batch; };
+  queue_->set_wake_at(options_.max_batch - pending);
+  while (!full() && ticket == done && !stopping_.load(std::memory_order_acquire) &&
+         ReleaseSink::Clock::now() < until) {
+    WaitFor(until);
+    queue_->ConsumeWake();
+    ticket = flush_requested_.load(std::memory_order_acquire);
+  }
+  return ticket;
+}
+
+void ReleaseSender::SendBatches(std::vector<LeaseView*>& views, size_t send, std::vector<uint64_t>& ids) {
+  size_t i = 0;
+  do {
+    size_t n = std::min(options_.max_batch, send - i);
+    std::vector<LeaseView*> chunk(views.begin() + static_cast<ptrdiff_t>(i),
+                                  views.begin() + static_cast<ptrdiff_t>(i + n));
+    sink_->ProcessBatch(std::move(chunk), std::exchange(ids, {}));
+    i += n;
+  } while (i < send);
+  views.erase(views.begin(), views.begin() + static_cast<ptrdiff_t>(send));
+}
+
+void ReleaseSender::SendCollected(const std::vector<LeaseView*>& views) {
+  for (size_t i = 0; i < views.size(); i += options_.max_batch) {
+    size_t n = std::min(options_.max_batch, views.size() - i);
+    sink_->ProcessBatch(std::vector<LeaseView*>(views.begin() + static_cast<ptrdiff_t>(i),
+                                                views.begin() + static_cast<ptrdiff_t>(i + n)),
+                        {});
   }
 }
 

@@ -131,6 +131,17 @@ class ReleaseSender {
   void Run();
   // Waits for a wake-up, the watched fd, or `deadline`; true when woken or hung up.
   bool WaitFor(ReleaseSink::Clock::time_point deadline);
+  // Run's steps. Appends the queued lease ids to `ids`.
+  void TakeLeaseIds(std::vector<uint64_t>& ids);
+  // Collects with the views left on the stack until `pending` views and the stack fill a
+  // batch, a flush after `done` is asked for, the sender stops, or `until` passes; returns
+  // the latest flush ticket (`ticket`, or a later one).
+  uint64_t Collect(size_t pending, uint64_t done, uint64_t ticket, ReleaseSink::Clock::time_point until);
+  // Hands the first `send` views to the sink in batches of up to max_batch (one, empty,
+  // when `send` is 0), `ids` with the first; erases them from `views`.
+  void SendBatches(std::vector<LeaseView*>& views, size_t send, std::vector<uint64_t>& ids);
+  // Stopping: hands what was collected to the sink in batches of up to max_batch.
+  void SendCollected(const std::vector<LeaseView*>& views);
 
   const std::shared_ptr<ReleaseQueue> queue_;
   ReleaseSink* const sink_;

@@ -221,6 +221,11 @@ class Session final : public std::enable_shared_from_this<Session> {
                                                              std::string_view what) const;
   static tensord::v1::SessionRequest AcquireRequest(const Target& target,
                                                     const AcquireOptions& options);
+  // TakeMany's `max_count` requests for `target`, the first waiting as `options` says;
+  // INVALID_ARGUMENT outside 1..kMaxTakeBatch.
+  absl::StatusOr<std::vector<tensord::v1::SessionRequest>> TakeRequests(const std::string& target,
+                                                                        size_t max_count,
+                                                                        const TakeOptions& options) const;
   // A lease a batch element was granted (lease_adopter.h).
   using Grant = LeaseAdopter::Grant;
   void OnPush(const tensord::v1::SessionResponse& push);

@@ -36,6 +36,32 @@ class Failures {
   std::vector<std::pair<size_t, absl::Status>> failed_;
 };
 
+// Checks the replies to a publish batch: infos[i] gets element i's tensor as the broker
+// bound it, each failure goes to `failed`; returns how many elements the broker bound (one
+// whose reply fails the check included).
+size_t CollectPublished(const std::vector<absl::StatusOr<tensord::v1::SessionResponse>>& replies,
+                        std::vector<TensorInfo>& infos, Failures& failed) {
+  size_t published = 0;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (!replies[i].ok()) {
+      failed.Add(i, replies[i].status());
+      continue;
+    }
+    if (!replies[i]->has_publish()) {
+      failed.Add(i, absl::InternalError("the broker answered with something else"));
+      continue;
+    }
+    ++published;  // bound at the broker, whatever the check below says
+    absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(replies[i]->publish().tensor(), "the published tensor");
+    if (!valid.ok()) {
+      failed.Add(i, valid.status());
+      continue;
+    }
+    infos[i] = std::move(valid->info);
+  }
+  return published;
+}
+
 std::string ElementOf(std::string_view verb, size_t index, size_t count) {
   return std::string(verb) + " element " + std::to_string(index) + " of " + std::to_string(count);
 }
@@ -107,24 +133,7 @@ absl::StatusOr<std::vector<TensorInfo>> Session::PublishMany(
   std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
       channel_.StreamCallMany(std::move(requests), kDefaultCallTimeout);
   Failures failed;
-  size_t published = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!replies[i].ok()) {
-      failed.Add(i, replies[i].status());
-      continue;
-    }
-    if (!replies[i]->has_publish()) {
-      failed.Add(i, absl::InternalError("the broker answered with something else"));
-      continue;
-    }
-    ++published;  // bound at the broker, whatever the check below says
-    absl::StatusOr<ValidatedTensor> valid = ValidateTensorInfo(replies[i]->publish().tensor(), "the published tensor");
-    if (!valid.ok()) {
-      failed.Add(i, valid.status());
-      continue;
-    }
-    infos[i] = std::move(valid->info);
-  }
+  const size_t published = CollectPublished(replies, infos, failed);
   if (!failed.empty()) {
     // A binding cannot be taken back without losing the one it replaced: say what stuck.
     std::string note;
@@ -182,11 +191,10 @@ absl::StatusOr<std::vector<LeaseView*>> Session::AcquireMany(const std::vector<s
   return LeaseAdopter::Ordered(std::move(views), options.stream);
 }
 
-absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_or_prefix,
-                                                          size_t max_count, const TakeOptions& options) {
-  TENSORD_RETURN_IF_ERROR(CheckOpen());
+absl::StatusOr<std::vector<tensord::v1::SessionRequest>> Session::TakeRequests(const std::string& target,
+                                                                              size_t max_count,
+                                                                              const TakeOptions& options) const {
   const Wait& wait = options.wait;
-  const std::string target(name_or_prefix);
   if (max_count == 0 || max_count > kMaxTakeBatch) {
     return absl::InvalidArgumentError("take of up to " + std::to_string(max_count) + " from '" +
                                       target + "': between 1 and " +
@@ -206,8 +214,17 @@ absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_
       take->set_timeout_ms(static_cast<uint64_t>(wait.millis()));
     }
   }
-  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies =
-      channel_.StreamCallMany(std::move(requests), RpcChannel::ReplyBound(wait), CancelState::Of(options.cancel));
+  return requests;
+}
+
+absl::StatusOr<std::vector<LeaseView*>> Session::TakeMany(std::string_view name_or_prefix,
+                                                          size_t max_count, const TakeOptions& options) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  const std::string target(name_or_prefix);
+  TENSORD_ASSIGN_OR_RETURN(std::vector<tensord::v1::SessionRequest> requests,
+                           TakeRequests(target, max_count, options));
+  std::vector<absl::StatusOr<tensord::v1::SessionResponse>> replies = channel_.StreamCallMany(
+      std::move(requests), RpcChannel::ReplyBound(options.wait), CancelState::Of(options.cancel));
   std::vector<Grant> grants;
   std::optional<absl::Status> first_error;
   for (auto& reply : replies) {

@@ -486,34 +486,46 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
       results.assign(n, refused);
       return results;
     }
-    // Seqs in write order (the queue keeps it). One message for the lot (in chunks the
-    // broker accepts), so a batch costs the broker and the transport one read instead of one
-    // per request.
+    // Seqs in write order (the queue keeps it).
     for (size_t i = 0; i < n; ++i) {
       seqs[i] = next_seq_++;
       requests[i].set_seq(seqs[i]);
       waiters[i].outstanding = &outstanding;
       pending_[seqs[i]] = &waiters[i];
     }
-    if (n == 1) {
-      EnqueueLocked(std::move(requests[0]));
-    } else {
-      tensord::v1::SessionRequest envelope;
-      size_t bytes = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const size_t size = requests[i].ByteSizeLong();
-        if (envelope.batch().requests_size() > 0 &&
-            (envelope.batch().requests_size() >= common::kMaxBatchRequests ||
-             bytes + size > common::kMaxBatchBytes)) {
-          EnqueueLocked(std::exchange(envelope, {}));
-          bytes = 0;
-        }
-        bytes += size;
-        *envelope.mutable_batch()->add_requests() = std::move(requests[i]);
-      }
-      EnqueueLocked(std::move(envelope));
-    }
+    EnqueueBatchLocked(requests);
   }
+  AwaitReplies(waiters, seqs, outstanding, deadline, cancel);
+  CollectResults(waiters, cancel, results);
+  return results;
+}
+
+void SessionStream::EnqueueBatchLocked(std::vector<tensord::v1::SessionRequest>& requests) {
+  if (requests.size() == 1) {
+    EnqueueLocked(std::move(requests[0]));
+    return;
+  }
+  // One message for the lot (in chunks the broker accepts), so a batch costs the broker and
+  // the transport one read instead of one per request.
+  tensord::v1::SessionRequest envelope;
+  size_t bytes = 0;
+  for (tensord::v1::SessionRequest& request : requests) {
+    const size_t size = request.ByteSizeLong();
+    if (envelope.batch().requests_size() > 0 &&
+        (envelope.batch().requests_size() >= common::kMaxBatchRequests ||
+         bytes + size > common::kMaxBatchBytes)) {
+      EnqueueLocked(std::exchange(envelope, {}));
+      bytes = 0;
+    }
+    bytes += size;
+    *envelope.mutable_batch()->add_requests() = std::move(request);
+  }
+  EnqueueLocked(std::move(envelope));
+}
+
+void SessionStream::AwaitReplies(std::span<Waiter> waiters, const std::vector<uint64_t>& seqs,
+                                 const size_t& outstanding, std::optional<Clock::time_point> deadline,
+                                 CancelState* cancel) {
   uint64_t registration = 0;
   if (cancel != nullptr) {
     // Holds only values: it may run after this call returned, and then cancels nothing.
@@ -525,13 +537,17 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
   const bool met = cancel != nullptr ? WaitCancellable(all_done, deadline, *cancel) : WaitUntil(all_done, deadline);
   if (!met) {
     absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < n; ++i) TimeOutLocked(seqs[i], &waiters[i]);
+    for (size_t i = 0; i < waiters.size(); ++i) TimeOutLocked(seqs[i], &waiters[i]);
   }
   if (cancel != nullptr) cancel->Unregister(registration);
+}
+
+void SessionStream::CollectResults(std::span<Waiter> waiters, CancelState* cancel,
+                                   std::vector<absl::StatusOr<tensord::v1::SessionResponse>>& results) {
   // Every waiter is done and out of pending_: nothing else touches them any more.
   const bool cancelled = cancel != nullptr && cancel->cancelled();
-  for (size_t i = 0; i < n; ++i) {
-    absl::StatusOr<tensord::v1::SessionResponse>& result = waiters[i].result;
+  for (Waiter& waiter : waiters) {
+    absl::StatusOr<tensord::v1::SessionResponse>& result = waiter.result;
     if (cancelled) {
       // A grant that raced the cancel is nobody's: the orphan handler releases it.
       if (result.ok() && !result->has_error() && on_orphan_) on_orphan_(*result);
@@ -539,7 +555,6 @@ std::vector<absl::StatusOr<tensord::v1::SessionResponse>> SessionStream::CallMan
     }
     results.push_back(std::move(result));
   }
-  return results;
 }
 
 bool SessionStream::WaitCancellable(const std::function<bool()>& done,

@@ -198,6 +198,20 @@ class SessionStream : public std::enable_shared_from_this<SessionStream> {
   // waits at most kCancelGrace more.
   bool WaitCancellable(const std::function<bool()>& done, std::optional<Clock::time_point> deadline,
                        CancelState& cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // CallMany's steps. Queues `requests` (seqs set, in order) as one message, in batches the
+  // broker accepts (kMaxBatchRequests, kMaxBatchBytes); a single request goes as it is.
+  void EnqueueBatchLocked(std::vector<tensord::v1::SessionRequest>& requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Until `outstanding` is 0 or `deadline` (as WaitCancellable with `cancel`, which may be
+  // null, its cancel sending CancelWaits for `seqs` meanwhile); then every waiter not done
+  // gets DEADLINE_EXCEEDED, so all are done and out of pending_ when it returns.
+  void AwaitReplies(std::span<Waiter> waiters, const std::vector<uint64_t>& seqs, const size_t& outstanding,
+                    std::optional<Clock::time_point> deadline, CancelState* cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves each (done) waiter's result to `results`; once `cancel` is cancelled every result
+  // is CANCELLED and a grant that raced the cancel goes to the orphan handler.
+  void CollectResults(std::span<Waiter> waiters, CancelState* cancel,
+                      std::vector<absl::StatusOr<tensord::v1::SessionResponse>>& results)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Asks the broker to drop the waits of these requests (no reply).
   void SendCancel(const std::vector<uint64_t>& seqs) ABSL_LOCKS_EXCLUDED(mu_);
   // While a write is queued and nobody polls: takes the poller role for PollReady (true).
