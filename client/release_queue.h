@@ -15,8 +15,9 @@
 // to `max_delay` (1 ms) or until `max_batch` (256) views, whichever is first, and hands the
 // batch to its ReleaseSink. It leaves the views on the stack while it collects, so the
 // pushes of a window after the first find it non-empty and wake nobody (one wake-up per
-// batch, not per release); the push that fills the batch wakes it early. The sink which decides per view between the lease cache and a release
-// and sends one ReleaseRequest for the batch. Flush() makes it send at once and returns when
+// batch, not per release); the push that fills the batch wakes it early. The sink decides
+// per view between the lease cache and a release, and sends one ReleaseRequest for the
+// batch. Flush() makes it send at once and returns when
 // that send is done. Between batches it calls the sink's Tick() (lease-cache linger), and
 // it reports a hang-up of an optional watched fd (the fd channel: the broker went away).
 #pragma once
