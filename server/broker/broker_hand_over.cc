@@ -138,11 +138,8 @@ absl::StatusOr<v1::AcquireResponse> Broker::RedeemHandOver(uint64_t session_id, 
       } else if (absl::Status live = CheckMemoryLiveLocked(*tensor); !live.ok()) {
         result = live;
         EndHandOverLocked(*hand_overs_.Remove(token), /*cancel_timer=*/true, effects);
-      } else if (absl::Status cap = CheckLeaseCapLocked(**session); !cap.ok()) {
-        result = cap;
-      } else {
+      } else if (result = GrantWithinCapLocked(**session, *tensor); result.ok()) {
         // The lease first: it holds the tensor when the hand-over lets go.
-        result = GrantLocked(**session, *tensor);
         EndHandOverLocked(*hand_overs_.Remove(token), /*cancel_timer=*/true, effects);
         spdlog::debug("session {} redeemed a hand-over of tensor {}", session_id, result->tensor().tensor_id());
       }
