@@ -12,8 +12,8 @@
 # interpreter from client/python against the bundle's libtensord.so and the public headers
 # alone (it is a plain user of the public C++ API); nothing of the bundle is put on
 # LD_LIBRARY_PATH. Steps, most important first: the C++ GPU tests; the module; the Python
-# GPU tests (torch, JAX, CuPy); the CUDA handoff against torch.multiprocessing and its calls
-# timed one by one; producer and consumer in separate PID and IPC namespaces; the `import
+# GPU tests (torch, JAX, CuPy); the CUDA handoff against torch.multiprocessing, its calls
+# timed one by one, and its producer held to a window of items in flight; producer and consumer in separate PID and IPC namespaces; the `import
 # tensord, torch` crash probe and the conditions it depends on; the device bench; the
 # daemon's own GPU memory; the batch pipeline feeding the GPU; the whole
 # Python suite on this interpreter and torch. TENSORD_GPU_STEPS="name ..." runs only those.
@@ -130,6 +130,7 @@ if step python_module 180 bash -c "$(declare -f build_module); bundle=$bundle tr
   sleep 1
   step cuda_handoff 240 "$py" tests/bench/cuda_handoff.py --socket "$sock_dir/t.sock"
   step cuda_call_times 120 "$py" tests/bench/cuda_call_times.py --socket "$sock_dir/t.sock"
+  step cuda_handoff_window 240 "$py" tests/bench/cuda_handoff_window.py --socket "$sock_dir/t.sock"
   if [[ -x $bundle/bin/tensord_cuda_bench ]]; then
     step cuda_bench 60 "$bundle/bin/tensord_cuda_bench" --socket "$sock_dir/t.sock"
   fi
