@@ -37,6 +37,8 @@ inline constexpr size_t kMaxListPageBytes = kMaxBatchBytes;
 inline constexpr size_t kMaxUnpagedListBytes = (size_t{4} << 20) - 4096;
 // Lease ids in one ReleaseRequest: all are released or none, under one broker lock hold.
 inline constexpr size_t kMaxReleaseBatch = 65536;
+// The deepest bounded work queue (QueueSlot.depth).
+inline constexpr uint32_t kMaxQueueDepth = 65536;
 // The longest wait (AcquireRequest / TakeRequest timeout_ms) or TTL (PublishRequest.ttl_ms)
 // the broker keeps; longer ones are cut to it. A year is as good as forever, and the bound
 // keeps now() plus the duration from overflowing.

@@ -95,6 +95,7 @@ void Broker::Deliver(Effects& effects) {
     // The last close of a large memfd returns its pages to the system: not on RPC threads.
     executor_.Post([garbage = std::move(effects.garbage)]() mutable { garbage.clear(); });
   }
+  if (!effects.admitted.empty()) AllocateAdmitted(std::move(effects.admitted));
 }
 
 absl::StatusOr<Session*> Broker::SessionLocked(uint64_t session_id) {
@@ -140,6 +141,7 @@ absl::StatusOr<v1::Welcome> Broker::OpenSession(const common::PeerCredentials& c
 void Broker::CloseSession(uint64_t session_id) {
   Effects effects;
   size_t released = 0;
+  std::vector<Completion<v1::AllocateResponse>> slot_waits_ended;
   {
     absl::MutexLock lock(&mu_);
     std::optional<Session> session = sessions_.Close(session_id);
@@ -147,6 +149,10 @@ void Broker::CloseSession(uint64_t session_id) {
     uid_quota_.Release(session->creds.uid, UidResource::kSessions, 1);
     // Before its leases go: a tensor its own lease still holds is retired, not just dropped.
     RetireProducerMemoryLocked(*session, effects);
+    for (uint64_t tensor_id : session->unbound_on_exit) {
+      Tensor* tensor = registry_.Find(tensor_id);
+      if (tensor != nullptr && !tensor->name.empty()) UnbindLocked(*tensor, effects);
+    }
     // Its ready events went with its process: later acquirers get no fence to open.
     for (uint64_t tensor_id : session->ready_fenced_tensors) {
       if (Tensor* tensor = registry_.Find(tensor_id)) tensor->ready_fence.clear();
@@ -161,6 +167,12 @@ void Broker::CloseSession(uint64_t session_id) {
       effects.completions.emplace_back(std::move(waiter.done), absl::CancelledError("the session closed"));
       ForgetWaiterLocked(waiter);
     }
+    for (SlotWaiter& waiter : queue_slots_.RemoveSession(session_id)) {
+      effects.cancel_timers.push_back(waiter.timer_id);
+      slot_waits_ended.push_back(std::move(waiter.done));
+      ForgetSlotWaiterLocked(waiter);
+      AdmitWaitersLocked(waiter.request.queue().prefix(), effects);  // it may have been first in line
+    }
     for (const Watcher& watcher : watchers_.RemoveSession(session_id)) ReleaseWatcherLocked(watcher);
     // Tensors this session was still creating die with it: their only hold was its lease.
     ReleaseArenasLocked(*session, effects);
@@ -169,6 +181,7 @@ void Broker::CloseSession(uint64_t session_id) {
   }
   spdlog::debug("session {} closed: {} leases released", session_id, released);
   Deliver(effects);
+  for (auto& done : slot_waits_ended) std::move(done)(absl::CancelledError("the session closed"));
 }
 
 void Broker::RetireProducerMemoryLocked(const Session& session, Effects& effects) {
@@ -327,6 +340,7 @@ v1::AcquireResponse Broker::GrantLocked(Session& session, Tensor& tensor, bool b
 void Broker::MaybeRemoveLocked(Tensor& tensor, Effects& effects) {
   if (!tensor.name.empty() || tensor.leases > 0 || tensor.hand_overs > 0) return;
   if (tensor.ttl_timer != 0) effects.cancel_timers.push_back(tensor.ttl_timer);
+  LeaveQueueLocked(tensor, effects);
   UnchargeTensorLocked(tensor);
   uint64_t id = tensor.id;
   const uint64_t buffer_id = tensor.buffer_id;
@@ -420,6 +434,11 @@ void Broker::PushLocked(Session& session, v1::SessionResponse push, Effects& eff
 
 void Broker::RetireLocked(Tensor& tensor, const std::string& old_name, Effects& effects) {
   if (tensor.state == v1::TENSOR_STATE_SEALED) tensor.state = v1::TENSOR_STATE_RETIRED;
+  LeaveQueueLocked(tensor, effects);
+  if (tensor.unbind_on_exit) {
+    tensor.unbind_on_exit = false;
+    if (Session* producer = sessions_.Find(tensor.producer_session)) producer->unbound_on_exit.erase(tensor.id);
+  }
   if (tensor.ttl_timer != 0) {
     effects.cancel_timers.push_back(tensor.ttl_timer);
     tensor.ttl_timer = 0;

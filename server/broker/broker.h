@@ -67,6 +67,7 @@
 #include "server/state/lease_table.h"
 #include "server/state/session_manager.h"
 #include "server/state/tensor_registry.h"
+#include "server/state/queue_slots.h"
 #include "server/state/wait_queue.h"
 #include "server/state/watcher_set.h"
 #include "tensord/v1/broker.pb.h"
@@ -137,9 +138,11 @@ class Broker {
   void DetachSink(uint64_t session_id, const PushSink* sink);
 
   // --- Broker calls ---
-  // Completes on the executor (allocation may block).
-  void Allocate(uint64_t session_id, const tensord::v1::AllocateRequest& request,
-                Completion<tensord::v1::AllocateResponse> done);
+  // Completes on the executor (allocation may block). With request.queue, first waits for a
+  // slot of the bounded work queue while it is full (broker_queues.cc): returns that wait's
+  // id for CancelWait (0 when it did not wait).
+  uint64_t Allocate(uint64_t session_id, const tensord::v1::AllocateRequest& request,
+                    Completion<tensord::v1::AllocateResponse> done);
   absl::StatusOr<tensord::v1::AllocateResponse> Export(uint64_t session_id,
                                                        const tensord::v1::ExportRequest& request);
   // With `desc` set (a slot allocated ahead of time, described now): validated as Allocate
@@ -153,7 +156,8 @@ class Broker {
                    Completion<tensord::v1::AcquireResponse> done);
   uint64_t Take(uint64_t session_id, const tensord::v1::TakeRequest& request,
                 Completion<tensord::v1::AcquireResponse> done);
-  // Completes a pending wait with CANCELLED; no-op when it already completed.
+  // Completes a pending wait (an acquire's, a take's, or an allocation's waiting for a queue
+  // slot) with CANCELLED; no-op when it already completed.
   void CancelWait(uint64_t wait_id);
   // INVALID_ARGUMENT (nothing released) for more than common::kMaxReleaseBatch ids.
   absl::StatusOr<tensord::v1::ReleaseResponse> Release(uint64_t session_id,
@@ -196,6 +200,8 @@ class Broker {
   tensord::v1::StatusResponse GetStatus(const tensord::v1::StatusRequest& request = {}, uint64_t session_id = 0);
   // Whether those running figures equal a recount of every tensor and lease.
   bool UsageMatchesRecountForTest();
+  // Whether every queue's slots held equal the tensors that hold one of its slots.
+  bool QueueSlotsMatchTensorsForTest();
   // The namespace rows GetStatus walks (one per namespace, device and, without a namespace,
   // producer uid).
   size_t UsageRowsForTest();
@@ -247,6 +253,8 @@ class Broker {
     std::vector<std::pair<std::shared_ptr<WatchSink>, tensord::v1::WatchEvent>> events;
     std::vector<std::unique_ptr<common::BackendBuffer>> garbage;
     std::vector<uint64_t> cancel_timers;
+    // Allocations that were given a queue slot: carried out after the lock.
+    std::vector<SlotWaiter> admitted;
   };
   // What finishing allocations leaves for after the lock: the answers, in order, and the
   // allocation that makes the next arena (of next_arena_bytes) when a new one overflowed.
@@ -309,8 +317,38 @@ class Broker {
   void NotifyWatchersLocked(const tensord::v1::WatchEvent& event, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // broker_queues.cc: bounded work queues. An allocation with a QueueSlot takes a slot (or
+  // waits for one) before it is carried out; the tensor it makes holds the slot
+  // (Tensor::queue_prefix) until it leaves the queue, and a failed allocation gives it back.
+  uint64_t AllocateInQueue(uint64_t session_id, const tensord::v1::AllocateRequest& request,
+                           Completion<tensord::v1::AllocateResponse> done);
+  // Starts a wait for a slot of `prefix`; its charges as a take's.
+  absl::StatusOr<uint64_t> StartSlotWaitLocked(Session& session, const tensord::v1::AllocateRequest& request,
+                                               Completion<tensord::v1::AllocateResponse>& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `done`, giving the slot of `prefix` back when the allocation fails.
+  Completion<tensord::v1::AllocateResponse> GivingSlotBackOnError(std::string prefix,
+                                                                  Completion<tensord::v1::AllocateResponse> done);
+  // A slot of `prefix` is free: the waiters that now fit are admitted (into `effects`).
+  void FreeSlotLocked(const std::string& prefix, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdmitWaitersLocked(const std::string& prefix, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tensor left its queue (unbound, or dropped unpublished): its slot is free. No-op
+  // for a tensor that holds none.
+  void LeaveQueueLocked(Tensor& tensor, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A tensor that holds a slot is published only directly under its queue's prefix.
+  static absl::Status CheckQueuedName(const Tensor& tensor, const std::string& name);
+  void ForgetSlotWaiterLocked(const SlotWaiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteSlotWaitWith(uint64_t wait_id, absl::Status status);
+  // Carries out the allocations admitted into `effects` (outside the mutex).
+  void AllocateAdmitted(std::vector<SlotWaiter> admitted);
+  void DescribeQueuesLocked(uint64_t session_id, tensord::v1::StatusResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // broker_allocate.cc: Allocate validates, places and reserves; memory is made on the
   // executor; FinishAllocate registers what was made and answers.
+  // Allocate without a queue slot to wait for (none asked, or one held already).
+  void AllocateNow(uint64_t session_id, const tensord::v1::AllocateRequest& request,
+                   Completion<tensord::v1::AllocateResponse> done);
   // A request's namespace, description and tags, checked, as a new tensor on the broker's device; nothing else set.
   absl::StatusOr<Tensor> DescribeNewTensor(const std::string& ns, const tensord::v1::TensorDesc& desc,
                                            const google::protobuf::Map<std::string, std::string>& tags) const;
@@ -533,6 +571,7 @@ class Broker {
   HandOverTable hand_overs_ ABSL_GUARDED_BY(mu_);
   SessionManager sessions_ ABSL_GUARDED_BY(mu_);
   WaitQueue waiters_ ABSL_GUARDED_BY(mu_);
+  QueueSlots queue_slots_ ABSL_GUARDED_BY(mu_);
   ArenaAllocator arenas_ ABSL_GUARDED_BY(mu_);  // and the allocations waiting for a new arena
   WatcherSet watchers_ ABSL_GUARDED_BY(mu_);
   UidQuota uid_quota_ ABSL_GUARDED_BY(mu_);

@@ -52,10 +52,18 @@ absl::StatusOr<Tensor> Broker::DescribeNewTensor(const std::string& ns, const v1
   return tensor;
 }
 
-void Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
-                      Completion<v1::AllocateResponse> done) {
+uint64_t Broker::Allocate(uint64_t session_id, const v1::AllocateRequest& request,
+                          Completion<v1::AllocateResponse> done) {
+  if (request.has_queue()) return AllocateInQueue(session_id, request, std::move(done));
+  AllocateNow(session_id, request, std::move(done));
+  return 0;
+}
+
+void Broker::AllocateNow(uint64_t session_id, const v1::AllocateRequest& request,
+                         Completion<v1::AllocateResponse> done) {
   absl::StatusOr<Tensor> tensor = DescribeNewTensor(request.ns(), request.desc(), request.tags());
   if (!tensor.ok()) return std::move(done)(tensor.status());
+  if (request.has_queue()) tensor->queue_prefix = request.queue().prefix();
   tensor->created_unix_ms = NowUnixMs();
   tensor->producer_session = session_id;
   tensor->recyclable_requested = request.recyclable();

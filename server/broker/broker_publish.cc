@@ -129,6 +129,7 @@ absl::StatusOr<v1::PublishResponse> Broker::Publish(uint64_t session_id, const v
     TENSORD_ASSIGN_OR_RETURN(Tensor * tensor, PublishableLocked(session_id, request.tensor_id()));
     if (new_layout) TENSORD_RETURN_IF_ERROR(CheckFitsRegionLocked(*tensor, request.desc(), *new_layout));
     std::string_view ns = name.empty() ? std::string_view(tensor->ns) : common::NamespaceOf(name);
+    TENSORD_RETURN_IF_ERROR(CheckQueuedName(*tensor, name));
     if (!name.empty()) TENSORD_RETURN_IF_ERROR(CheckPublishedNameLocked(*session, *tensor, request, ns));
     TENSORD_RETURN_IF_ERROR(SealForReadersLocked(*tensor));
     TENSORD_ASSIGN_OR_RETURN(std::optional<Tags> merged_tags, MergedTags(tensor->tags, request));
@@ -211,6 +212,10 @@ void Broker::CommitPublishLocked(Session& session, Tensor& tensor, const v1::Pub
   }
   BindLocked(tensor, request.name(), effects);
   if (request.ttl_ms() > 0) ScheduleTtlLocked(tensor, request.ttl_ms());
+  if (request.unbind_on_exit()) {
+    tensor.unbind_on_exit = true;
+    session.unbound_on_exit.insert(tensor.id);
+  }
 }
 
 absl::Status Broker::CheckFitsRegionLocked(const Tensor& tensor, const v1::TensorDesc& desc,

@@ -245,12 +245,19 @@ absl::StatusOr<v1::StatResponse> Broker::Stat(uint64_t session_id, const v1::Sta
 
 void Broker::Shutdown() {
   std::vector<uint64_t> pending;
+  std::vector<Completion<v1::AllocateResponse>> slot_waits;
+  std::vector<uint64_t> slot_timers;
   std::vector<std::shared_ptr<WatchSink>> watch_sinks;
   std::vector<std::shared_ptr<PushSink>> push_sinks;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     pending = waiters_.Ids();
+    for (SlotWaiter& waiter : queue_slots_.RemoveAll()) {
+      slot_timers.push_back(waiter.timer_id);
+      ForgetSlotWaiterLocked(waiter);
+      slot_waits.push_back(std::move(waiter.done));
+    }
     for (Watcher& watcher : watchers_.RemoveAll()) {
       watch_sinks.push_back(std::move(watcher.sink));
       ReleaseWatcherLocked(watcher);
@@ -266,6 +273,8 @@ void Broker::Shutdown() {
   for (uint64_t id : pending) {
     CompleteWaitWith(id, absl::CancelledError("tensord is shutting down"));
   }
+  for (uint64_t timer : slot_timers) timers_.Cancel(timer);
+  for (auto& done : slot_waits) std::move(done)(absl::CancelledError("tensord is shutting down"));
 }
 
 }  // namespace tensord::server

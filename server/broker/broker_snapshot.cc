@@ -54,6 +54,7 @@ void AddSnapshotTensor(const std::string& name, const Tensor& tensor, v1::Regist
   entry.set_buffer_id(tensor.buffer_id);
   entry.set_offset(tensor.offset);
   if (tensor.ttl_timer != 0) entry.set_expires_unix_ms(tensor.ttl_deadline_unix_ms);
+  entry.set_queue_prefix(tensor.queue_prefix);
 }
 
 }  // namespace
@@ -291,6 +292,13 @@ void Broker::AddRestoredLocked(RestoredBuffer buffer,
     tensor.id = registry_.NextTensorId();
     tensor.state = v1::TENSOR_STATE_SEALED;
     tensor.name.clear();  // Bind sets it
+    // Still in its queue, as the old daemon counted it: a slot of the queue it is bound in.
+    const std::string& prefix = entry->queue_prefix();
+    const size_t slash = entry->name().rfind('/');
+    if (!prefix.empty() && slash != std::string::npos && entry->name().compare(0, slash + 1, prefix) == 0) {
+      tensor.queue_prefix = prefix;
+      queue_slots_.Hold(prefix, 0);
+    }
     Tensor& restored = registry_.AddTensor(std::move(tensor));
     registry_.Bind(entry->name(), restored, entry->generation());
     names_version_.fetch_add(1, std::memory_order_release);

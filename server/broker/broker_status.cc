@@ -41,6 +41,7 @@ v1::StatusResponse Broker::GetStatus(const v1::StatusRequest& request, uint64_t 
   response.set_leases_reclaimed(leases_reclaimed_);
   if (request.include_sessions()) DescribeSessionsLocked(session_id, response);
   if (request.include_namespaces()) DescribeNamespacesLocked(session_id, response);
+  if (request.include_queues()) DescribeQueuesLocked(session_id, response);
   DescribeHandOversLocked(session_id, response);
   for (v1::BackendStatus& backend : backends_->Describe()) {
     for (v1::DeviceUsage& usage : *backend.mutable_devices()) {

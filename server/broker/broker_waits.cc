@@ -99,7 +99,11 @@ void Broker::CompleteWaitWith(uint64_t wait_id, absl::Status status) {
 }
 
 void Broker::CancelWait(uint64_t wait_id) {
-  CompleteWaitWith(wait_id, absl::CancelledError("the wait was cancelled"));
+  if (wait_id >= QueueSlots::kFirstWaitId) {
+    CompleteSlotWaitWith(wait_id, absl::CancelledError("the wait for a queue slot was cancelled"));
+  } else {
+    CompleteWaitWith(wait_id, absl::CancelledError("the wait was cancelled"));
+  }
 }
 
 void Broker::WakeWaitersLocked(Tensor& tensor, Effects& effects) {

@@ -52,6 +52,8 @@ struct Session {
   // Tensors that carry this session's ready fence: cleared when it closes, since the
   // fence's event lives in the producer's process.
   absl::flat_hash_set<uint64_t> ready_fenced_tensors;
+  // Tensors it published with unbind_on_exit that are still bound: unbound when it closes.
+  absl::flat_hash_set<uint64_t> unbound_on_exit;
   std::shared_ptr<PushSink> sink;
   bool reset_pending = false;  // a push was dropped: send cache_reset when possible
   // Since it opened, for tensorctl top's rates (leases_granted: kept by LeaseTable).

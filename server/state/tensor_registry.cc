@@ -193,6 +193,11 @@ Tensor* TensorRegistry::OldestUnder(const std::string& prefix) {
   return oldest;
 }
 
+size_t TensorRegistry::CountUnder(const std::string& prefix) const {
+  auto queue = queues_.find(prefix);
+  return queue == queues_.end() ? 0 : queue->second.size();
+}
+
 tensord::v1::TensorInfo TensorRegistry::Describe(const Tensor& tensor) const {
   tensord::v1::TensorInfo info;
   info.set_tensor_id(tensor.id);

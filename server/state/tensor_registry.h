@@ -89,6 +89,10 @@ struct Tensor {
   std::string ready_fence;
   // Allocate only: the producer asked for a recyclable buffer (AllocateRequest.recyclable).
   bool recyclable_requested = false;
+  // The bounded work queue whose slot it holds (QueueSlots), until it leaves the queue.
+  std::string queue_prefix;
+  // Published with unbind_on_exit: in its producer session's unbound_on_exit while bound.
+  bool unbind_on_exit = false;
 };
 
 class TensorRegistry {
@@ -138,6 +142,8 @@ class TensorRegistry {
   size_t buffer_count() const { return buffers_.size(); }
   // The bound tensor with the lowest generation whose name lies under `prefix`, or null.
   Tensor* OldestUnder(const std::string& prefix);
+  // How many tensors are bound directly under `prefix` (ending in '/').
+  size_t CountUnder(const std::string& prefix) const;
 
   tensord::v1::TensorInfo Describe(const Tensor& tensor) const;
 

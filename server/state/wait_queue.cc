@@ -69,4 +69,12 @@ std::vector<uint64_t> WaitQueue::Ids() const {
   return ids;
 }
 
+size_t WaitQueue::TakesWaitingFor(const std::string& prefix) const {
+  size_t count = 0;
+  for (const auto& [id, waiter] : waiters_) {
+    if (waiter.kind == Waiter::Kind::kTake && waiter.target == prefix) ++count;
+  }
+  return count;
+}
+
 }  // namespace tensord::server

@@ -59,6 +59,8 @@ class WaitQueue {
   };
   Matches Match(const Tensor& tensor) const;
 
+  // How many takes wait for a tensor under `prefix` (ending in '/').
+  size_t TakesWaitingFor(const std::string& prefix) const;
   // Every waiter's id, oldest first.
   std::vector<uint64_t> Ids() const;
   size_t size() const { return waiters_.size(); }

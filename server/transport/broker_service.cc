@@ -120,8 +120,7 @@ void BrokerService::Register(AsyncServer* server) {
   Unary<v1::AllocateRequest, v1::AllocateResponse>(
       server, RpcMethod::kAllocate,
       [broker](uint64_t session, const v1::AllocateRequest& request, Completion<v1::AllocateResponse> done) {
-        broker->Allocate(session, request, std::move(done));
-        return uint64_t{0};
+        return broker->Allocate(session, request, std::move(done));
       });
   Unary<v1::AcquireRequest, v1::AcquireResponse>(
       server, RpcMethod::kAcquire,

@@ -325,15 +325,21 @@ class SessionStream final : public ServerCall {
         break;
       }
       case v1::SessionRequest::kAllocate: {
-        // Completes on the broker's executor when a new buffer must be made.
+        // Completes on the broker's executor when a new buffer must be made; one that asks
+        // for a slot of a full queue waits for it, and is cancelled as a waiting take is.
         outbox->ExpectReply();
-        broker_->Allocate(session_id_, request.allocate(),
-                          [outbox, seq, timer = Start(RpcMethod::kAllocate)](absl::StatusOr<v1::AllocateResponse> result) {
-                            timer.Done(result.status().code());
-                            outbox->RespondOwed(Reply(seq, std::move(result), [](v1::SessionResponse& r) {
-                              return r.mutable_allocate();
-                            }));
-                          });
+        const bool may_wait = request.allocate().has_queue();
+        const uint64_t key = may_wait ? waits_->Begin(seq) : 0;
+        uint64_t wait_id = broker_->Allocate(
+            session_id_, request.allocate(),
+            [outbox, waits = may_wait ? waits_ : nullptr, seq, key,
+             timer = Start(RpcMethod::kAllocate)](absl::StatusOr<v1::AllocateResponse> result) {
+              if (waits != nullptr) waits->Done(seq, key);
+              timer.Done(result.status().code());
+              outbox->RespondOwed(
+                  Reply(seq, std::move(result), [](v1::SessionResponse& r) { return r.mutable_allocate(); }));
+            });
+        if (may_wait) waits_->Started(seq, key, wait_id);
         break;
       }
       case v1::SessionRequest::kBatch: {

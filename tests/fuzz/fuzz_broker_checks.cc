@@ -81,6 +81,7 @@ void Harness::CheckConsistency() {
       << "the broker counts " << status.leases() << " leases, the model " << leases_.size();
   FUZZ_CHECK(status.sessions() == sessions_.size() + 1) << status.sessions();
   FUZZ_CHECK(status.host_bytes_in_use() <= kQuota) << status.host_bytes_in_use();
+  FUZZ_CHECK(broker_->QueueSlotsMatchTensorsForTest()) << "a queue counts other slots than its tensors hold";
 
   v1::ListRequest everything;
   absl::StatusOr<v1::ListResponse> list = broker_->List(auditor_, everything);

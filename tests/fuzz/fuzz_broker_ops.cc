@@ -118,6 +118,12 @@ void Harness::AllocateOp(FuzzedDataProvider& in) {
   *request.mutable_desc() = Desc(in);
   request.set_isolated(in.ConsumeBool());
   Tags(in, request.mutable_tags());
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    // A bounded work queue's slot, never waited for (a wait would outlive the op).
+    request.mutable_queue()->set_prefix(Prefix(in));
+    request.mutable_queue()->set_depth(in.ConsumeIntegralInRange<uint32_t>(0, 3));
+    if (in.ConsumeBool()) request.mutable_queue()->set_timeout_ms(0);
+  }
   Allocate(PickSession(in), request);
 }
 
@@ -205,6 +211,7 @@ void Harness::PublishOp(FuzzedDataProvider& in) {
   }
   // TTLs that never fire during one input: expiry would race with the checks.
   if (in.ConsumeBool()) request.set_ttl_ms(in.ConsumeBool() ? 3600 * 1000 : Edgy(in) | (uint64_t{1} << 40));
+  request.set_unbind_on_exit(in.ConsumeIntegralInRange<int>(0, 3) == 0);
   Publish(PickSession(in), request);
 }
 

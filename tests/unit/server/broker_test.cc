@@ -245,5 +245,48 @@ TEST_F(BrokerTest, APublishTakenAtOnceByAWaitingTakeIsStillAnsweredAsPublished) 
   EXPECT_FALSE(Acquire(producer, "ns/q/1").ok());
 }
 
+// unbind_on_exit: what the session published and is still bound goes with it; a name it
+// no longer binds (taken, replaced) is left alone, and leases taken before stay good.
+TEST_F(BrokerTest, APublishBoundToItsSessionIsUnboundWhenTheSessionEnds) {
+  const uint64_t producer = Open();
+  const uint64_t other = Open();
+  auto publish = [&](const std::string& name) {
+    auto allocated = Allocate(producer, "ns", 16);
+    EXPECT_TRUE(allocated.ok()) << allocated.status();
+    Seal(producer, *allocated);
+    v1::PublishRequest request;
+    request.set_tensor_id(allocated->tensor().tensor_id());
+    request.set_name(name);
+    request.set_unbind_on_exit(true);
+    EXPECT_TRUE(broker_->Publish(producer, request).ok());
+    Release(producer, allocated->lease_id());
+  };
+  publish("ns/gone");
+  publish("ns/held");
+  publish("ns/replaced");
+  publish("ns/kept");
+  auto held = Acquire(other, "ns/held");
+  ASSERT_TRUE(held.ok()) << held.status();
+  PublishNew(other, "ns/replaced");  // another session's tensor is bound there now
+  v1::TakeRequest take;
+  take.set_name_or_prefix("ns/kept");
+  std::promise<absl::StatusOr<v1::AcquireResponse>> taken;
+  broker_->Take(other, take, [&](absl::StatusOr<v1::AcquireResponse> r) { taken.set_value(std::move(r)); });
+  ASSERT_TRUE(taken.get_future().get().ok());
+  PublishNew(producer, "ns/plain");  // without unbind_on_exit
+  broker_->CloseSession(producer);
+  EXPECT_EQ(Acquire(other, "ns/gone").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Acquire(other, "ns/held").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Acquire(other, "ns/replaced").ok());
+  EXPECT_TRUE(Acquire(other, "ns/plain").ok());
+  // The lease taken before the producer went still holds its tensor.
+  v1::StatRequest stat;
+  stat.set_tensor_id(held->tensor().tensor_id());
+  auto described = broker_->Stat(other, stat);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->tensor().state(), v1::TENSOR_STATE_RETIRED);
+  EXPECT_TRUE(broker_->UsageMatchesRecountForTest());
+}
+
 }  // namespace
 }  // namespace tensord::server::testing
