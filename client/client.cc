@@ -1,6 +1,7 @@
 // The public API (tensord/client.h): TensorRef over internal::LeaseView, and Client's calls
 // run on its current internal::Session through internal::SessionHolder. Every entry point
 // catches std exceptions (Guard), so nothing throws across the API.
+#include <cstdio>
 #include "tensord/client.h"
 
 #include <utility>
@@ -116,6 +117,11 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
 
 Result<TensorRef> Client::Allocate(std::string_view ns, const TensorSpec& spec) {
   return OnSession(*holder_, "allocate", [&](Session& s) { return s.Allocate(ns, spec); });
+}
+
+Result<TensorRef> Client::AllocateInQueue(std::string_view prefix, const TensorSpec& spec,
+                                          const QueueSlotOptions& options) {
+  return OnSession(*holder_, "allocate", [&](Session& s) { return s.AllocateInQueue(prefix, spec, options); });
 }
 
 Result<TensorRef> Client::Export(int memfd, uint64_t offset, std::string_view ns,
@@ -280,6 +286,12 @@ uint64_t Client::session_id() const { return holder_->session_id(); }
 const std::string& Client::socket_path() const { return holder_->socket_path(); }
 
 std::string DefaultClientSocketPath() { return common::DefaultClientSocketPath(); }
+
+std::string QueueItemName(std::string_view prefix, const TensorRef& tensor) {
+  char id[24];
+  std::snprintf(id, sizeof(id), "%020llu", static_cast<unsigned long long>(tensor.info().tensor_id));
+  return std::string(prefix) + id;
+}
 
 // The names are the wire's (common/tensor_desc.h), so tensord has one table of them.
 Result<std::string> DTypeName(DLDataType dtype) {

@@ -2,8 +2,10 @@
 
 #include <utility>
 
+#include "client/cancel_state.h"
 #include "client/status_util.h"
 #include "client/tensor_convert.h"
+#include "common/names.h"
 #include "common/status.h"
 
 namespace tensord::internal {
@@ -90,6 +92,39 @@ absl::StatusOr<LeaseView*> ProducerAllocator::Allocate(std::string_view ns, cons
   if (next.has_value() && response->allocate().recyclable()) {
     SendAhead(std::move(next->key), std::move(next->request), layout.extent);
   }
+  return view;
+}
+
+absl::StatusOr<LeaseView*> ProducerAllocator::AllocateInQueue(std::string_view prefix, const TensorSpec& spec,
+                                                              const QueueSlotOptions& options) {
+  const std::string what = "allocate in queue '" + std::string(prefix) + "'";
+  if (!prefix.ends_with('/')) {
+    return absl::InvalidArgumentError(what + ": a queue is a prefix ending in '/'");
+  }
+  const std::string_view ns = common::NamespaceOf(prefix);
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionRequest request, AllocateRequest(ns, spec, what));
+  // AllocateRequest validated the description; this is its layout.
+  TENSORD_ASSIGN_OR_RETURN(common::TensorLayout layout, common::ValidateDesc(request.allocate().desc()));
+  tensord::v1::QueueSlot* slot = request.mutable_allocate()->mutable_queue();
+  slot->set_prefix(std::string(prefix));
+  slot->set_depth(options.depth);
+  if (options.wait.forever()) {
+    slot->set_forever(true);
+  } else if (options.wait.millis() > 0) {
+    slot->set_timeout_ms(static_cast<uint64_t>(options.wait.millis()));
+  }
+  std::vector<std::shared_ptr<Mapping>> reusable;  // mapped until the answer is adopted
+  OfferRecycled(layout.extent, *request.mutable_allocate(), reusable);
+  TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
+                           channel_.StreamCall(std::move(request), RpcChannel::ReplyBound(options.wait),
+                                               CancelState::Of(options.cancel)));
+  if (!response.has_allocate()) {
+    return absl::InternalError(what + ": the broker answered with something else");
+  }
+  TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
+                           adopter_.AdoptLease(response.allocate().lease_id(), response.allocate().tensor(), {},
+                                               ViewKind::kProducer, "", what));
+  KeepRecycled(ns, response.allocate(), *view);
   return view;
 }
 

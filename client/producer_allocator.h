@@ -66,6 +66,11 @@ class ProducerAllocator {
 
   // The producer's view of a new tensor of `spec` in `ns`, holding one reference.
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
+  // The same in a slot of the bounded work queue `prefix` (in its namespace), waiting for
+  // one as `options` says: never from the pool or sent ahead (neither holds a slot), but
+  // offering the namespace's recycled buffers.
+  absl::StatusOr<LeaseView*> AllocateInQueue(std::string_view prefix, const TensorSpec& spec,
+                                             const QueueSlotOptions& options);
 
   // A batch element's Allocate (`what` names it), offering the namespace's recycled buffers;
   // their mappings go into `hold`, which the caller keeps until the answers are adopted.

@@ -237,6 +237,12 @@ absl::StatusOr<LeaseView*> Session::Allocate(std::string_view ns, const TensorSp
   return allocator_.Allocate(ns, spec);
 }
 
+absl::StatusOr<LeaseView*> Session::AllocateInQueue(std::string_view prefix, const TensorSpec& spec,
+                                                    const QueueSlotOptions& options) {
+  TENSORD_RETURN_IF_ERROR(CheckOpen());
+  return allocator_.AllocateInQueue(prefix, spec, options);
+}
+
 absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
     const LeaseView& view, std::string_view name, const PublishOptions& options,
     std::string_view what) const {
@@ -260,6 +266,7 @@ absl::StatusOr<tensord::v1::SessionRequest> Session::PublishRequest(
       break;
   }
   publish->set_ttl_ms(options.ttl.count() > 0 ? static_cast<uint64_t>(options.ttl.count()) : 0);
+  publish->set_unbind_on_exit(options.unbind_on_exit);
   publish->mutable_tags()->insert(options.tags.begin(), options.tags.end());
   // Device memory: consumers' streams wait on this, after the work queued on ours so far
   // (none when the producer says its writes are done).

@@ -94,6 +94,8 @@ class Session final : public std::enable_shared_from_this<Session> {
   absl::StatusOr<LeaseView*> Take(std::string_view name_or_prefix, const TakeOptions& options);
   // The producer's view of a new tensor, as the ProducerAllocator decides to serve it.
   absl::StatusOr<LeaseView*> Allocate(std::string_view ns, const TensorSpec& spec);
+  absl::StatusOr<LeaseView*> AllocateInQueue(std::string_view prefix, const TensorSpec& spec,
+                                             const QueueSlotOptions& options);
   // Exports (session_export.cc): a memfd the caller has, or device memory at a pointer it
   // has (Importer::ExportExisting of spec.device's type makes the handle; the producer's
   // view is the pointer itself, holding `source`).

@@ -91,6 +91,7 @@ absl::StatusOr<TensorStat> Session::Stat(const Target& target) {
 absl::StatusOr<BrokerStatus> Session::GetStatus(const StatusOptions& options) {
   tensord::v1::StatusRequest request;
   request.set_include_sessions(options.sessions);
+  request.set_include_queues(options.queues);
   tensord::v1::StatusResponse response;
   {
     TENSORD_ASSIGN_OR_RETURN(RpcCall call, BeginCall());

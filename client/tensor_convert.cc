@@ -154,6 +154,12 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   }
   std::sort(out.hand_over_pins.begin(), out.hand_over_pins.end(),
             [](const HandOverPins& a, const HandOverPins& b) { return a.uid < b.uid; });
+  for (const tensord::v1::QueueStatus& queue : status.queues()) {
+    out.queues.push_back(QueueStatus{queue.prefix(), queue.depth(), queue.slots_held(), queue.published(),
+                                     queue.producers_waiting(), queue.takers_waiting()});
+  }
+  std::sort(out.queues.begin(), out.queues.end(),
+            [](const QueueStatus& a, const QueueStatus& b) { return a.prefix < b.prefix; });
   for (const tensord::v1::BackendStatus& backend : status.backends()) {
     BackendInfo info;
     info.name = backend.name();

@@ -93,6 +93,31 @@ int CmdStatus(Client& client, const GlobalFlags& flags) {
   return 0;
 }
 
+int CmdQueues(Client& client, const GlobalFlags& flags) {
+  StatusOptions options;
+  options.queues = true;
+  Result<BrokerStatus> st = client.GetStatus(options);
+  if (!st.ok()) return Fail("queues", st.status());
+  if (flags.json) {
+    Json out = Json::array();
+    for (const QueueStatus& q : st->queues) out.push_back(QueueJson(q));
+    PrintJson(out);
+    return 0;
+  }
+  if (st->queues.empty()) {
+    std::printf("no bounded work queues\n");
+    return 0;
+  }
+  std::printf("%-32s %6s %6s %10s %10s %8s\n", "QUEUE", "DEPTH", "IN", "PUBLISHED", "PRODUCERS", "TAKERS");
+  for (const QueueStatus& q : st->queues) {
+    std::printf("%-32s %6u %6u %10" PRIu64 " %10u %8u\n", q.prefix.c_str(), q.depth, q.slots_held, q.published,
+                q.producers_waiting, q.takers_waiting);
+  }
+  std::printf("\nIN: tensors in the queue (being written, or published and not taken); PRODUCERS and TAKERS: "
+              "waiting for room and for a tensor\n");
+  return 0;
+}
+
 // A live view: every `interval` the broker's figures and its sessions, heaviest first,
 // with their lease and publish rates since the last refresh.
 int CmdTop(Client& client, const GlobalFlags& flags, double interval, uint64_t iterations) {

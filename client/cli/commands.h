@@ -29,6 +29,8 @@ int CmdWatch(Client& client, const GlobalFlags& flags, const std::string& prefix
 
 // broker_commands.cc: the daemon as a whole.
 int CmdStatus(Client& client, const GlobalFlags& flags);
+// The bounded work queues the caller may read: depth, tensors in each, who waits.
+int CmdQueues(Client& client, const GlobalFlags& flags);
 // Refreshes every `interval_seconds` until SIGINT or SIGTERM, or `iterations` (0: no limit).
 int CmdTop(Client& client, const GlobalFlags& flags, double interval_seconds, uint64_t iterations);
 // Asks the daemon's grpc.health.v1 service about `service` (empty: the server), opening no

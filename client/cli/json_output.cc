@@ -40,6 +40,21 @@ Json HandOverPinsJson(const HandOverPins& p) {
   return out;
 }
 
+}  // namespace
+
+Json QueueJson(const QueueStatus& q) {
+  Json out = Json::object();
+  out["prefix"] = q.prefix;
+  out["depth"] = q.depth;
+  out["slots_held"] = q.slots_held;
+  out["published"] = q.published;
+  out["producers_waiting"] = q.producers_waiting;
+  out["takers_waiting"] = q.takers_waiting;
+  return out;
+}
+
+namespace {
+
 Json DeviceUsageJson(const DeviceUsage& d) {
   Json out = Json::object();
   out["device_type"] = d.device.device_type;

@@ -22,6 +22,8 @@ Json StatJson(const TensorStat& stat);
 // client.status(sessions=True); with `rates` (top) each session also has leases_per_s and
 // publishes_per_s.
 Json StatusJson(const BrokerStatus& status, const RateMap* rates);
+// One bounded work queue: {prefix, depth, slots_held, published, producers_waiting, takers_waiting}.
+Json QueueJson(const QueueStatus& queue);
 // client.watch()'s events: kind, name, generation, and the tensor (null unless bound).
 Json WatchEventJson(const WatchEvent& event);
 

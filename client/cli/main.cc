@@ -2,7 +2,7 @@
 // the flags and commands CLI11 parses, and which function (commands.h) runs each.
 //
 //   tensorctl [--socket PATH] [--trusted-daemon-uid UID]... [--json] COMMAND
-//     status | top [-d S] [-n N] | health [--service S] [--timeout S] | ls [PREFIX]
+//     status | queues | top [-d S] [-n N] | health [--service S] [--timeout S] | ls [PREFIX]
 //     | stat NAME | put NAME FILE.npy | get NAME [-o FILE.npy] [--wait SECONDS]
 //     | rm NAME|PREFIX/ | watch [PREFIX]
 //
@@ -58,6 +58,7 @@ int Run(int argc, char** argv) {
   app.fallthrough();  // --socket and --json also after the command
 
   auto* status = app.add_subcommand("status", "broker memory use, limits and counts");
+  auto* queues = app.add_subcommand("queues", "bounded work queues: depth, tensors in each, waiting producers and takers");
   std::string ls_prefix;
   auto* ls = app.add_subcommand("ls", "list bound names");
   ls->add_option("PREFIX", ls_prefix, "only names under this prefix");
@@ -108,6 +109,7 @@ int Run(int argc, char** argv) {
   if (!client.ok()) return Fail("connect", client.status());
   Client& c = **client;
   if (status->parsed()) return CmdStatus(c, g);
+  if (queues->parsed()) return CmdQueues(c, g);
   if (ls->parsed()) return CmdLs(c, g, ls_prefix);
   if (stat->parsed()) return CmdStat(c, g, stat_name);
   if (put->parsed()) return CmdPut(c, g, put_name, put_file);

@@ -143,6 +143,19 @@ class TENSORD_EXPORT Client {
 
   // A writable tensor in broker-owned memory; fill it through mutable_data(), then Publish.
   Result<TensorRef> Allocate(std::string_view ns, const TensorSpec& spec);
+  // A bounded work queue, as Queue(maxsize) bounds one: a writable tensor that takes a slot
+  // of the queue `prefix` (ending in '/'; its first segment is the namespace the tensor is
+  // allocated in, so its buffer is recycled), waiting as options.wait says while
+  // options.depth tensors are in the queue already (oldest waiter first). The tensor stays
+  // in the queue until it is taken (or deleted, or its TTL unbinds it), or until it goes
+  // without being published; publish it directly under `prefix` (QueueItemName gives a
+  // unique name there), and consumers Take(prefix), oldest first. A full queue so holds its
+  // producer back before any memory is made for it. Errors: INVALID_ARGUMENT (a prefix not
+  // ending in '/', a depth of 0 or above 65536, a bad spec), RESOURCE_EXHAUSTED (full, with
+  // Wait::None(); the session's or uid's cap of waits), DEADLINE_EXCEEDED (still full when
+  // the wait ended), CANCELLED (options.cancel), and what Allocate answers.
+  Result<TensorRef> AllocateInQueue(std::string_view prefix, const TensorSpec& spec,
+                                    const QueueSlotOptions& options);
   // Registers a memfd the caller already has (sealed SHRINK|GROW here if it is not yet).
   Result<TensorRef> Export(int memfd, uint64_t offset, std::string_view ns,
                            const TensorSpec& spec);
@@ -324,6 +337,11 @@ TENSORD_EXPORT Result<std::string> DTypeName(DLDataType dtype);
 TENSORD_EXPORT Result<DLDataType> ParseDTypeName(std::string_view name);
 // "creating", "sealed" or "retired": TensorInfo::state as Python's info dicts name it.
 TENSORD_EXPORT const char* TensorStateName(TensorState state);
+
+// A name for `tensor` in the work queue `prefix` (ending in '/'): the prefix and the
+// tensor's id, zero-padded to 20 digits, unique in the broker as the id is. Takes of the
+// prefix go oldest first by publish order whatever the names.
+TENSORD_EXPORT std::string QueueItemName(std::string_view prefix, const TensorRef& tensor);
 
 // The memory kinds this build knows, host first (also those whose backend it was built
 // without: they can still be named). The views point at static storage.

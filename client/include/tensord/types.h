@@ -258,6 +258,18 @@ struct StatusOptions {
   // List sessions too: every session for root and the daemon's own uid, else only those of
   // the caller's uid.
   bool sessions = false;
+  // List the bounded work queues (Client::AllocateInQueue) in namespaces the caller may read.
+  bool queues = false;
+};
+
+// A bounded work queue as it stands (GetStatus with StatusOptions::queues).
+struct QueueStatus {
+  std::string prefix;
+  uint32_t depth = 0;              // as its latest allocation asked
+  uint32_t slots_held = 0;         // its tensors: being written, or published and not taken
+  uint64_t published = 0;          // bound under the prefix, waiting for a taker
+  uint32_t producers_waiting = 0;  // allocations waiting for a slot
+  uint32_t takers_waiting = 0;     // takes of the prefix waiting for a tensor
 };
 
 struct BrokerStatus {
@@ -287,6 +299,7 @@ struct BrokerStatus {
   // Memory pending hand-overs hold alive, by the uid that made them (every uid for root and
   // the daemon's uid, else only the caller's); by uid.
   std::vector<HandOverPins> hand_over_pins;
+  std::vector<QueueStatus> queues;  // with StatusOptions::queues; by prefix
 };
 
 struct WatchEvent {
@@ -345,6 +358,16 @@ struct TakeOptions {
   bool readonly = false;
 };
 
+// A slot of a bounded work queue, for Client::AllocateInQueue.
+struct QueueSlotOptions {
+  // At most this many tensors are in the queue at once (1 to 65536): allocated for it and
+  // not yet taken.
+  uint32_t depth = 0;
+  // How long to wait while the queue is full; Wait::None(): RESOURCE_EXHAUSTED at once.
+  Wait wait = Wait::Forever();
+  const CancelToken* cancel = nullptr;  // as AcquireOptions::cancel
+};
+
 struct PublishOptions {
   enum class Condition { kAlways, kIfAbsent, kIfGeneration };
   Condition condition = Condition::kAlways;
@@ -357,6 +380,10 @@ struct PublishOptions {
   // Added to the tags the tensor was allocated with (TensorSpec::tags); a key it has
   // already is replaced. Bounded in all as TensorSpec::tags (INVALID_ARGUMENT).
   std::map<std::string, std::string> tags;
+  // The name is unbound when this client's session ends (the process exits, is killed, or
+  // the Client goes), unless it was unbound or replaced before: for work nobody should
+  // take once its producer is gone. Leases already taken on the tensor stay good.
+  bool unbind_on_exit = false;
 };
 
 // Client::HandOver's result: a one-time token that another process redeems
