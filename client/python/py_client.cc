@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -130,8 +131,9 @@ using Tags = std::map<std::string, std::string>;
 
 PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_generation,
                                   std::optional<double> ttl, std::optional<uintptr_t> stream,
-                                  std::optional<Tags> tags) {
+                                  std::optional<Tags> tags, bool unbind_on_exit = false) {
   PublishOptions options;
+  options.unbind_on_exit = unbind_on_exit;
   if (tags) options.tags = *std::move(tags);
   // 0 is the CUDA driver's NULL stream, which torch reports for its default stream: the
   // legacy default stream, unless a program was built for per-thread default streams.
@@ -153,6 +155,32 @@ PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_gen
 
 // The namespace of a name: its first segment.
 std::string NamespaceOf(const std::string& name) { return name.substr(0, name.find('/')); }
+
+// What put() allocates for `source`: its dtype and shape, on its device when it is device
+// memory (copied as one block, so it must be compact). Refuses an overflowing shape before
+// anything is allocated.
+TensorSpec PutSpec(Source& source, const std::string& what) {
+  TensorSpec spec;
+  spec.dtype = source.dtype();
+  spec.shape = source.shape();
+  if (source.on_device()) {
+    spec.device = source.device();
+    if (!source.compact()) {
+      throw py::value_error(what + ": a CUDA source is copied as one block and must be in compact C order; "
+                            "pass tensor.contiguous()");
+    }
+  }
+  source.nbytes();
+  return spec;
+}
+
+// put()'s one copy of `source` into `ref` (without the GIL): device to device on `stream`
+// for device memory.
+Status CopyIn(Source& source, TensorRef& ref, uintptr_t stream) {
+  if (source.on_device()) return ref.CopyFromDevice(source.data(), source.nbytes(), stream);
+  source.CopyTo(ref.mutable_data());
+  return Status();
+}
 
 // The handle's reference, for a publish: only a tensor from empty() is published in place.
 std::shared_ptr<TensorRef> PublishableRef(const PyTensor& tensor) {
@@ -203,10 +231,33 @@ class PyClient {
 
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
                    std::optional<uint64_t> if_generation, std::optional<double> ttl,
-                   std::optional<uintptr_t> stream, std::optional<Tags> tags) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags));
+                   std::optional<uintptr_t> stream, std::optional<Tags> tags, bool unbind_on_exit) {
+    PublishOptions options =
+        MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags), unbind_on_exit);
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
+    tensor.set_info(Unwrap(WithoutGil([&] { return client->Publish(*ref, name, options); })));
+    return InfoToDict(tensor.info());
+  }
+
+  // Publishes under the work queue `prefix` with a name of its own (QueueItemName); with
+  // `wait` false as PublishNoWait (None returned).
+  py::object PublishInQueue(PyTensor& tensor, const std::string& prefix, std::optional<double> ttl,
+                            std::optional<uintptr_t> stream, std::optional<Tags> tags, bool wait,
+                            bool unbind_on_exit) {
+    PublishOptions options = MakePublishOptions(false, std::nullopt, ttl, stream, std::move(tags), unbind_on_exit);
+    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
+    if (tensor.queue() != prefix) {
+      // Only a tensor of the queue's own empty() holds one of its slots.
+      throw py::value_error("publish: tensor " + tensor.Describe() + " was not made by the empty() of queue '" +
+                            prefix + "'; use the queue's put() to publish a copy");
+    }
+    const std::string name = QueueItemName(prefix, *ref);
+    std::shared_ptr<Client> client = Core();
+    if (!wait) {
+      ThrowIfError(WithoutGil([&] { return client->PublishNoWait(*ref, name, options); }));
+      return py::none();
+    }
     tensor.set_info(Unwrap(WithoutGil([&] { return client->Publish(*ref, name, options); })));
     return InfoToDict(tensor.info());
   }
@@ -214,8 +265,9 @@ class PyClient {
   // The handle's description stays as it was: the broker's answer is not waited for.
   void PublishNoWait(PyTensor& tensor, const std::string& name, bool if_absent,
                      std::optional<uint64_t> if_generation, std::optional<double> ttl,
-                     std::optional<uintptr_t> stream, std::optional<Tags> tags) {
-    PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags));
+                     std::optional<uintptr_t> stream, std::optional<Tags> tags, bool unbind_on_exit) {
+    PublishOptions options =
+        MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags), unbind_on_exit);
     std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
     std::shared_ptr<Client> client = Core();
     ThrowIfError(WithoutGil([&] { return client->PublishNoWait(*ref, name, options); }));
@@ -230,28 +282,58 @@ class PyClient {
                std::optional<uint64_t> if_generation, std::optional<double> ttl,
                std::optional<std::string> ns, std::optional<uintptr_t> stream, std::optional<Tags> tags) {
     PublishOptions options = MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags));
-    TensorSpec spec;
-    spec.dtype = source.dtype();
-    spec.shape = source.shape();
-    if (source.on_device()) {
-      spec.device = source.device();
-      if (!source.compact()) {
-        throw py::value_error("put: a CUDA source is copied as one block and must be in compact C order; "
-                              "pass tensor.contiguous()");
-      }
-    }
+    const TensorSpec spec = PutSpec(source, "put");
     std::string space = ns.value_or(NamespaceOf(name));
-    const uint64_t nbytes = source.nbytes();  // refuses an overflowing shape before anything is allocated
     std::shared_ptr<Client> client = Core();
     Result<TensorInfo> info = WithoutGil([&]() -> Result<TensorInfo> {
       Result<TensorRef> ref = client->Allocate(space, spec);
       if (!ref.ok()) return ref.status();
-      if (source.on_device()) {
-        if (Status copied = ref->CopyFromDevice(source.data(), nbytes, options.stream); !copied.ok()) return copied;
-      } else {
-        source.CopyTo(ref->mutable_data());
-      }
+      if (Status copied = CopyIn(source, *ref, options.stream); !copied.ok()) return copied;
       return client->Publish(*ref, name, options);
+    });
+    return InfoToDict(Unwrap(std::move(info)));
+  }
+
+  // A writable tensor in a slot of the bounded work queue `prefix`, waiting for one as
+  // take() waits for a tensor (timeout None: forever; Ctrl-C interrupts).
+  std::unique_ptr<PyTensor> EmptyInQueue(const std::string& prefix, uint32_t depth, std::vector<int64_t> shape,
+                                         const std::string& dtype, std::pair<int32_t, int32_t> device,
+                                         std::optional<Tags> tags, std::optional<double> timeout,
+                                         const CancelToken* cancel) {
+    TensorSpec spec;
+    if (tags) spec.tags = *std::move(tags);
+    spec.dtype = DtypeFromName(dtype);
+    spec.shape = std::move(shape);
+    spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = BlockingWait<TensorRef>(
+        "room in queue '" + prefix + "'", timeout,
+        [&](Wait wait, const CancelToken* token) {
+          return client->AllocateInQueue(prefix, spec, QueueSlotOptions{.depth = depth, .wait = wait, .cancel = token});
+        },
+        /*detail=*/false, cancel);
+    auto tensor = std::make_unique<PyTensor>(std::move(ref), /*producer=*/true, client);
+    tensor->set_queue(prefix);
+    return tensor;
+  }
+
+  // put() into the bounded work queue `prefix`: a slot (waited for as EmptyInQueue waits),
+  // the copy, and the publish under QueueItemName.
+  py::dict PutInQueue(const std::string& prefix, uint32_t depth, Source& source, std::optional<double> ttl,
+                      std::optional<uintptr_t> stream, std::optional<Tags> tags, std::optional<double> timeout,
+                      const CancelToken* cancel, bool unbind_on_exit) {
+    PublishOptions options = MakePublishOptions(false, std::nullopt, ttl, stream, std::move(tags), unbind_on_exit);
+    const TensorSpec spec = PutSpec(source, "put");
+    std::shared_ptr<Client> client = Core();
+    TensorRef ref = BlockingWait<TensorRef>(
+        "room in queue '" + prefix + "'", timeout,
+        [&](Wait wait, const CancelToken* token) {
+          return client->AllocateInQueue(prefix, spec, QueueSlotOptions{.depth = depth, .wait = wait, .cancel = token});
+        },
+        /*detail=*/false, cancel);
+    Result<TensorInfo> info = WithoutGil([&]() -> Result<TensorInfo> {
+      if (Status copied = CopyIn(source, ref, options.stream); !copied.ok()) return copied;
+      return client->Publish(ref, QueueItemName(prefix, ref), options);
     });
     return InfoToDict(Unwrap(std::move(info)));
   }
@@ -437,11 +519,12 @@ class PyClient {
     return StatToDict(Unwrap(WithoutGil([&] { return client->Stat(TensorId{id}); })));
   }
 
-  py::dict BrokerStatusDict(bool sessions) {
+  py::dict BrokerStatusDict(bool sessions, bool queues) {
     std::shared_ptr<Client> client = Core();
     StatusOptions options;
     options.sessions = sessions;
-    return StatusToDict(Unwrap(WithoutGil([&] { return client->GetStatus(options); })), sessions);
+    options.queues = queues;
+    return StatusToDict(Unwrap(WithoutGil([&] { return client->GetStatus(options); })), sessions, queues);
   }
 
   std::unique_ptr<PyWatcher> Watch(const std::string& prefix, bool initial) {
@@ -513,13 +596,24 @@ void BindClient(py::module_& m) {
            py::arg("tags") = py::none())
       .def("publish", &PyClient::Publish, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
-           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none())
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none(),
+           py::arg("unbind_on_exit") = false)
       .def("publish_nowait", &PyClient::PublishNoWait, py::arg("tensor"), py::arg("name"),
            py::arg("if_absent") = false, py::arg("if_generation") = py::none(),
-           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none())
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none(),
+           py::arg("unbind_on_exit") = false)
       .def("put", &PyClient::Put, py::arg("name"), py::arg("source"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
            py::arg("ns") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none())
+      .def("empty_in_queue", &PyClient::EmptyInQueue, py::arg("prefix"), py::arg("depth"), py::arg("shape"),
+           py::arg("dtype"), py::arg("device") = std::make_pair(int32_t{1}, int32_t{0}),
+           py::arg("tags") = py::none(), py::arg("timeout") = py::none(), py::arg("cancel") = py::none())
+      .def("publish_in_queue", &PyClient::PublishInQueue, py::arg("tensor"), py::arg("prefix"),
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none(),
+           py::arg("wait") = true, py::arg("unbind_on_exit") = false)
+      .def("put_in_queue", &PyClient::PutInQueue, py::arg("prefix"), py::arg("depth"), py::arg("source"),
+           py::arg("ttl") = py::none(), py::arg("stream") = py::none(), py::arg("tags") = py::none(),
+           py::arg("timeout") = py::none(), py::arg("cancel") = py::none(), py::arg("unbind_on_exit") = false)
       .def("put_many", &PyClient::PutMany, py::arg("items"), py::arg("if_absent") = false,
            py::arg("if_generation") = py::none(), py::arg("ttl") = py::none(),
            py::arg("ns") = py::none(), py::arg("tags") = py::none())
@@ -545,7 +639,7 @@ void BindClient(py::module_& m) {
            py::arg("limit") = 0)
       .def("stat", &PyClient::Stat, py::arg("name"))
       .def("stat_by_id", &PyClient::StatById, py::arg("tensor_id"))
-      .def("status", &PyClient::BrokerStatusDict, py::arg("sessions") = false)
+      .def("status", &PyClient::BrokerStatusDict, py::arg("sessions") = false, py::arg("queues") = false)
       .def("watch", &PyClient::Watch, py::arg("prefix") = "", py::arg("initial") = false)
       .def("flush", &PyClient::Flush)
       .def("close", &PyClient::Close)

@@ -161,7 +161,7 @@ py::dict StatToDict(const TensorStat& stat) {
   return d;
 }
 
-py::dict StatusToDict(const BrokerStatus& s, bool sessions) {
+py::dict StatusToDict(const BrokerStatus& s, bool sessions, bool queues) {
   py::dict d;
   d["version"] = s.version;
   d["pid"] = s.pid;
@@ -190,6 +190,20 @@ py::dict StatusToDict(const BrokerStatus& s, bool sessions) {
     pins.append(e);
   }
   d["hand_over_pins"] = pins;
+  if (queues) {
+    py::list queue_list;
+    for (const QueueStatus& q : s.queues) {
+      py::dict e;
+      e["prefix"] = q.prefix;
+      e["depth"] = q.depth;
+      e["slots_held"] = q.slots_held;
+      e["published"] = q.published;
+      e["producers_waiting"] = q.producers_waiting;
+      e["takers_waiting"] = q.takers_waiting;
+      queue_list.append(e);
+    }
+    d["queues"] = queue_list;
+  }
   if (sessions) {
     py::list list;
     for (const SessionUsage& u : s.session_usage) {

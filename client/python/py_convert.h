@@ -24,8 +24,8 @@ size_t ItemSize(DLDataType dtype);
 
 pybind11::dict InfoToDict(const TensorInfo& info);
 pybind11::dict StatToDict(const TensorStat& stat);
-// "session_usage" only with `sessions` (the status was asked for them).
-pybind11::dict StatusToDict(const BrokerStatus& status, bool sessions);
+// "session_usage" only with `sessions`, "queues" only with `queues` (the status was asked for them).
+pybind11::dict StatusToDict(const BrokerStatus& status, bool sessions, bool queues = false);
 pybind11::dict EventToDict(const WatchEvent& event);
 
 // The memory kinds (tensord::MemoryKinds()) for the package's device names and stream rules:

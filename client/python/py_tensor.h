@@ -42,6 +42,9 @@ class PyTensor {
   }
   bool producer() const { return producer_; }
   bool released() const { return ref_ == nullptr; }
+  // The bounded work queue whose empty() made it ("" for any other tensor).
+  const std::string& queue() const { return queue_; }
+  void set_queue(std::string prefix) { queue_ = std::move(prefix); }
 
   // The handle's reference; ValueError once released. Shared so that a call running without
   // the GIL keeps the TensorRef alive if another thread releases the handle meanwhile.
@@ -84,6 +87,7 @@ class PyTensor {
   bool producer_;
   std::weak_ptr<Client> client_;
   std::shared_ptr<TensorRef> ref_;  // null once released
+  std::string queue_;
 };
 
 // TensorFlow's rule for the strides of a capsule it takes: every dimension longer than 1

@@ -39,3 +39,51 @@ def test_a_batch_names_its_tensors_and_takes_them(client):
     assert client.list("py/one/") == []
     with pytest.raises(ValueError, match="trailing"):
         tensord.data.CollateIntoBroker(client, "py/one/")
+
+
+def test_a_loop_broken_early_leaves_no_batch_behind(client):
+    from conftest import wait_for
+
+    class Many(mp_workers.Samples):
+        def __len__(self):
+            return 400
+
+    collate = tensord.data.CollateIntoBroker(client, "py/broken")
+    loader = torch.utils.data.DataLoader(Many(), batch_size=4, num_workers=2, prefetch_factor=4,
+                                         collate_fn=collate, multiprocessing_context="fork")
+    batches = tensord.data.taken(loader, client)
+    for _ in range(3):
+        next(batches)
+    # The workers prefetch batches the loop has not taken: what a broken loop leaves behind.
+    wait_for(lambda: len(client.list("py/broken/")) > 0, what="prefetched batches")
+    batches.close()  # the loop is left: the DataLoader iterator goes and shuts its workers down
+    del batches
+    wait_for(lambda: client.list("py/broken/") == [], timeout=20, what="the untaken batches to be unbound")
+
+
+def test_a_batch_of_a_dead_worker_is_unbound_and_one_already_taken_stays_good(broker, client):
+    import os
+    import signal
+    import subprocess
+
+    from conftest import wait_for
+
+    code = ("import os, signal, sys, torch, tensord, tensord.data\n"
+            "c = tensord.connect()\n"
+            "collate = tensord.data.CollateIntoBroker(c, 'py/dead')\n"
+            "for i in range(3): print(*collate([(torch.full((2,), float(i)), i)]).names(), flush=True)\n"
+            "sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.Popen([os.sys.executable, "-c", code], env=broker.env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        names = [proc.stdout.readline().strip() for _ in range(3)]
+        taken = client.take(names[0])
+        assert len(client.list("py/dead/")) == 2
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: client.list("py/dead/") == [], what="the dead worker's batches to be unbound")
+    assert taken.numpy().tolist() == [[0.0, 0.0]]  # a batch of one sample

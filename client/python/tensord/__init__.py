@@ -11,6 +11,10 @@
     client.publish(buf, "demo/batch/0001")
     batch = client.take("demo/batch/", timeout=None)  # oldest under the prefix, unbinds it
 
+    q = client.queue("demo/frames/", depth=4)      # bounded: put() waits while 4 are in it
+    q.put(torch.randn(3, 224, 224))
+    frame = q.get()                                # the oldest (usually in another process)
+
 Lifetime: a tensor from get() or take() holds a lease; every view made from it (numpy array,
 torch tensor, DLPack capsule) holds its own reference, and the lease goes when the last of
 them is garbage-collected (the client may keep it cached briefly while the name still points
@@ -52,6 +56,7 @@ _cxx_runtime_in_global_scope()
 from . import _convert, aio, data  # noqa: E402  (after the runtime is global)
 from . import _client  # noqa: E402
 from ._client import Client, Watch, connect, dtype_name
+from ._queue import Queue
 from ._types import Device, DType
 from ._version import __version__  # the project version, written by CMake
 from ._tensord import (
@@ -86,6 +91,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "PermissionDenied",
+    "Queue",
     "ResourceExhausted",
     "Tensor",
     "Timeout",

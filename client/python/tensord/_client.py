@@ -248,7 +248,7 @@ class Client:
         return self._core.empty(_shape(shape), dtype_name(dtype), ns, device_tuple(device), _tags(tags))
 
     def publish(self, t, name, if_absent=False, if_generation=None, ttl=None, wait=True, stream=None,
-                tags=None):
+                tags=None, unbind_on_exit=False):
         """Seals the tensor from empty() and binds it to name, without a copy. if_absent /
         if_generation make it conditional; ttl (seconds) unbinds it after that long.
         Returns the tensor's description (a dict with 'generation', ...).
@@ -267,15 +267,20 @@ class Client:
         client's later get/take of the name sees the publish (the stream keeps order).
 
         tags: a dict of str to str added to those given to empty() (a key given again is
-        replaced)."""
+        replaced).
+
+        unbind_on_exit=True: the name is unbound when this client's session ends (the
+        process exits, is killed, or closes the client), unless it was unbound or replaced
+        before: for work nobody should take once its producer is gone. Leases already taken
+        on it stay good."""
         if not isinstance(t, Tensor):
             raise TypeError("publish takes a tensor from client.empty(); use put() for other arrays")
         if stream == -1:
             stream = _NO_STREAM
         if not wait:
-            self._core.publish_nowait(t, name, if_absent, if_generation, ttl, stream, _tags(tags))
+            self._core.publish_nowait(t, name, if_absent, if_generation, ttl, stream, _tags(tags), unbind_on_exit)
             return None
-        return self._core.publish(t, name, if_absent, if_generation, ttl, stream, _tags(tags))
+        return self._core.publish(t, name, if_absent, if_generation, ttl, stream, _tags(tags), unbind_on_exit)
 
     def put(self, name, obj, *, if_absent=False, if_generation=None, ttl=None, ns=None, stream=None,
             tags=None):
@@ -362,6 +367,14 @@ class Client:
         GPU tensor raises InvalidArgument and stays bound."""
         return self._core.take(name_or_prefix, timeout, pinned, readonly)
 
+    def queue(self, prefix, depth=None):
+        """A bounded work queue under prefix (a tensord.Queue), as queue.Queue(maxsize=depth)
+        bounds one: producers give the depth, and their empty() and put() wait while depth
+        tensors are in the queue; consumers get() the oldest."""
+        from ._queue import Queue
+
+        return Queue(self, prefix, depth)
+
     def take_many(self, name_or_prefix, max_count, timeout=0.0, pinned=False, readonly=False):
         """A batch from a work queue: up to max_count (at most 4096) takes, oldest first, in
         one round trip. timeout (as for take()) applies to the first; the rest are what is
@@ -442,11 +455,12 @@ class Client:
             return self._core.stat_by_id(name)
         return self._core.stat(name)
 
-    def status(self, sessions=False):
+    def status(self, sessions=False, queues=False):
         """The broker's status as a dict; with sessions=True also "session_usage", the
         sessions this uid may see (all of them for root and the daemon's uid) and what each
-        holds."""
-        return self._core.status(sessions)
+        holds; with queues=True "queues" lists the bounded work queues of namespaces this uid
+        may read (Queue.stats() describes the fields)."""
+        return self._core.status(sessions, queues)
 
     def flush(self):
         """Sends queued lease releases now and waits until the broker has them. Raises the

@@ -5,6 +5,8 @@ and async iteration over a watch or a work queue.
     t = await client.get("models/weights", timeout=None)      # the loop runs on meanwhile
     async for request in client.queue("infer/requests/"):      # take()s them, oldest first
         ...
+    q = client.queue("infer/results/", depth=8)                # bounded: put() waits for room
+    await q.put(result)
     async for event in client.watch("models/"):
         ...
 
@@ -21,7 +23,7 @@ import time
 from ._client import connect as _connect
 from ._tensord import _CancelToken
 
-__all__ = ["AsyncClient", "AsyncWatch", "connect"]
+__all__ = ["AsyncClient", "AsyncQueue", "AsyncWatch", "connect"]
 
 _SLICE = 0.25  # seconds: how long a cancelled watch's next() may go on in its thread
 
@@ -120,9 +122,9 @@ class AsyncClient:
         """As Client.stat."""
         return await asyncio.to_thread(self.client.stat, name)
 
-    async def status(self, sessions=False):
+    async def status(self, sessions=False, queues=False):
         """As Client.status."""
-        return await asyncio.to_thread(self.client.status, sessions)
+        return await asyncio.to_thread(self.client.status, sessions, queues)
 
     async def flush(self):
         """As Client.flush."""
@@ -136,18 +138,60 @@ class AsyncClient:
         """An AsyncWatch of binding changes under prefix: `async for event in ...`."""
         return AsyncWatch(self.client.watch(prefix, initial))
 
-    async def queue(self, prefix, pinned=False, readonly=False):
-        """Takes the tensors published under prefix, oldest first, as they come: an async
-        iterator that waits for each (break out of it to stop). pinned and readonly as for
-        take()."""
-        while True:
-            yield await self.take(prefix, timeout=None, pinned=pinned, readonly=readonly)
+    def queue(self, prefix, depth=None, pinned=False, readonly=False):
+        """An AsyncQueue: the bounded work queue under prefix (Client.queue) with coroutines,
+        and `async for t in client.queue(prefix)` takes the tensors published under prefix,
+        oldest first, as they come (break out of it to stop). pinned and readonly are how
+        iterating takes (as for take())."""
+        return AsyncQueue(self.client.queue(prefix, depth), pinned, readonly)
 
     async def __aenter__(self):
         return self
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+class AsyncQueue:
+    """A tensord.Queue whose waiting calls are coroutines: a cancelled empty() or put()
+    allocates nothing after it stops waiting, and a cancelled get() takes nothing. .queue is
+    the blocking Queue underneath."""
+
+    def __init__(self, queue, pinned=False, readonly=False):
+        self.queue = queue
+        self._pinned = pinned
+        self._readonly = readonly
+
+    async def empty(self, shape, dtype, device=None, tags=None, timeout=None):
+        """As Queue.empty."""
+        return await _waiting(lambda t, c: self.queue._empty(shape, dtype, device, tags, t, c), timeout)
+
+    async def put(self, obj, stream=None, ttl=None, tags=None, timeout=None, unbind_on_exit=False):
+        """As Queue.put (the copy runs on the worker thread)."""
+        return await _waiting(lambda t, c: self.queue._put(obj, stream, ttl, tags, t, c, unbind_on_exit), timeout)
+
+    async def publish(self, t, **kwargs):
+        """As Queue.publish."""
+        return await asyncio.to_thread(lambda: self.queue.publish(t, **kwargs))
+
+    async def get(self, timeout=None, pinned=None, readonly=None):
+        """As Queue.get; pinned and readonly default to the queue's."""
+        pinned = self._pinned if pinned is None else pinned
+        readonly = self._readonly if readonly is None else readonly
+        core = self.queue.client._core
+        return await _waiting(lambda t, c: core.take(self.queue.prefix, t, pinned, readonly, c), timeout)
+
+    async def __aiter__(self):
+        while True:
+            yield await self.get()
+
+    async def stats(self):
+        """As Queue.stats."""
+        return await asyncio.to_thread(self.queue.stats)
+
+    async def qsize(self):
+        """As Queue.qsize."""
+        return await asyncio.to_thread(self.queue.qsize)
 
 
 class AsyncWatch:

@@ -88,21 +88,27 @@ class CollateIntoBroker:
     """A DataLoader collate_fn that stacks each batch's tensors and arrays into broker
     tensors, published under prefix (names prefix/<pid>/<batch>/<field>), and returns a
     Batch of their names for the training loop to take (taken() does it). ns: the namespace
-    the batches are allocated in (default: the prefix's first segment)."""
+    the batches are allocated in (default: the prefix's first segment).
 
-    def __init__(self, client, prefix, ns=None):
+    A batch nobody takes does not outlive its worker: each is published with
+    unbind_on_exit, so a loop broken early (the DataLoader then shuts its workers down) or a
+    worker that dies leaves nothing bound. ttl (seconds, default None: none) also unbinds a
+    batch not taken within that long, for persistent workers whose loop stopped."""
+
+    def __init__(self, client, prefix, ns=None, ttl=None):
         if not prefix or prefix.endswith("/"):
             raise ValueError(f"prefix {prefix!r}: give a name prefix without a trailing '/'")
         self.client, self.prefix = client, prefix
         self.ns = ns or prefix.split("/", 1)[0]
+        self.ttl = ttl
         self._batches = None
         self._pid = None
 
     def __getstate__(self):
-        return {"client": self.client, "prefix": self.prefix, "ns": self.ns}
+        return {"client": self.client, "prefix": self.prefix, "ns": self.ns, "ttl": self.ttl}
 
     def __setstate__(self, state):
-        self.__init__(state["client"], state["prefix"], state["ns"])
+        self.__init__(state["client"], state["prefix"], state["ns"], state.get("ttl"))
 
     def __call__(self, samples):
         if self._pid != os.getpid():  # a new worker (forked or spawned): names of its own
@@ -128,7 +134,7 @@ class CollateIntoBroker:
         t = self.client.empty((len(parts), *parts[0].shape), dtype_name(parts[0].dtype), ns=self.ns)
         torch.stack(parts, out=t.torch())
         name = next_name()
-        self.client.publish(t, name)
+        self.client.publish(t, name, ttl=self.ttl, unbind_on_exit=True)
         t.release()
         return _Taken(name)
 
