@@ -215,6 +215,11 @@ class PyClient {
     WithoutGil([&] { client_.reset(); });
   }
 
+  // Without `ns`, a host tensor goes in the namespace this client last published a plain
+  // tensor into (plain_ns_), so that a producer that keeps publishing into one namespace
+  // gets recycled buffers as with ns= (buffers recycle only within a namespace, so no
+  // reader of one namespace sees another's bytes); Publish copies it when it is published
+  // elsewhere after all. Device tensors without `ns` keep dedicated buffers.
   std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
                                   std::optional<std::string> ns, std::pair<int32_t, int32_t> device,
                                   std::optional<Tags> tags) {
@@ -223,10 +228,17 @@ class PyClient {
     spec.dtype = DtypeFromName(dtype);
     spec.shape = std::move(shape);
     spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
-    spec.isolated = !ns.has_value();
+    std::optional<std::string> plain;
+    if (!ns) {
+      plain = spec.device.device_type == kDLCPU ? plain_ns_ : std::string();
+      spec.isolated = plain->empty();
+    }
+    const std::string space = ns ? *ns : *plain;
     std::shared_ptr<Client> client = Core();
-    TensorRef ref = Unwrap(WithoutGil([&] { return client->Allocate(ns.value_or(""), spec); }));
-    return std::make_unique<PyTensor>(std::move(ref), /*producer=*/true, client);
+    TensorRef ref = Unwrap(WithoutGil([&] { return client->Allocate(space, spec); }));
+    auto tensor = std::make_unique<PyTensor>(std::move(ref), /*producer=*/true, client);
+    if (plain) tensor->set_plain_ns(*std::move(plain));
+    return tensor;
   }
 
   py::dict Publish(PyTensor& tensor, const std::string& name, bool if_absent,
@@ -234,9 +246,10 @@ class PyClient {
                    std::optional<uintptr_t> stream, std::optional<Tags> tags, bool unbind_on_exit) {
     PublishOptions options =
         MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags), unbind_on_exit);
-    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
+    std::shared_ptr<TensorRef> ref = PlainPublishable(tensor, name);
     std::shared_ptr<Client> client = Core();
     tensor.set_info(Unwrap(WithoutGil([&] { return client->Publish(*ref, name, options); })));
+    NotePlainPublish(tensor, name);
     return InfoToDict(tensor.info());
   }
 
@@ -268,9 +281,10 @@ class PyClient {
                      std::optional<uintptr_t> stream, std::optional<Tags> tags, bool unbind_on_exit) {
     PublishOptions options =
         MakePublishOptions(if_absent, if_generation, ttl, stream, std::move(tags), unbind_on_exit);
-    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
+    std::shared_ptr<TensorRef> ref = PlainPublishable(tensor, name);
     std::shared_ptr<Client> client = Core();
     ThrowIfError(WithoutGil([&] { return client->PublishNoWait(*ref, name, options); }));
+    NotePlainPublish(tensor, name);
   }
 
   // Allocates, copies `source` in (the one copy) and publishes; the producer's own
@@ -556,7 +570,42 @@ class PyClient {
     return client_;
   }
 
+  // The handle's reference for publishing under `name`. A plain empty() placed in the
+  // namespace its client publishes into, published into another one after all, cannot go
+  // there (a buffer stays in its namespace): its bytes are copied once into a dedicated
+  // tensor, which the handle then refers to and which is published instead.
+  std::shared_ptr<TensorRef> PlainPublishable(PyTensor& tensor, const std::string& name) {
+    std::shared_ptr<TensorRef> ref = PublishableRef(tensor);
+    const std::optional<std::string>& plain = tensor.plain_ns();
+    if (!plain || plain->empty() || name.empty() || NamespaceOf(name) == *plain) return ref;
+    const TensorInfo& info = tensor.info();
+    TensorSpec spec;
+    spec.dtype = info.dtype;
+    spec.shape = info.shape;
+    spec.device = info.device;
+    spec.isolated = true;
+    spec.tags = info.tags;
+    std::shared_ptr<Client> client = Core();
+    TensorRef copy = Unwrap(WithoutGil([&]() -> Result<TensorRef> {
+      Result<TensorRef> fresh = client->Allocate("", spec);
+      if (fresh.ok() && info.nbytes > 0) std::memcpy(fresh->mutable_data(), ref->data(), info.nbytes);
+      return fresh;
+    }));
+    tensor.Replace(std::move(copy));
+    tensor.set_plain_ns("");
+    return tensor.Ref();
+  }
+
+  // After a plain tensor was published under `name`: this client's next plain host
+  // tensors go in that name's namespace.
+  void NotePlainPublish(const PyTensor& tensor, const std::string& name) {
+    if (tensor.plain_ns() && !name.empty()) plain_ns_ = NamespaceOf(name);
+  }
+
   std::shared_ptr<Client> client_;
+  // Where this client last published a plain (no ns=) tensor: its next plain host tensors
+  // are allocated there. Read and written with the GIL held.
+  std::string plain_ns_;
 };
 
 }  // namespace

@@ -42,9 +42,18 @@ class PyTensor {
   }
   bool producer() const { return producer_; }
   bool released() const { return ref_ == nullptr; }
+  // A plain empty() (no ns=): nullopt for any other tensor; else the namespace its client
+  // chose for it from where it publishes plain tensors ("": none, a dedicated buffer).
+  const std::optional<std::string>& plain_ns() const { return plain_ns_; }
+  void set_plain_ns(std::string ns) { plain_ns_ = std::move(ns); }
   // The bounded work queue whose empty() made it ("" for any other tensor).
   const std::string& queue() const { return queue_; }
   void set_queue(std::string prefix) { queue_ = std::move(prefix); }
+  // The handle now refers to `ref` (what a publish published in its place).
+  void Replace(TensorRef ref) {
+    info_ = ref.info();
+    ref_ = std::make_shared<TensorRef>(std::move(ref));
+  }
 
   // The handle's reference; ValueError once released. Shared so that a call running without
   // the GIL keeps the TensorRef alive if another thread releases the handle meanwhile.
@@ -87,6 +96,7 @@ class PyTensor {
   bool producer_;
   std::weak_ptr<Client> client_;
   std::shared_ptr<TensorRef> ref_;  // null once released
+  std::optional<std::string> plain_ns_;
   std::string queue_;
 };
 

@@ -136,3 +136,48 @@ def test_allocate_ahead_grants_the_next_batch_early_and_every_batch_stays_intact
     # Closed sessions give back what they asked for ahead.
     wait_for(lambda: _tensors(other) == 0 and other.status()["host_bytes_in_use"] == 0,
              what="every buffer freed")
+
+
+def test_plain_empties_recycle_once_the_client_publishes_into_one_namespace(client, other):
+    """No ns=: the first plain tensor gets a dedicated buffer, published into py; the next
+    ones go in py and their buffers come back as with ns=."""
+    buffers = []
+    for i in range(6):
+        t = client.empty((BIG,), "uint8")
+        t.numpy().fill(i)
+        info = client.publish(t, f"py/plain/{i}")
+        t.release()
+        buffers.append(info["buffer_id"])
+        got = other.take("py/plain/", timeout=5.0)
+        assert int(got.numpy()[::4096].min()) == i and int(got.numpy()[::4096].max()) == i
+        got.release()
+        other.flush()
+    # From the second on, one or two buffers serve every tensor.
+    assert len(set(buffers[1:])) <= 2, buffers
+
+
+def test_a_plain_tensor_published_into_another_namespace_is_copied_there_never_recycled_across(client, other):
+    """Buffers stay in their namespace: a plain tensor placed in py (where the client has
+    published) but published into shared gets a buffer of its own there, so a reader of py
+    that keeps its mapping of a py buffer never sees shared's bytes in it."""
+    t = client.empty((BIG,), "uint8")
+    t.numpy().fill(7)
+    client.publish(t, "py/ns/a")
+    t.release()
+    reader = other.take("py/ns/a", timeout=5.0)  # maps the py buffer
+    py_buffer = reader.info["buffer_id"]
+    reader.release()
+    other.flush()
+    u = client.empty((BIG,), "uint8")  # placed in py: may reuse the buffer the reader mapped
+    u.numpy().fill(9)
+    placed = u.info["buffer_id"]
+    info = client.publish(u, "shared/ns/b")  # ...and published elsewhere: copied
+    assert u.name == "shared/ns/b" and u.info["buffer_id"] == info["buffer_id"]
+    assert info["buffer_id"] not in (placed, py_buffer)
+    got = other.take("shared/ns/b", timeout=5.0)
+    assert int(got.numpy()[::4096].min()) == 9 and int(got.numpy()[::4096].max()) == 9
+    got.release()
+    # The client now publishes into shared: its next plain tensor goes there, no copy.
+    v = client.empty((BIG,), "uint8")
+    v.numpy().fill(3)
+    assert client.publish(v, "shared/ns/c")["buffer_id"] == v.info["buffer_id"]

@@ -228,12 +228,18 @@ class Client:
 
     def empty(self, shape, dtype, ns=None, device=None, tags=None):
         """A writable tensor in broker memory: fill it in place (numpy.from_dlpack(t),
-        torch.from_dlpack(t) or t.numpy()), then publish(t, name). Without a namespace it
-        gets a dedicated buffer; with one it may be carved from that namespace's arena and can
-        only be published into that namespace. A larger tensor with a namespace gets a
-        recycled buffer: once it is gone (taken or unbound, every lease released) its memory
-        serves this client's next empty() of about that size in that namespace, already
-        mapped and faulted in, which is what makes a steady stream of big batches fast.
+        torch.from_dlpack(t) or t.numpy()), then publish(t, name). With a namespace it may be
+        carved from that namespace's arena and can only be published into that namespace. A
+        larger tensor with a namespace gets a recycled buffer: once it is gone (taken or
+        unbound, every lease released) its memory serves this client's next empty() of about
+        that size in that namespace, already mapped and faulted in, which is what makes a
+        steady stream of big batches fast.
+
+        Without a namespace, a host tensor goes in the namespace this client last published
+        a tensor from a plain empty() into, so a producer that keeps publishing into one
+        namespace gets the same recycled buffers without saying ns=; published into another
+        namespace after all, its bytes are copied once into a tensor of its own there (t then
+        refers to that one). The first plain tensor, and a GPU one, gets a dedicated buffer.
 
         device: None or 'cpu' (host memory), or 'cuda:N' for this process's GPU N (the
         broker knows it by its UUID; each consumer sees its own ordinal for it). A CUDA
