@@ -38,6 +38,7 @@ def handoff(runner, peer, producers, consumers, size, per_producer, batch, windo
            "batch": batch, "prefix": prefix, "ns": prefix if peer.get("ns") else None,
            "strategy": peer.get("strategy"), "via": peer.get("via"), "wait": peer.get("wait", True),
            "readonly": peer.get("readonly", False), "ahead": peer.get("ahead", False),
+           "queue": peer.get("queue", False), "window": window,
            # Large tensors: a window of them before the clock, as a producer that has been
            # running has handed over (peers.py, warm-up); tensord's single handoffs run their
            # own loop for four windows per consumer first (peers.py, "warm_loop").
@@ -160,6 +161,9 @@ HANDOFF_PEERS = [
     # What docs/performance.md advises a steady producer of big tensors to use.
     {"label": STEADY, "kind": "tensord-single", "ns": "s", "readonly": True, "wait": False, "ahead": True,
      "large_only": True},
+    # What the README shows first: client.queue(prefix, depth=window), put-less empty + fill
+    # + q.publish, q.get; the queue bounds the producer (no semaphore) and knows its namespace.
+    {"label": "tensord queue (depth = window)", "kind": "tensord-single", "queue": True},
     {"label": "tensord single (own memfd)", "kind": "tensord-single", "ns": None, "small_only": True},
     {"label": "tensord batched take (ns)", "kind": "tensord-batched", "ns": "b", "via": "take_many"},
     {"label": "tensord batched take (own memfd)", "kind": "tensord-batched", "ns": None, "via": "take_many",
@@ -177,6 +181,8 @@ def via(peer):
     """How a peer's producer makes and hands over a fresh tensor, and how its consumer gets it."""
     kind = peer["kind"]
     if kind == "tensord-single":
+        if peer.get("queue"):
+            return "q = queue(prefix, depth=window); q.empty + fill in place + q.publish -> q.get()"
         if peer.get("ahead"):
             return ("connect(allocate_ahead=True), empty(ns) + fill in place + publish(wait=False), "
                     "flush() at the end -> take(prefix, readonly=True)")

@@ -27,8 +27,15 @@ import numpy
 PAGE = 4096
 
 
+# TENSORD_BENCH_READ_ALL=1 (default_path.py --read-all): every consumer also reads every byte
+# (a max over the array), as a consumer that uses the whole tensor does.
+READ_ALL = os.environ.get("TENSORD_BENCH_READ_ALL") == "1"
+
+
 def touch_pages(array):
-    """One byte per 4 KiB page of a uint8 array, summed."""
+    """One byte per 4 KiB page of a uint8 array, summed (every byte read first with READ_ALL)."""
+    if READ_ALL:
+        array.max()
     return int(array[::PAGE].sum())
 
 
@@ -113,13 +120,22 @@ def tensord_single_producer(cfg, index, slots):
         n = cfg["size"]
 
         def handoffs(count, prefix):
+            # The queue peer: one bounded queue per consumer, which holds the producer back
+            # instead of the semaphore.
+            queues = [client.queue(f"{prefix}/c{c}/", depth=cfg["window"]) for c in range(cfg["consumers"])]
             for i in range(count):
                 c = consumer_of(index, i, cfg["consumers"])
-                slots[c].acquire()
-                t = client.empty((n,), "uint8", ns=cfg["ns"])
+                if cfg["queue"]:
+                    t = queues[c].empty((n,), "uint8")
+                else:
+                    slots[c].acquire()
+                    t = client.empty((n,), "uint8", ns=cfg["ns"])
                 a = t.numpy()
                 a.fill(i & 0xFF)
-                client.publish(t, f"{prefix}/c{c}/p{index}/{i}", wait=cfg["wait"])
+                if cfg["queue"]:
+                    queues[c].publish(t, wait=cfg["wait"])
+                else:
+                    client.publish(t, f"{prefix}/c{c}/p{index}/{i}", wait=cfg["wait"])
                 del a
                 t.release()
             if not cfg["wait"]:
@@ -151,7 +167,8 @@ def tensord_single_consumer(cfg, index, slots):
                 checksum += touch_pages(a)
                 del a
                 t.release()
-                slots[index].release()
+                if not cfg["queue"]:
+                    slots[index].release()
             return checksum
 
         if cfg.get("warm_loop"):
