@@ -215,11 +215,11 @@ class PyClient {
     WithoutGil([&] { client_.reset(); });
   }
 
-  // Without `ns`, a host tensor goes in the namespace this client last published a plain
-  // tensor into (plain_ns_), so that a producer that keeps publishing into one namespace
-  // gets recycled buffers as with ns= (buffers recycle only within a namespace, so no
-  // reader of one namespace sees another's bytes); Publish copies it when it is published
-  // elsewhere after all. Device tensors without `ns` keep dedicated buffers.
+  // Without `ns` a tensor gets a dedicated buffer; a host one goes in the namespace this
+  // client last published a plain tensor into (plain_ns_), so that a producer that keeps
+  // publishing into one namespace gets recycled buffers as with ns= (buffers recycle only
+  // within a namespace, so no reader of one namespace sees another's bytes); Publish copies
+  // it when it is published elsewhere after all.
   std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
                                   std::optional<std::string> ns, std::pair<int32_t, int32_t> device,
                                   std::optional<Tags> tags) {
@@ -231,7 +231,7 @@ class PyClient {
     std::optional<std::string> plain;
     if (!ns) {
       plain = spec.device.device_type == kDLCPU ? plain_ns_ : std::string();
-      spec.isolated = plain->empty();
+      spec.isolated = true;  // a buffer of its own (no arena neighbours), recycled within `plain`
     }
     const std::string space = ns ? *ns : *plain;
     std::shared_ptr<Client> client = Core();

@@ -181,3 +181,13 @@ def test_a_plain_tensor_published_into_another_namespace_is_copied_there_never_r
     v = client.empty((BIG,), "uint8")
     v.numpy().fill(3)
     assert client.publish(v, "shared/ns/c")["buffer_id"] == v.info["buffer_id"]
+
+
+def test_a_small_plain_tensor_keeps_a_buffer_of_its_own(client):
+    """No ns=: a dedicated buffer, never an arena slot beside other tensors, also once the
+    client has a namespace to place plain tensors in."""
+    for i in range(3):
+        t = client.empty((16,), "float32")
+        info = client.publish(t, f"py/small/{i}")
+        t.release()
+        assert not info["arena"], info

@@ -235,11 +235,11 @@ class Client:
         that size in that namespace, already mapped and faulted in, which is what makes a
         steady stream of big batches fast.
 
-        Without a namespace, a host tensor goes in the namespace this client last published
-        a tensor from a plain empty() into, so a producer that keeps publishing into one
-        namespace gets the same recycled buffers without saying ns=; published into another
-        namespace after all, its bytes are copied once into a tensor of its own there (t then
-        refers to that one). The first plain tensor, and a GPU one, gets a dedicated buffer.
+        Without a namespace the tensor gets a dedicated buffer (never an arena's), and a host
+        one goes in the namespace this client last published a tensor from a plain empty()
+        into, so a producer that keeps publishing into one namespace gets recycled buffers
+        without saying ns=; published into another namespace after all, its bytes are copied
+        once into a tensor of its own there (t then refers to that one).
 
         device: None or 'cpu' (host memory), or 'cuda:N' for this process's GPU N (the
         broker knows it by its UUID; each consumer sees its own ordinal for it). A CUDA
