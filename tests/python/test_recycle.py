@@ -7,6 +7,8 @@ import pickle
 
 import numpy as np
 
+import tensord
+
 from conftest import wait_for
 
 BIG = 3 << 20  # above the 1 MiB arena limit: a dedicated, recyclable buffer
@@ -191,3 +193,68 @@ def test_a_small_plain_tensor_keeps_a_buffer_of_its_own(client):
         info = client.publish(t, f"py/small/{i}")
         t.release()
         assert not info["arena"], info
+
+
+READER = r"""
+import sys, tensord
+c = tensord.connect(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    t = c.take("pa/", timeout=30)
+    a = t.numpy()
+    print(t.info["buffer_id"], int(a[::4096].min()), int(a[::4096].max()), flush=True)
+    t.release()
+    c.flush()
+try:
+    c.get("pc/0")
+    print("read pc", flush=True)
+except tensord.PermissionDenied:
+    print("pc refused", flush=True)
+"""
+
+
+def test_plain_tensors_switching_namespaces_never_show_a_reader_another_namespaces_bytes():
+    """A producer (root) publishes plain tensors into pa and pc in turns; a reader that may
+    read only pa (uid 65534, by ACL) takes every pa tensor and keeps taking while the
+    producer's buffers recycle: no buffer of pa ever carries pc's bytes, and pc is refused."""
+    import subprocess
+    import tempfile
+
+    import pytest
+
+    from conftest import Broker
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run the reader as uid 65534")
+    directory = tempfile.mkdtemp(prefix="tensord-py-uid-")
+    os.chmod(directory, 0o755)
+    config = os.path.join(directory, "acl.toml")
+    with open(config, "w") as f:
+        f.write("[acl.pa]\nread_uids = [65534]\nwrite_uids = [65534]\n[acl.pc]\nread_uids = [0]\n")  # a take unbinds: write
+    broker = Broker(directory, ["--config", config, "--socket-group", "65534"])
+    try:
+        producer = tensord.connect(broker.socket)
+        turns = ["pa"] * 3 + ["pc"] * 3 + ["pa"] * 3 + ["pc"] * 2 + ["pa"] * 2
+        reader = subprocess.Popen(
+            [os.sys.executable, "-c", READER, broker.socket, str(turns.count("pa"))],
+            env=broker.env(), stdout=subprocess.PIPE, text=True,
+            preexec_fn=lambda: (os.setgroups([]), os.setgid(65534), os.setuid(65534)))
+        buffers = {"pa": set(), "pc": set()}
+        seen = []
+        for i, ns in enumerate(turns):
+            t = producer.empty((BIG,), "uint8")
+            t.numpy().fill(i if ns == "pa" else 200)
+            buffers[ns].add(producer.publish(t, f"{ns}/{i}")["buffer_id"])
+            t.release()
+            if ns == "pa":  # the reader takes it (and releases it) before the next one is made
+                seen.append(reader.stdout.readline().split())
+            else:
+                producer.delete(f"{ns}/{i}")  # nobody takes pc's: gone, its buffer pooled
+        assert reader.stdout.readline().strip() == "pc refused"
+        assert reader.wait(timeout=30) == 0
+        expected = [i for i, ns in enumerate(turns) if ns == "pa"]
+        assert [(int(lo), int(hi)) for _, lo, hi in seen] == [(i, i) for i in expected]
+        assert {int(b) for b, _, _ in seen} <= buffers["pa"]
+        assert not buffers["pa"] & buffers["pc"], buffers  # no buffer served both namespaces
+        assert len(buffers["pa"]) < turns.count("pa")  # and pa's did recycle
+    finally:
+        broker.stop()
