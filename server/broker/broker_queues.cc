@@ -24,14 +24,17 @@ namespace v1 = tensord::v1;
 
 namespace {
 
+// Checked in this order so that an error quotes only what was found valid already: the
+// checks of names describe what is wrong without echoing unreadable bytes.
 absl::Status ValidateQueueSlot(const v1::AllocateRequest& request) {
   const v1::QueueSlot& queue = request.queue();
   const std::string& prefix = queue.prefix();
+  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(prefix));
   if (!prefix.ends_with('/')) {
     return absl::InvalidArgumentError(
         absl::StrCat("queue ", common::QuoteForError(prefix), ": a queue is a prefix ending in '/'"));
   }
-  TENSORD_RETURN_IF_ERROR(common::ValidatePrefix(prefix));
+  if (!request.ns().empty()) TENSORD_RETURN_IF_ERROR(common::ValidateNamespace(request.ns()));
   if (common::NamespaceOf(prefix) != request.ns()) {
     return absl::InvalidArgumentError(absl::StrCat("queue ", common::QuoteForError(prefix),
                                                    ": allocate in its namespace ",
