@@ -110,6 +110,7 @@ def test_a_steady_queue_recycles_its_buffers(client, other, prefix):
         t.numpy()[:] = i
         buffers.add(q.publish(t)["buffer_id"])
         t.release()
+        client.flush()  # the producer's release reaches the broker before its next empty()
         got = consumer.get(timeout=5)
         assert got.numpy()[0] == i
         got.release()
