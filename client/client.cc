@@ -1,9 +1,9 @@
 // The public API (tensord/client.h): TensorRef over internal::LeaseView, and Client's calls
 // run on its current internal::Session through internal::SessionHolder. Every entry point
 // catches std exceptions (Guard), so nothing throws across the API.
-#include <cstdio>
 #include "tensord/client.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/synchronization/mutex.h"

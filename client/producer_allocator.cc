@@ -80,13 +80,7 @@ absl::StatusOr<LeaseView*> ProducerAllocator::Allocate(std::string_view ns, cons
   absl::StatusOr<tensord::v1::SessionResponse> response =
       AllocateOnStream(ns, std::move(request), layout.extent, released_ahead, reusable);
   if (!response.ok()) return response.status();
-  if (!response->has_allocate()) {
-    return absl::InternalError(what + ": the broker answered with something else");
-  }
-  TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
-                           adopter_.AdoptLease(response->allocate().lease_id(), response->allocate().tensor(), {},
-                                               ViewKind::kProducer, "", what));
-  KeepRecycled(ns, response->allocate(), *view);
+  TENSORD_ASSIGN_OR_RETURN(LeaseView* view, AdoptAllocated(ns, *response, what));
   if (class_bytes != 0) pool_.NoteAllocated(ns, class_bytes);
   // A producer that gets recycled buffers is the steady kind: its next one is asked for now.
   if (next.has_value() && response->allocate().recyclable()) {
@@ -118,8 +112,14 @@ absl::StatusOr<LeaseView*> ProducerAllocator::AllocateInQueue(std::string_view p
   TENSORD_ASSIGN_OR_RETURN(tensord::v1::SessionResponse response,
                            channel_.StreamCall(std::move(request), RpcChannel::ReplyBound(options.wait),
                                                CancelState::Of(options.cancel)));
+  return AdoptAllocated(ns, response, what);
+}
+
+absl::StatusOr<LeaseView*> ProducerAllocator::AdoptAllocated(std::string_view ns,
+                                                             const tensord::v1::SessionResponse& response,
+                                                             std::string_view what) {
   if (!response.has_allocate()) {
-    return absl::InternalError(what + ": the broker answered with something else");
+    return absl::InternalError(std::string(what) + ": the broker answered with something else");
   }
   TENSORD_ASSIGN_OR_RETURN(LeaseView* view,
                            adopter_.AdoptLease(response.allocate().lease_id(), response.allocate().tensor(), {},

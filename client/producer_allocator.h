@@ -76,6 +76,9 @@ class ProducerAllocator {
   // their mappings go into `hold`, which the caller keeps until the answers are adopted.
   absl::StatusOr<tensord::v1::SessionRequest> BatchRequest(const AllocateItem& item, std::string_view what,
                                                            std::vector<std::shared_ptr<Mapping>>& hold) const;
+  // The producer's view of an Allocate's answer in `ns`, with its recyclable buffer kept.
+  absl::StatusOr<LeaseView*> AdoptAllocated(std::string_view ns, const tensord::v1::SessionResponse& response,
+                                            std::string_view what);
   // After adopting `response` as `view`: keeps the writable mapping of a recyclable buffer.
   void KeepRecycled(std::string_view ns, const tensord::v1::AllocateResponse& response, const LeaseView& view);
 

@@ -156,6 +156,17 @@ PublishOptions MakePublishOptions(bool if_absent, std::optional<uint64_t> if_gen
 // The namespace of a name: its first segment.
 std::string NamespaceOf(const std::string& name) { return name.substr(0, name.find('/')); }
 
+// What empty() allocates: `shape` of `dtype` on `device`, with `tags`.
+TensorSpec EmptySpec(std::vector<int64_t> shape, const std::string& dtype, std::pair<int32_t, int32_t> device,
+                     std::optional<Tags> tags) {
+  TensorSpec spec;
+  if (tags) spec.tags = *std::move(tags);
+  spec.dtype = DtypeFromName(dtype);
+  spec.shape = std::move(shape);
+  spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
+  return spec;
+}
+
 // What put() allocates for `source`: its dtype and shape, on its device when it is device
 // memory (copied as one block, so it must be compact). Refuses an overflowing shape before
 // anything is allocated.
@@ -223,11 +234,7 @@ class PyClient {
   std::unique_ptr<PyTensor> Empty(std::vector<int64_t> shape, const std::string& dtype,
                                   std::optional<std::string> ns, std::pair<int32_t, int32_t> device,
                                   std::optional<Tags> tags) {
-    TensorSpec spec;
-    if (tags) spec.tags = *std::move(tags);
-    spec.dtype = DtypeFromName(dtype);
-    spec.shape = std::move(shape);
-    spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
+    TensorSpec spec = EmptySpec(std::move(shape), dtype, device, std::move(tags));
     std::optional<std::string> plain;
     if (!ns) {
       plain = spec.device.device_type == kDLCPU ? plain_ns_ : std::string();
@@ -314,18 +321,9 @@ class PyClient {
                                          const std::string& dtype, std::pair<int32_t, int32_t> device,
                                          std::optional<Tags> tags, std::optional<double> timeout,
                                          const CancelToken* cancel) {
-    TensorSpec spec;
-    if (tags) spec.tags = *std::move(tags);
-    spec.dtype = DtypeFromName(dtype);
-    spec.shape = std::move(shape);
-    spec.device = DLDevice{static_cast<DLDeviceType>(device.first), device.second};
+    const TensorSpec spec = EmptySpec(std::move(shape), dtype, device, std::move(tags));
     std::shared_ptr<Client> client = Core();
-    TensorRef ref = BlockingWait<TensorRef>(
-        "room in queue '" + prefix + "'", timeout,
-        [&](Wait wait, const CancelToken* token) {
-          return client->AllocateInQueue(prefix, spec, QueueSlotOptions{.depth = depth, .wait = wait, .cancel = token});
-        },
-        /*detail=*/false, cancel);
+    TensorRef ref = WaitForSlot(*client, prefix, depth, spec, timeout, cancel);
     auto tensor = std::make_unique<PyTensor>(std::move(ref), /*producer=*/true, client);
     tensor->set_queue(prefix);
     return tensor;
@@ -339,12 +337,7 @@ class PyClient {
     PublishOptions options = MakePublishOptions(false, std::nullopt, ttl, stream, std::move(tags), unbind_on_exit);
     const TensorSpec spec = PutSpec(source, "put");
     std::shared_ptr<Client> client = Core();
-    TensorRef ref = BlockingWait<TensorRef>(
-        "room in queue '" + prefix + "'", timeout,
-        [&](Wait wait, const CancelToken* token) {
-          return client->AllocateInQueue(prefix, spec, QueueSlotOptions{.depth = depth, .wait = wait, .cancel = token});
-        },
-        /*detail=*/false, cancel);
+    TensorRef ref = WaitForSlot(*client, prefix, depth, spec, timeout, cancel);
     Result<TensorInfo> info = WithoutGil([&]() -> Result<TensorInfo> {
       if (Status copied = CopyIn(source, ref, options.stream); !copied.ok()) return copied;
       return client->Publish(ref, QueueItemName(prefix, ref), options);
@@ -568,6 +561,17 @@ class PyClient {
   std::shared_ptr<Client> Core() const {
     if (!client_) throw py::value_error("the tensord client is closed");
     return client_;
+  }
+
+  // A tensor of `spec` in a slot of the queue `prefix`, the wait for it as take()'s.
+  static TensorRef WaitForSlot(Client& client, const std::string& prefix, uint32_t depth, const TensorSpec& spec,
+                               std::optional<double> timeout, const CancelToken* cancel) {
+    return BlockingWait<TensorRef>(
+        "room in queue '" + prefix + "'", timeout,
+        [&](Wait wait, const CancelToken* token) {
+          return client.AllocateInQueue(prefix, spec, QueueSlotOptions{.depth = depth, .wait = wait, .cancel = token});
+        },
+        /*detail=*/false, cancel);
   }
 
   // The handle's reference for publishing under `name`. A plain empty() placed in the

@@ -96,7 +96,7 @@ absl::StatusOr<uint64_t> Broker::StartSlotWaitLocked(Session& session, const v1:
   waiter.metadata_bytes = kWaitEntryBytes + queue.prefix().size();  // as ReserveWaitLocked charged
   waiter.request = request;
   waiter.done = std::move(done);
-  const uint64_t id = queue_slots_.Wait(queue.prefix(), queue.depth(), std::move(waiter));
+  const uint64_t id = queue_slots_.Wait(std::move(waiter));
   if (!queue.has_forever()) {
     const uint64_t ms = std::min(queue.timeout_ms(), common::kMaxDurationMs);
     queue_slots_.Find(id)->timer_id = timers_.Schedule(

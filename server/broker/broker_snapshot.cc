@@ -297,7 +297,7 @@ void Broker::AddRestoredLocked(RestoredBuffer buffer,
     const size_t slash = entry->name().rfind('/');
     if (!prefix.empty() && slash != std::string::npos && entry->name().compare(0, slash + 1, prefix) == 0) {
       tensor.queue_prefix = prefix;
-      queue_slots_.Hold(prefix, 0);
+      queue_slots_.Hold(prefix);
     }
     Tensor& restored = registry_.AddTensor(std::move(tensor));
     registry_.Bind(entry->name(), restored, entry->generation());

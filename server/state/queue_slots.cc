@@ -14,11 +14,7 @@ bool QueueSlots::TryHold(const std::string& prefix, uint32_t depth) {
   return true;
 }
 
-void QueueSlots::Hold(const std::string& prefix, uint32_t depth) {
-  Queue& queue = queues_[prefix];
-  queue.depth = depth;
-  ++queue.held;
-}
+void QueueSlots::Hold(const std::string& prefix) { ++queues_[prefix].held; }
 
 void QueueSlots::Free(const std::string& prefix) {
   auto queue = queues_.find(prefix);
@@ -35,34 +31,34 @@ std::vector<SlotWaiter> QueueSlots::Admit(const std::string& prefix) {
   while (!q.waiting.empty()) {
     auto entry = waiters_.find(q.waiting.front());
     TENSORD_CHECK(entry != waiters_.end());
-    if (q.held >= entry->second.depth) break;
+    if (q.held >= entry->second.request.queue().depth()) break;
     ++q.held;
     q.waiting.pop_front();
-    admitted.push_back(std::move(entry->second.waiter));
+    admitted.push_back(std::move(entry->second));
     waiters_.erase(entry);
   }
   return admitted;
 }
 
-uint64_t QueueSlots::Wait(const std::string& prefix, uint32_t depth, SlotWaiter waiter) {
+uint64_t QueueSlots::Wait(SlotWaiter waiter) {
   const uint64_t id = ++last_id_;
-  Queue& queue = queues_[prefix];
-  queue.depth = depth;
+  Queue& queue = queues_[waiter.request.queue().prefix()];
+  queue.depth = waiter.request.queue().depth();
   queue.waiting.push_back(id);
-  waiters_.emplace(id, Entry{prefix, depth, std::move(waiter)});
+  waiters_.emplace(id, std::move(waiter));
   return id;
 }
 
 SlotWaiter* QueueSlots::Find(uint64_t wait_id) {
   auto entry = waiters_.find(wait_id);
-  return entry == waiters_.end() ? nullptr : &entry->second.waiter;
+  return entry == waiters_.end() ? nullptr : &entry->second;
 }
 
-std::optional<SlotWaiter> QueueSlots::RemoveEntry(std::map<uint64_t, Entry>::iterator entry) {
-  auto queue = queues_.find(entry->second.prefix);
+SlotWaiter QueueSlots::RemoveEntry(std::map<uint64_t, SlotWaiter>::iterator entry) {
+  auto queue = queues_.find(entry->second.request.queue().prefix());
   TENSORD_CHECK(queue != queues_.end());
   std::erase(queue->second.waiting, entry->first);
-  SlotWaiter waiter = std::move(entry->second.waiter);
+  SlotWaiter waiter = std::move(entry->second);
   waiters_.erase(entry);
   ForgetIfIdle(queue);
   return waiter;
@@ -78,7 +74,7 @@ std::vector<SlotWaiter> QueueSlots::RemoveSession(uint64_t session_id) {
   std::vector<SlotWaiter> removed;
   for (auto entry = waiters_.begin(); entry != waiters_.end();) {
     auto next = std::next(entry);
-    if (entry->second.waiter.session_id == session_id) removed.push_back(*RemoveEntry(entry));
+    if (entry->second.session_id == session_id) removed.push_back(RemoveEntry(entry));
     entry = next;
   }
   return removed;
@@ -86,7 +82,7 @@ std::vector<SlotWaiter> QueueSlots::RemoveSession(uint64_t session_id) {
 
 std::vector<SlotWaiter> QueueSlots::RemoveAll() {
   std::vector<SlotWaiter> removed;
-  while (!waiters_.empty()) removed.push_back(*RemoveEntry(waiters_.begin()));
+  while (!waiters_.empty()) removed.push_back(RemoveEntry(waiters_.begin()));
   return removed;
 }
 

@@ -28,7 +28,8 @@
 
 namespace tensord::server {
 
-// An allocation waiting for a slot, with everything needed to carry it out once admitted.
+// An allocation waiting for a slot, with everything needed to carry it out once admitted;
+// request.queue() names the queue and the depth it waits for.
 struct SlotWaiter {
   uint64_t session_id = 0;
   uid_t uid = 0;
@@ -51,8 +52,8 @@ class QueueSlots {
   // Removes and returns the oldest waiters of `prefix` that now fit, each holding its slot.
   std::vector<SlotWaiter> Admit(const std::string& prefix);
 
-  // Queues `waiter` behind the others of `prefix`; returns its wait id.
-  uint64_t Wait(const std::string& prefix, uint32_t depth, SlotWaiter waiter);
+  // Queues `waiter` behind the others of its queue; returns its wait id.
+  uint64_t Wait(SlotWaiter waiter);
   SlotWaiter* Find(uint64_t wait_id);
   // The removed waiter, or nullopt when there is none with that id.
   std::optional<SlotWaiter> Remove(uint64_t wait_id);
@@ -71,7 +72,7 @@ class QueueSlots {
   std::vector<QueueState> States() const;
   // Counts a slot held by a tensor carried from another daemon (a take-over), whatever the
   // depth: the queue is as full as the old daemon left it.
-  void Hold(const std::string& prefix, uint32_t depth);
+  void Hold(const std::string& prefix);
   size_t waiters() const { return waiters_.size(); }
 
  private:
@@ -80,17 +81,12 @@ class QueueSlots {
     uint32_t depth = 0;
     std::deque<uint64_t> waiting;  // wait ids, oldest first
   };
-  struct Entry {
-    std::string prefix;
-    uint32_t depth = 0;
-    SlotWaiter waiter;
-  };
   void ForgetIfIdle(std::map<std::string, Queue>::iterator queue);
-  std::optional<SlotWaiter> RemoveEntry(std::map<uint64_t, Entry>::iterator entry);
+  SlotWaiter RemoveEntry(std::map<uint64_t, SlotWaiter>::iterator entry);
 
   uint64_t last_id_ = kFirstWaitId;
   std::map<std::string, Queue> queues_;
-  std::map<uint64_t, Entry> waiters_;  // by id: oldest first
+  std::map<uint64_t, SlotWaiter> waiters_;  // by id: oldest first
 };
 
 }  // namespace tensord::server

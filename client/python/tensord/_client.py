@@ -77,6 +77,14 @@ def _shape(shape):
     return [int(d) for d in shape]
 
 
+def _torch_stream(obj):
+    """torch's current stream on obj's GPU, for a torch CUDA tensor; else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
+        return torch.cuda.current_stream(obj.device).cuda_stream
+    return None
+
+
 def _torch_source(obj):
     """A torch tensor as something put() can read: detached, bool as its uint8 bytes."""
     torch = sys.modules.get("torch")
@@ -303,9 +311,7 @@ class Client:
         if stream == -1:
             raise ValueError("put copies on a stream and publishes after it: pass that stream (or None), not -1")
         if stream is None:
-            torch = sys.modules.get("torch")
-            if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
-                stream = torch.cuda.current_stream(obj.device).cuda_stream
+            stream = _torch_stream(obj)
         source = source_of(obj)
         return self._core.put(name, source, if_absent, if_generation, ttl, ns, stream, _tags(tags))
 

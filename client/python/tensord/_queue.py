@@ -1,16 +1,6 @@
 """Bounded work queues: what Client.queue() returns."""
 
-import sys
-
-from ._client import _NO_STREAM, _shape, _tags, device_tuple, dtype_name, source_of
-
-
-def _torch_stream(obj):
-    """torch's current stream on obj's GPU, for a torch CUDA tensor; else None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
-        return torch.cuda.current_stream(obj.device).cuda_stream
-    return None
+from ._client import _NO_STREAM, _shape, _tags, _torch_stream, device_tuple, dtype_name, source_of
 
 
 class Queue:

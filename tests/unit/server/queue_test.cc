@@ -19,9 +19,13 @@ namespace {
 namespace v1 = tensord::v1;
 using namespace std::chrono_literals;
 
-SlotWaiter WaiterOf(uint64_t session_id, std::vector<int>* order = nullptr, int tag = 0) {
+// A waiter of `session_id` for a slot of `prefix` at `depth`.
+SlotWaiter WaiterOf(const std::string& prefix, uint32_t depth, uint64_t session_id, std::vector<int>* order = nullptr,
+                    int tag = 0) {
   SlotWaiter waiter;
   waiter.session_id = session_id;
+  waiter.request.mutable_queue()->set_prefix(prefix);
+  waiter.request.mutable_queue()->set_depth(depth);
   if (order != nullptr) {
     waiter.done = [order, tag](absl::StatusOr<v1::AllocateResponse>) { order->push_back(tag); };
   }
@@ -34,8 +38,8 @@ TEST(QueueSlots, HoldsUpToTheDepthAskedThenWaitersGoFirstOldestFirst) {
   EXPECT_TRUE(slots.TryHold("q/", 2));
   EXPECT_FALSE(slots.TryHold("q/", 2));
   EXPECT_TRUE(slots.TryHold("other/", 1));  // queues are counted apart
-  const uint64_t first = slots.Wait("q/", 2, WaiterOf(7));
-  const uint64_t second = slots.Wait("q/", 2, WaiterOf(8));
+  const uint64_t first = slots.Wait(WaiterOf("q/", 2, 7));
+  const uint64_t second = slots.Wait(WaiterOf("q/", 2, 8));
   EXPECT_GE(first, QueueSlots::kFirstWaitId);  // never a WaitQueue id
   EXPECT_GT(second, first);
   EXPECT_TRUE(slots.Admit("q/").empty());  // still full
@@ -59,8 +63,8 @@ TEST(QueueSlots, HoldsUpToTheDepthAskedThenWaitersGoFirstOldestFirst) {
 TEST(QueueSlots, EachWaiterWaitsForItsOwnDepthAndAnIdleQueueIsForgotten) {
   QueueSlots slots;
   ASSERT_TRUE(slots.TryHold("q/", 1));
-  slots.Wait("q/", 1, WaiterOf(1));
-  slots.Wait("q/", 3, WaiterOf(2));
+  slots.Wait(WaiterOf("q/", 1, 1));
+  slots.Wait(WaiterOf("q/", 3, 2));
   slots.Free("q/");
   // Both fit once the only slot is free: the first takes it, the second asked for depth 3.
   std::vector<SlotWaiter> admitted = slots.Admit("q/");
@@ -75,9 +79,9 @@ TEST(QueueSlots, EachWaiterWaitsForItsOwnDepthAndAnIdleQueueIsForgotten) {
 TEST(QueueSlots, RemovingAWaiterBySessionOrIdLeavesTheRest) {
   QueueSlots slots;
   ASSERT_TRUE(slots.TryHold("q/", 1));
-  const uint64_t a = slots.Wait("q/", 1, WaiterOf(1));
-  slots.Wait("q/", 1, WaiterOf(2));
-  slots.Wait("q/", 1, WaiterOf(1));
+  const uint64_t a = slots.Wait(WaiterOf("q/", 1, 1));
+  slots.Wait(WaiterOf("q/", 1, 2));
+  slots.Wait(WaiterOf("q/", 1, 1));
   EXPECT_EQ(slots.RemoveSession(1).size(), 2u);
   EXPECT_FALSE(slots.Remove(a).has_value());  // gone with its session
   EXPECT_EQ(slots.waiters(), 1u);
