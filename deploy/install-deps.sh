@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
 # Installs what building and testing tensord needs on Debian 12, from Debian's own packages.
 # Installs only what is missing; safe to run again. Needs root or sudo.
+#
+# Usage: install-deps.sh            what the build and the whole test suite need
+#        install-deps.sh --build-only  only what building tensord, tensorctl, libtensord and
+#                                   the Python module needs (the image's build stage,
+#                                   deploy/docker/Dockerfile): no torch, no test tools
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config git
+build_packages=(
+  build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libdlpack-dev libtomlplusplus-dev libcli11-dev
   # tensorctl's --json output (client/cli/json_output.h); header-only
   nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  # systemd's notify protocol and socket activation (server/daemon/systemd.h); systemd-analyze
-  # checks deploy/systemd's units (tests/service)
-  libsystemd-dev systemd
+  # systemd's notify protocol and socket activation (server/daemon/systemd.h)
+  libsystemd-dev
   # the daemon's allocator (server/CMakeLists.txt): many small messages per request
   libjemalloc-dev
-  python3 python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
+  python3 python3-dev pybind11-dev
+  # the level_zero backend's headers (the loader is opened at run time)
+  libze-dev
+)
+
+test_packages=(
+  git
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # systemd-analyze checks deploy/systemd's units (tests/service)
+  systemd
+  python3-numpy python3-torch python3-pytest
   # the Python package's type stubs are checked with mypy and its stubtest (test_typing.py)
   python3-mypy
   # pip into a venv and wheels, with Debian's build tools (tests/python/pip_install_test.sh)
@@ -24,12 +37,19 @@ packages=(
   python3-grpcio
   # YAML of the container and Kubernetes files (tests/deploy/check_deploy.py)
   python3-yaml
-  libze-dev clang libfuzzer-14-dev
+  clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.
   libclang-rt-14-dev llvm
   procps util-linux
 )
+
+packages=("${build_packages[@]}")
+case "${1:-}" in
+  "") packages+=("${test_packages[@]}") ;;
+  --build-only) ;;
+  *) echo "install-deps: unknown option '$1' (usage: install-deps.sh [--build-only])" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
