@@ -8,6 +8,10 @@
 #   tsan   build-tsan/  clang, TENSORD_SANITIZER=thread (-O1 -g1): the same binaries
 #   fuzz   build-fuzz/  clang, TENSORD_BUILD_FUZZERS: a bounded run of every fuzzer and a
 #                       replay of the saved regressions (ctest label `fuzz`)
+#   deploy build/ and a Docker engine: deploy/'s images, compose file and systemd units run
+#                       for real (tests/deploy/live/run.sh, as root); only when named, never
+#                       by default: it installs docker.io and starts dockerd, and takes about
+#                       25 minutes from a fresh machine, 6 once its images are cached
 # The sanitizer stages build only what their ctest runs (the `tensord_tests` target), so no
 # binary is built there and left unrun. The clang stages (tsan, fuzz) also check the lock
 # annotations (ABSL_GUARDED_BY and friends) at compile time: the top-level CMakeLists.txt
@@ -23,7 +27,7 @@
 # shows every failure; the script exits non-zero if any stage failed. Only a failure of
 # `deps` stops it at once.
 #
-# Usage: tests/run_all.sh [stage...]   (default: every stage, in the order above)
+# Usage: tests/run_all.sh [stage...]   (default: deps build asan tsan fuzz, in that order)
 # Environment: JOBS (parallel build and test jobs; default: the number of CPUs),
 #              TENSORD_FUZZ_SECONDS (seconds per fuzzer; default 30),
 #              CI (true: a backend left out for want of its headers fails the configure
@@ -49,6 +53,14 @@ duration() {
   printf '%dm%02ds' $(($1 / 60)) $(($1 % 60))
 }
 
+# The default build's flags: line tables only (-g1, not -g), a third less compile time, and
+# backtraces and sanitizer-free crash reports still name file and line; a developer
+# debugging with locals configures their own tree.
+default_build_flags=(
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+)
+
 # configure_and_build DIR [cmake args...]
 configure_and_build() {
   local dir="$1"
@@ -64,12 +76,7 @@ stage_commands() {
       ./deploy/install-deps.sh
       ;;
     build)
-      # Line tables only (-g1, not -g): a third less compile time, and backtraces and
-      # sanitizer-free crash reports still name file and line; a developer debugging with
-      # locals configures their own tree.
-      configure_and_build build \
-        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-        -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+      configure_and_build build "${default_build_flags[@]}"
       ctest --test-dir build --output-on-failure -j "$jobs"
       ;;
     asan)
@@ -92,8 +99,14 @@ stage_commands() {
       cmake --build build-fuzz -j "$jobs" --target tensord_fuzzers
       ctest --test-dir build-fuzz --output-on-failure -j "$jobs" -L fuzz
       ;;
+    deploy)
+      # The same build/ as the build stage (the units run its `cmake --install`); run.sh
+      # builds only what an install holds.
+      cmake -S . -B build -G Ninja "${default_build_flags[@]}"
+      tests/deploy/live/run.sh
+      ;;
     *)
-      echo "run_all.sh: unknown stage '$1' (deps, build, asan, tsan, fuzz)" >&2
+      echo "run_all.sh: unknown stage '$1' (deps, build, asan, tsan, fuzz, deploy)" >&2
       return 2
       ;;
   esac

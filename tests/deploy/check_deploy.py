@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks the container and Kubernetes files under deploy/ without a container engine.
 
-No container engine runs on the project's machines, so nothing here builds an image or
-starts a pod. What can be checked without one is checked against the repository and the
-built binaries:
+This runs in ctest, where no container engine is assumed, so nothing here builds an image
+or starts a pod (`tests/run_all.sh deploy` does, with tests/deploy/live/). What can be
+checked without one is checked against the repository and the built binaries:
 
 - every YAML file (and every ```yaml block of docs/deployment.md) parses;
 - the Dockerfile: its stages, that every COPY source exists in the repository and is what
