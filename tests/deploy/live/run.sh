@@ -2,10 +2,11 @@
 # The deployments of deploy/ run for real, as root on a Debian 12 machine (`tests/run_all.sh
 # deploy` runs this; not part of the default `.ci/run`, see README.md):
 #
+#   packages    Debian's docker.io, debootstrap, docker-compose and python3-kubernetes,
+#               installed when missing
 #   k8s         the manifests checked field by field against the Kubernetes API schema of
 #               Debian's python3-kubernetes, and that check's own self-test
-#   engine      Debian's docker.io, debootstrap and docker-compose installed when missing,
-#               dockerd started by hand when none answers
+#   engine      dockerd started by hand when none answers
 #   base-image  debian:12 and debian:12-slim made with debootstrap and `docker import`
 #               (no registry is needed), once: later runs reuse them
 #   images      the Dockerfile's daemon and client images, with BuildKit
@@ -16,8 +17,8 @@
 #               docs/deployment.md says after `cmake --install` of the build
 #
 # Each step writes LOG_DIR/NN-step.log; summary.txt says what passed, in how long, on what.
-# A failed step ends the run (later steps need what it makes), except k8s, which is first
-# and stands alone. Copy a run's folder to docs/deploy-runs/ to keep it.
+# A failed step ends the run (later steps need what it makes), except k8s, which stands
+# alone. Copy a run's folder to docs/deploy-runs/ to keep it.
 #
 # Usage: tests/deploy/live/run.sh [LOG_DIR]   (default build-deploy/<UTC date>-<commit>)
 # Environment: DOCKER (default /usr/bin/docker, Debian's client), DEBIAN_MIRROR (default
@@ -83,15 +84,20 @@ k8s() {
   "$python" "$live/k8s_schema.py" --self-test deploy/k8s/daemonset.yaml
 }
 
-engine() {
+packages() {
   local missing=()
   for p in docker.io debootstrap docker-compose python3-kubernetes python3-yaml python3-numpy; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "every package is installed"
+    return
   fi
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+engine() {
   if ! "$docker" info >/dev/null 2>&1; then
     # No init system starts it here (systemd is not PID 1 on every machine): by hand, as the
     # issue's trial did. Its log stays beside the run's.
@@ -150,6 +156,10 @@ systemd() {
 wanted() { [ -z "${TENSORD_DEPLOY_STEPS:-}" ] || [[ " $TENSORD_DEPLOY_STEPS " == *" $1 "* ]]; }
 
 failed=0
+if wanted packages; then
+  step packages packages
+  [ "$step_rc" -eq 0 ] || { cat "$summary"; exit 1; }
+fi
 if wanted k8s; then
   step k8s k8s
   [ "$step_rc" -eq 0 ] || failed=1
