@@ -128,6 +128,10 @@ def body():
         reader, in_container = start_holder(
             client_container(docker, live_dir, "hold", NAME, interactive=True, name=READER),
             "the reading container")
+        module = os.path.join(args.python_path, "tensord")
+        expect(any(f.startswith("_tensord") and f.endswith(".so") for f in
+                   os.listdir(module)) if os.path.isdir(module) else False,
+               f"the host's Python module is built in {module}", "no _tensord*.so there")
         mountpoint = run([docker, "volume", "inspect", "-f", "{{.Mountpoint}}", VOLUME])
         env = dict(os.environ, PYTHONPATH=args.python_path,
                    TENSORD_SOCKET=f"{mountpoint}/tensord.sock",

@@ -6,6 +6,8 @@
 #               installed when missing
 #   k8s         the manifests checked field by field against the Kubernetes API schema of
 #               Debian's python3-kubernetes, and that check's own self-test
+#   build       the host's build of tensord, tensorctl and the Python module (BUILD_DIR):
+#               the host client reads through it, and systemd runs its `cmake --install`
 #   engine      dockerd started by hand when none answers
 #   base-image  debian:12 and debian:12-slim made with debootstrap and `docker import`
 #               (no registry is needed), once: later runs reuse them
@@ -131,11 +133,14 @@ compose() {
   TENSORD_COMMIT=$commit "$python" "$live/compose.py" --docker "$docker" --compose docker-compose --file deploy/docker/compose.yaml
 }
 
+build() {
+  [ -f "$build_dir/CMakeCache.txt" ] || cmake -S . -B "$build_dir" -G Ninja
+  cmake --build "$build_dir" --target tensord tensorctl tensord_python
+}
+
 systemd_image() {
   # What an operator has after building and `cmake --install` (prefix /usr/local, as the
   # units' ExecStart= expects), made into the image's tree with DESTDIR.
-  [ -f "$build_dir/CMakeCache.txt" ] || cmake -S . -B "$build_dir" -G Ninja
-  cmake --build "$build_dir" --target tensord tensorctl tensord_python
   local context
   context=$(mktemp -d /var/tmp/tensord-systemd-image.XXXXXX)
   DESTDIR=$context/staging cmake --install "$build_dir" --prefix /usr/local
@@ -165,7 +170,7 @@ if wanted k8s; then
   [ "$step_rc" -eq 0 ] || failed=1
 fi
 # Each of these needs what the one before it made: the first failure ends the chain.
-for name in engine base-image images containers compose systemd-image systemd; do
+for name in build engine base-image images containers compose systemd-image systemd; do
   wanted "$name" || continue
   case "$name" in
     base-image) step "$name" "$live/base_image.sh" "$docker" "$mirror" ;;
