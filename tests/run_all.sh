@@ -11,7 +11,8 @@
 #   deploy build/ and a Docker engine: deploy/'s images, compose file and systemd units run
 #                       for real (tests/deploy/live/run.sh, as root); only when named, never
 #                       by default: it installs docker.io and starts dockerd, and takes about
-#                       25 minutes from a fresh machine, 6 once its images are cached
+#                       12 minutes on 2 cores from nothing cached, 3 once its images are
+#                       (docs/deploy-runs)
 # The sanitizer stages build only what their ctest runs (the `tensord_tests` target), so no
 # binary is built there and left unrun. The clang stages (tsan, fuzz) also check the lock
 # annotations (ABSL_GUARDED_BY and friends) at compile time: the top-level CMakeLists.txt

@@ -77,7 +77,7 @@ step() {
   local result=passed
   [ "$rc" -eq 0 ] || result="FAILED (exit $rc)"
   echo "== deploy step $name: $result in ${took} s" | tee -a "$log"
-  printf '%-11s %-16s %5d s  %s\n' "$name" "$result" "$took" "$(basename "$log")" >> "$summary"
+  printf '%-13s %-16s %5d s  %s\n' "$name" "$result" "$took" "$(basename "$log")" >> "$summary"
   step_rc=$rc
 }
 
