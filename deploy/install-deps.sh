@@ -37,6 +37,10 @@ test_packages=(
   python3-grpcio
   # YAML of the container and Kubernetes files (tests/deploy/check_deploy.py)
   python3-yaml
+  # the etcd server the cluster tests start on ports of their own (tests/cluster). On a
+  # machine booted with systemd the package also starts one on 127.0.0.1:2379: `systemctl
+  # disable --now etcd` stops it; the tests do not use it.
+  etcd-server
   clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.

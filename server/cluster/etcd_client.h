@@ -1,0 +1,113 @@
+// EtcdClient: the cluster directory's link to etcd, over etcd's own v3 gRPC API
+// (proto/etcd/, a subset with etcd's names and field numbers) and the gRPC the daemon
+// already links: no etcd client library. Keys and values are bytes; every call has a
+// deadline (EtcdOptions::call_timeout) and fails with a status that names the endpoints and
+// the key, UNAVAILABLE or DEADLINE_EXCEEDED when etcd cannot be reached. Thread-safe: gRPC
+// stubs may be used from any thread.
+//
+// What the directory needs of etcd, and nothing more yet: reads of a key or a prefix, puts
+// (optionally under a lease, so they go when the lease does), a put only where the key is
+// absent and a delete only at a known revision (transactions: a name recorded once, a work
+// item taken once across nodes), compaction, and leases. EtcdLeaseKeeper keeps a lease
+// alive; EtcdWatch follows a prefix.
+//
+// Plain http:// endpoints only for now: TLS to etcd is not built yet.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "etcd/etcdserverpb/rpc.grpc.pb.h"
+
+namespace tensord::server::cluster {
+
+struct EtcdOptions {
+  // "http://host:port" each; at least one. gRPC picks the first that answers.
+  std::vector<std::string> endpoints;
+  absl::Duration call_timeout = absl::Seconds(5);
+};
+
+// One key as etcd holds it.
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t version = 0;
+  int64_t lease = 0;
+};
+
+// The keys under a prefix, read at one revision of the store.
+struct EtcdRange {
+  std::vector<EtcdKeyValue> kvs;
+  int64_t revision = 0;
+};
+
+struct EtcdLeaseGrant {
+  int64_t id = 0;
+  absl::Duration ttl;
+};
+
+class EtcdClient {
+ public:
+  // Checks the endpoints and makes the channel; connects lazily (the first call does), so
+  // an etcd that is down now makes calls fail, not this.
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(EtcdOptions options);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  // nullopt: no such key.
+  absl::StatusOr<std::optional<EtcdKeyValue>> Get(std::string_view key);
+  // Every key that starts with prefix, in key order (prefix must not be empty).
+  absl::StatusOr<EtcdRange> GetPrefix(std::string_view prefix);
+  // Returns the store's revision after the put. lease 0: none.
+  absl::StatusOr<int64_t> Put(std::string_view key, std::string_view value, int64_t lease = 0);
+  // Puts only where the key does not exist; false (and nothing written) where it does.
+  absl::StatusOr<bool> PutIfAbsent(std::string_view key, std::string_view value, int64_t lease = 0);
+  // Deletes the key only if it was last changed at mod_revision; returns what was deleted,
+  // or nullopt where the key is gone or changed since. Of several callers racing with the
+  // same revision exactly one gets the key.
+  absl::StatusOr<std::optional<EtcdKeyValue>> DeleteIfRevision(std::string_view key, int64_t mod_revision);
+  // Returns how many keys were deleted (0 or 1).
+  absl::StatusOr<int64_t> Delete(std::string_view key);
+  absl::StatusOr<int64_t> DeletePrefix(std::string_view prefix);
+
+  // Drops the store's history before revision (etcd keeps every revision until told).
+  absl::Status Compact(int64_t revision);
+
+  // A lease of at least ttl (whole seconds, at least 1 s): keys put under it are deleted
+  // when it expires, that is, when no keep-alive (EtcdLeaseKeeper) reaches etcd for ttl.
+  absl::StatusOr<EtcdLeaseGrant> GrantLease(absl::Duration ttl);
+  // Ends the lease now, deleting its keys. A lease that is already gone is not an error.
+  absl::Status RevokeLease(int64_t id);
+
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  const EtcdOptions& options() const { return options_; }
+  // "etcd at http://a:2379,http://b:2379": how errors name it.
+  const std::string& description() const { return description_; }
+  // A context with this client's deadline.
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+
+ private:
+  EtcdClient(EtcdOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  EtcdOptions options_;
+  std::string description_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+};
+
+// The end of the range of every key that starts with prefix: prefix with its last byte
+// below 0xff incremented (etcd's rule for a prefix range).
+std::string PrefixRangeEnd(std::string_view prefix);
+
+}  // namespace tensord::server::cluster

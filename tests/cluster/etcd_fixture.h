@@ -1,0 +1,53 @@
+// EtcdTest: a fixture with a real etcd of the test's own (EtcdServer) and a client of it;
+// every case skips, saying why, where no etcd binary was found at configure time.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "server/cluster/etcd_client.h"
+#include "tests/cluster/etcd_server.h"
+
+namespace tensord::server::cluster {
+
+using ::tensord::testing::EtcdServer;
+
+class EtcdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (EtcdServer::Binary().empty()) {
+      GTEST_SKIP() << "no etcd binary was found at configure time (Debian: etcd-server, which "
+                      "deploy/install-deps.sh installs)";
+    }
+    absl::StatusOr<EtcdServer> server = EtcdServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_.emplace(std::move(*server));
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client =
+        EtcdClient::Create({.endpoints = {server_->endpoint()}, .call_timeout = absl::Seconds(2)});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+
+  // Waits up to `limit` for the key to be gone; returns how long it took.
+  absl::StatusOr<absl::Duration> AwaitGone(std::string_view key, absl::Duration limit) {
+    const absl::Time start = absl::Now();
+    while (absl::Now() - start < limit) {
+      absl::StatusOr<std::optional<EtcdKeyValue>> kv = client_->Get(key);
+      if (!kv.ok()) return kv.status();
+      if (!kv->has_value()) return absl::Now() - start;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return absl::DeadlineExceededError("still there");
+  }
+
+  std::optional<EtcdServer> server_;
+  std::unique_ptr<EtcdClient> client_;
+};
+
+}  // namespace tensord::server::cluster

@@ -1,0 +1,143 @@
+#include "tests/cluster/etcd_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/cluster/etcd_client.h"
+
+extern char** environ;
+
+namespace tensord::testing {
+namespace {
+
+// A loopback port nobody listens on now (the kernel's pick; etcd binds it right after).
+absl::StatusOr<int> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(fd);
+    return absl::InternalError("bind a loopback port");
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
+std::string EtcdServer::Binary() { return TENSORD_ETCD_BIN; }
+
+absl::StatusOr<EtcdServer> EtcdServer::Start() {
+  if (Binary().empty()) return absl::UnavailableError("no etcd binary (Debian: etcd-server)");
+  EtcdServer server;
+  char dir_template[] = "/tmp/tensord-etcd-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp");
+  server.data_dir_ = dir_template;
+  absl::StatusOr<int> client_port = FreePort();
+  absl::StatusOr<int> peer_port = FreePort();
+  if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free loopback port");
+  server.endpoint_ = absl::StrCat("http://127.0.0.1:", *client_port);
+  server.peer_url_ = absl::StrCat("http://127.0.0.1:", *peer_port);
+  if (absl::Status launched = server.Launch(); !launched.ok()) return launched;
+  if (absl::Status answered = server.AwaitAnswer(); !answered.ok()) return answered;
+  return server;
+}
+
+EtcdServer::EtcdServer(EtcdServer&& other) noexcept
+    : data_dir_(std::move(other.data_dir_)),
+      endpoint_(std::move(other.endpoint_)),
+      peer_url_(std::move(other.peer_url_)),
+      pid_(std::exchange(other.pid_, -1)) {}
+
+EtcdServer::~EtcdServer() {
+  Kill();
+  if (!data_dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(data_dir_, ignored);
+  }
+}
+
+absl::Status EtcdServer::Launch() {
+  std::vector<std::string> args = {Binary(),
+                                   "--name=test",
+                                   absl::StrCat("--data-dir=", data_dir_, "/data"),
+                                   absl::StrCat("--listen-client-urls=", endpoint_),
+                                   absl::StrCat("--advertise-client-urls=", endpoint_),
+                                   absl::StrCat("--listen-peer-urls=", peer_url_),
+                                   absl::StrCat("--initial-advertise-peer-urls=", peer_url_),
+                                   absl::StrCat("--initial-cluster=test=", peer_url_),
+                                   "--logger=zap",
+                                   "--log-level=error",
+                                   absl::StrCat("--log-outputs=", data_dir_, "/etcd.log")};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return absl::InternalError(absl::StrCat("spawn ", Binary(), ": ", strerror(rc)));
+  return absl::OkStatus();
+}
+
+absl::Status EtcdServer::AwaitAnswer() {
+  auto client = server::cluster::EtcdClient::Create({.endpoints = {endpoint_}, .call_timeout = absl::Seconds(1)});
+  if (!client.ok()) return client.status();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  absl::Status last;
+  while (std::chrono::steady_clock::now() < give_up) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::InternalError(absl::StrCat("etcd exited at start (status ", status, "); see ", data_dir_,
+                                              "/etcd.log"));
+    }
+    last = (*client)->Get("tensord-test/ping").status();
+    if (last.ok()) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("etcd did not answer within 30 s: ", last.message()));
+}
+
+void EtcdServer::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGCONT);
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void EtcdServer::Pause() {
+  if (pid_ > 0) kill(pid_, SIGSTOP);
+}
+
+void EtcdServer::Resume() {
+  if (pid_ > 0) kill(pid_, SIGCONT);
+}
+
+absl::Status EtcdServer::Restart() {
+  Kill();
+  if (absl::Status launched = Launch(); !launched.ok()) return launched;
+  return AwaitAnswer();
+}
+
+}  // namespace tensord::testing

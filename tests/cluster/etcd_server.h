@@ -1,0 +1,43 @@
+// EtcdServer: a real etcd (Debian's etcd-server) for a test, on loopback ports of its own
+// with a data directory of its own, started and stopped by the test. Pause()/Resume()
+// freeze it (SIGSTOP/SIGCONT): an etcd that answers nothing, as one cut off would.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tensord::testing {
+
+class EtcdServer {
+ public:
+  // The etcd binary found at configure time; empty when none was.
+  static std::string Binary();
+  // Starts etcd and waits (up to 30 s) until it answers.
+  static absl::StatusOr<EtcdServer> Start();
+  EtcdServer(EtcdServer&& other) noexcept;
+  EtcdServer& operator=(EtcdServer&&) = delete;
+  ~EtcdServer();
+
+  // "http://127.0.0.1:PORT".
+  const std::string& endpoint() const { return endpoint_; }
+  void Pause();
+  void Resume();
+  // Kills it (SIGKILL) and starts it again on the same ports and data.
+  absl::Status Restart();
+
+ private:
+  EtcdServer() = default;
+  absl::Status Launch();
+  absl::Status AwaitAnswer();
+  void Kill();
+
+  std::string data_dir_;
+  std::string endpoint_;
+  std::string peer_url_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace tensord::testing
