@@ -39,8 +39,8 @@ test_packages=(
   python3-yaml
   # the etcd server the cluster tests start on ports of their own (tests/cluster). On a
   # machine booted with systemd the package also starts one on 127.0.0.1:2379: `systemctl
-  # disable --now etcd` stops it; the tests do not use it.
-  etcd-server
+  # disable --now etcd` stops it; the tests do not use it. openssl makes their certificates.
+  etcd-server openssl
   clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.

@@ -1,9 +1,12 @@
 #include "server/cluster/etcd_client.h"
 
 #include <algorithm>
+#include <array>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
@@ -11,8 +14,47 @@
 namespace tensord::server::cluster {
 namespace {
 
-constexpr char kHttp[] = "http://";
-constexpr size_t kHttpSize = sizeof(kHttp) - 1;
+constexpr std::array<std::string_view, 2> kSchemes = {"http://", "https://"};
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* setting) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::NotFoundError(absl::StrCat("etcd ", setting, " '", path, "': cannot be read"));
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (text.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd ", setting, " '", path, "': not a PEM file"));
+  }
+  return text;
+}
+
+// The channel's credentials: plain for http, TLS (mutual where a certificate is given) for
+// https.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const EtcdOptions& options, bool tls) {
+  if (!tls) {
+    if (!options.ca_file.empty() || !options.cert_file.empty() || !options.key_file.empty()) {
+      return absl::InvalidArgumentError("etcd: TLS files are given but the endpoints are http://");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (options.ca_file.empty()) {
+    return absl::InvalidArgumentError("etcd: https:// endpoints need the CA file that signed etcd's certificate");
+  }
+  if (options.cert_file.empty() != options.key_file.empty()) {
+    return absl::InvalidArgumentError("etcd: a client certificate needs both its certificate and key files");
+  }
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> ca = ReadPem(options.ca_file, "CA file");
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *std::move(ca);
+  if (!options.cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem(options.cert_file, "certificate file");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem(options.key_file, "key file");
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  return grpc::SslCredentials(ssl);
+}
 
 EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
   return EtcdKeyValue{.key = kv.key(),
@@ -51,26 +93,41 @@ std::string PrefixRangeEnd(std::string_view prefix) {
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("etcd: no endpoint given");
   std::vector<std::string> addresses;
+  std::optional<bool> tls;
   for (const std::string& endpoint : options.endpoints) {
-    if (absl::StartsWith(endpoint, "https://")) {
-      return absl::UnimplementedError(
-          absl::StrCat("etcd endpoint ", endpoint, ": TLS to etcd is not built yet; use http://"));
-    }
-    if (!absl::StartsWith(endpoint, kHttp) || endpoint.size() == kHttpSize) {
+    const auto scheme = std::find_if(kSchemes.begin(), kSchemes.end(),
+                                     [&](std::string_view s) { return endpoint.starts_with(s); });
+    if (scheme == kSchemes.end() || endpoint.size() == scheme->size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("etcd endpoint '", endpoint, "': expected http://HOST:PORT"));
+          absl::StrCat("etcd endpoint '", endpoint, "': expected http://HOST:PORT or https://HOST:PORT"));
     }
-    addresses.push_back(endpoint.substr(kHttpSize));
+    const bool https = scheme == kSchemes.begin() + 1;
+    if (tls.has_value() && *tls != https) {
+      return absl::InvalidArgumentError("etcd: the endpoints mix http:// and https://");
+    }
+    tls = https;
+    addresses.push_back(endpoint.substr(scheme->size()));
   }
   if (options.call_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("etcd: the call timeout must be positive");
   }
-  // Several endpoints: one channel over all of them (ipv4:/ipv6: lists), round robin, so a
-  // dead member costs a retry, not an outage.
-  std::string target = addresses.size() == 1 ? addresses.front() : absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  // One channel, to one endpoint: failing over between several members is not built yet.
+  // A DNS name with one address per member does that much: gRPC tries them in turn.
+  if (addresses.size() > 1) {
+    return absl::UnimplementedError(absl::StrCat("etcd: ", addresses.size(),
+                                                 " endpoints given; one is supported so far (a DNS name "
+                                                 "with an address per member works)"));
+  }
+  const std::string& target = addresses.front();
   grpc::ChannelArguments args;
-  if (addresses.size() > 1) args.SetLoadBalancingPolicyName("round_robin");
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  // gRPC's default reconnect backoff grows to 120 s, and calls fail at once meanwhile: an
+  // etcd back after a restart would stay unused for minutes. Try again at least every second.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(options, *tls);
+  if (!credentials.ok()) return credentials.status();
+  auto channel = grpc::CreateCustomChannel(target, *credentials, args);
   return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options), std::move(channel)));
 }
 
@@ -86,8 +143,8 @@ EtcdClient::~EtcdClient() = default;
 std::unique_ptr<grpc::ClientContext> EtcdClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-  // A restarting etcd is waited for up to the deadline instead of failing the call at once.
-  context->set_wait_for_ready(true);
+  // Not wait_for_ready: an etcd that cannot be reached, or refuses the TLS handshake, fails
+  // the call at once with UNAVAILABLE and gRPC's reason, instead of a bare deadline later.
   return context;
 }
 

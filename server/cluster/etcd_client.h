@@ -11,7 +11,9 @@
 // item taken once across nodes), compaction, and leases. EtcdLeaseKeeper keeps a lease
 // alive; EtcdWatch follows a prefix.
 //
-// Plain http:// endpoints only for now: TLS to etcd is not built yet.
+// Endpoints are all http:// or all https://. Over https the client checks etcd's
+// certificate against ca_file and, with cert_file and key_file, shows its own (etcd run
+// with --client-cert-auth refuses a client without one signed by its trusted CA).
 #pragma once
 
 #include <cstdint>
@@ -29,9 +31,15 @@
 namespace tensord::server::cluster {
 
 struct EtcdOptions {
-  // "http://host:port" each; at least one. gRPC picks the first that answers.
+  // "http://host:port" or "https://host:port": one so far (failing over between several
+  // is not built; a DNS name with an address per member is tried address by address).
   std::vector<std::string> endpoints;
   absl::Duration call_timeout = absl::Seconds(5);
+  // PEM files, for https endpoints: the CA that signed etcd's certificate (required), and
+  // this node's certificate and key (both or neither).
+  std::string ca_file{};
+  std::string cert_file{};
+  std::string key_file{};
 };
 
 // One key as etcd holds it.

@@ -28,8 +28,7 @@ class EtcdTest : public ::testing::Test {
     absl::StatusOr<EtcdServer> server = EtcdServer::Start();
     ASSERT_TRUE(server.ok()) << server.status();
     server_.emplace(std::move(*server));
-    absl::StatusOr<std::unique_ptr<EtcdClient>> client =
-        EtcdClient::Create({.endpoints = {server_->endpoint()}, .call_timeout = absl::Seconds(2)});
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(server_->ClientOptions());
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
   }

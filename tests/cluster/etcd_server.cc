@@ -41,20 +41,35 @@ absl::StatusOr<int> FreePort() {
   return ntohs(address.sin_port);
 }
 
+// Whether something accepts TCP connections on the endpoint's port (before etcd does, gRPC's
+// first attempts fail and its channel waits out a reconnect backoff).
+bool Listening(const std::string& endpoint) {
+  const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return ok;
+}
+
 }  // namespace
 
 std::string EtcdServer::Binary() { return TENSORD_ETCD_BIN; }
 
-absl::StatusOr<EtcdServer> EtcdServer::Start() {
+absl::StatusOr<EtcdServer> EtcdServer::Start(std::optional<TestCertificates> tls) {
   if (Binary().empty()) return absl::UnavailableError("no etcd binary (Debian: etcd-server)");
   EtcdServer server;
+  server.tls_ = std::move(tls);
   char dir_template[] = "/tmp/tensord-etcd-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp");
   server.data_dir_ = dir_template;
   absl::StatusOr<int> client_port = FreePort();
   absl::StatusOr<int> peer_port = FreePort();
   if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free loopback port");
-  server.endpoint_ = absl::StrCat("http://127.0.0.1:", *client_port);
+  server.endpoint_ = absl::StrCat(server.tls_ ? "https" : "http", "://127.0.0.1:", *client_port);
   server.peer_url_ = absl::StrCat("http://127.0.0.1:", *peer_port);
   if (absl::Status launched = server.Launch(); !launched.ok()) return launched;
   if (absl::Status answered = server.AwaitAnswer(); !answered.ok()) return answered;
@@ -62,7 +77,8 @@ absl::StatusOr<EtcdServer> EtcdServer::Start() {
 }
 
 EtcdServer::EtcdServer(EtcdServer&& other) noexcept
-    : data_dir_(std::move(other.data_dir_)),
+    : tls_(std::move(other.tls_)),
+      data_dir_(std::move(other.data_dir_)),
       endpoint_(std::move(other.endpoint_)),
       peer_url_(std::move(other.peer_url_)),
       pid_(std::exchange(other.pid_, -1)) {}
@@ -87,6 +103,12 @@ absl::Status EtcdServer::Launch() {
                                    "--logger=zap",
                                    "--log-level=error",
                                    absl::StrCat("--log-outputs=", data_dir_, "/etcd.log")};
+  if (tls_) {
+    args.push_back(absl::StrCat("--cert-file=", tls_->server_cert));
+    args.push_back(absl::StrCat("--key-file=", tls_->server_key));
+    args.push_back(absl::StrCat("--trusted-ca-file=", tls_->ca));
+    args.push_back("--client-cert-auth");
+  }
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -99,8 +121,20 @@ absl::Status EtcdServer::Launch() {
   return absl::OkStatus();
 }
 
+server::cluster::EtcdOptions EtcdServer::ClientOptions() const {
+  server::cluster::EtcdOptions options{.endpoints = {endpoint_}, .call_timeout = absl::Seconds(2)};
+  if (tls_) {
+    options.ca_file = tls_->ca;
+    options.cert_file = tls_->client_cert;
+    options.key_file = tls_->client_key;
+  }
+  return options;
+}
+
 absl::Status EtcdServer::AwaitAnswer() {
-  auto client = server::cluster::EtcdClient::Create({.endpoints = {endpoint_}, .call_timeout = absl::Seconds(1)});
+  server::cluster::EtcdOptions options = ClientOptions();
+  options.call_timeout = absl::Seconds(1);
+  auto client = server::cluster::EtcdClient::Create(options);
   if (!client.ok()) return client.status();
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   absl::Status last;
@@ -110,6 +144,10 @@ absl::Status EtcdServer::AwaitAnswer() {
       pid_ = -1;
       return absl::InternalError(absl::StrCat("etcd exited at start (status ", status, "); see ", data_dir_,
                                               "/etcd.log"));
+    }
+    if (!Listening(endpoint_)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
     }
     last = (*client)->Get("tensord-test/ping").status();
     if (last.ok()) return absl::OkStatus();
