@@ -101,13 +101,20 @@ def main_pid(machine):
     return int(machine.show("tensord.service", "MainPID"))
 
 
-def wait_restarted(machine, old_pid, restarts_before, what, timeout):
+def signal_and_await_restart(machine, signal, what, timeout):
+    """Sends the daemon a signal and waits for systemd to have restarted it (a new main pid,
+    NRestarts up by one or more); returns (old pid, new pid, seconds waited)."""
+    old_pid = main_pid(machine)
+    restarts_before = int(machine.show("tensord.service", "NRestarts"))
+    machine.sh(f"kill -{signal} {old_pid}")
+
     def restarted():
         pid = main_pid(machine)
         return (machine.show("tensord.service", "ActiveState") == "active" and pid not in
                 (0, old_pid) and int(machine.show("tensord.service", "NRestarts"))
                 > restarts_before) and pid
-    return wait_for(what, restarted, timeout=timeout, interval=1.0)
+    new_pid, waited = wait_for(what, restarted, timeout=timeout, interval=1.0)
+    return old_pid, new_pid, waited
 
 
 def boot(docker, image):
@@ -203,11 +210,8 @@ def checks(machine, docs):
     stored = machine.show("tensord.service", "NFileDescriptorStore")
     log(f"fds in systemd's store: {stored}")
     expect(int(stored) >= 2, "the buffer and the registry are in the fd store", stored)
-    pid = main_pid(machine)
-    restarts = int(machine.show("tensord.service", "NRestarts"))
-    machine.sh(f"kill -9 {pid}")
-    new_pid, waited = wait_restarted(machine, pid, restarts,
-                                     "systemd restarting the daemon after kill -9", 30)
+    pid, new_pid, waited = signal_and_await_restart(
+        machine, "KILL", "systemd restarting the daemon after kill -9", 30)
     log(f"ok: systemd restarted the daemon {waited:.1f} s after kill -9 (pid {pid} -> "
         f"{new_pid})")
     machine.peer("expect", "deploy/kept", published["sha256"], published["generation"])
@@ -215,11 +219,8 @@ def checks(machine, docs):
         f"generation {published['generation']}")
 
     log("--- a hung daemon: the watchdog kills it, Restart=on-failure starts it again")
-    pid = main_pid(machine)
-    restarts = int(machine.show("tensord.service", "NRestarts"))
-    machine.sh(f"kill -STOP {pid}")
-    new_pid, waited = wait_restarted(machine, pid, restarts,
-                                     "the watchdog restarting a stopped daemon", 75)
+    pid, new_pid, waited = signal_and_await_restart(
+        machine, "STOP", "the watchdog restarting a stopped daemon", 75)
     log(f"ok: the watchdog restarted the stopped daemon {waited:.1f} s after SIGSTOP "
         f"(pid {pid} -> {new_pid})")
     journal = machine.sh("journalctl --no-pager -u tensord.service -g 'Watchdog timeout'",
