@@ -101,8 +101,8 @@ packages() {
 
 engine() {
   if ! "$docker" info >/dev/null 2>&1; then
-    # No init system starts it here (systemd is not PID 1 on every machine): by hand, as the
-    # issue's trial did. Its log stays beside the run's.
+    # No init system starts it where systemd is not PID 1 (containers, some VMs): by hand.
+    # Its log stays beside the run's.
     echo "starting dockerd (log: $log_dir/dockerd.log)"
     setsid dockerd >"$log_dir/dockerd.log" 2>&1 < /dev/null &
     for _ in $(seq 60); do "$docker" info >/dev/null 2>&1 && break; sleep 1; done
