@@ -6,7 +6,8 @@
 // LeaseKeepAlive stream with a deadline, so a silent network cannot block it. The lease is
 // lost, and on_lost runs once on the keeper's thread, when etcd says it is gone (expired or
 // revoked) or when no keep-alive got through for a whole TTL: etcd has expired it, or will,
-// and the node must record its keys again under a new lease. The keeper then stops.
+// and the node must record its keys again under a new lease. The keeper then stops. on_lost
+// must not destroy the keeper (its destructor joins that thread).
 //
 // The destructor stops the thread (it does not wait for more than one call's deadline) and
 // revokes the lease, best effort: an etcd it cannot reach expires the lease within its TTL.

@@ -86,7 +86,11 @@ absl::Status EtcdWatch::Follow() {
         // Watching from "now": pin "now", so a resumed stream starts where this one did.
         next_revision_ = response.header().revision() + 1;
       }
-      if (response.canceled()) break;  // opened again after a pause
+      if (response.canceled()) {  // opened again after a pause
+        spdlog::warn("{}: etcd cancelled the watch of '{}': {}", etcd_.description(), prefix_,
+                     response.cancel_reason().empty() ? "no reason given" : response.cancel_reason());
+        break;
+      }
       if (response.events_size() == 0) continue;
       std::vector<EtcdEvent> events;
       events.reserve(response.events_size());
