@@ -41,6 +41,8 @@ test_packages=(
   # machine booted with systemd the package also starts one on 127.0.0.1:2379: `systemctl
   # disable --now etcd` stops it; the tests do not use it. openssl makes their certificates.
   etcd-server openssl
+  # UCX, the cluster's data path (server/cluster/ucx_reader.*; built where it is found)
+  libucx-dev
   clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.
