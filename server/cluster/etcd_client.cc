@@ -56,15 +56,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const Etcd
   return grpc::SslCredentials(ssl);
 }
 
-EtcdKeyValue FromProto(const mvccpb::KeyValue& kv) {
-  return EtcdKeyValue{.key = kv.key(),
-                      .value = kv.value(),
-                      .create_revision = kv.create_revision(),
-                      .mod_revision = kv.mod_revision(),
-                      .version = kv.version(),
-                      .lease = kv.lease()};
-}
-
 // grpc::Status to absl::Status (the codes share their numbers), naming etcd and what was
 // asked of it.
 absl::Status Failed(const grpc::Status& status, const std::string& etcd, const std::string& what) {
@@ -75,6 +66,15 @@ absl::Status Failed(const grpc::Status& status, const std::string& etcd, const s
 std::string Quoted(std::string_view key) { return "'" + std::string(key) + "'"; }
 
 }  // namespace
+
+EtcdKeyValue ToEtcdKeyValue(const mvccpb::KeyValue& kv) {
+  return EtcdKeyValue{.key = kv.key(),
+                      .value = kv.value(),
+                      .create_revision = kv.create_revision(),
+                      .mod_revision = kv.mod_revision(),
+                      .version = kv.version(),
+                      .lease = kv.lease()};
+}
 
 std::string PrefixRangeEnd(std::string_view prefix) {
   std::string end(prefix);
@@ -156,7 +156,7 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(std::string_view key
   grpc::Status status = kv_->Range(context.get(), request, &response);
   if (!status.ok()) return Failed(status, description_, absl::StrCat("get ", Quoted(key)));
   if (response.kvs_size() == 0) return std::nullopt;
-  return FromProto(response.kvs(0));
+  return ToEtcdKeyValue(response.kvs(0));
 }
 
 absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(std::string_view prefix) {
@@ -171,7 +171,7 @@ absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(std::string_view prefix) {
   EtcdRange range;
   range.revision = response.header().revision();
   range.kvs.reserve(response.kvs_size());
-  for (const mvccpb::KeyValue& kv : response.kvs()) range.kvs.push_back(FromProto(kv));
+  for (const mvccpb::KeyValue& kv : response.kvs()) range.kvs.push_back(ToEtcdKeyValue(kv));
   return range;
 }
 
@@ -224,7 +224,7 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::DeleteIfRevision(std::st
   if (!response.succeeded() || response.responses_size() == 0) return std::nullopt;
   const etcdserverpb::DeleteRangeResponse& deleted = response.responses(0).response_delete_range();
   if (deleted.prev_kvs_size() == 0) return std::nullopt;
-  return FromProto(deleted.prev_kvs(0));
+  return ToEtcdKeyValue(deleted.prev_kvs(0));
 }
 
 absl::StatusOr<int64_t> EtcdClient::Delete(std::string_view key) {

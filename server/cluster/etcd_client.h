@@ -114,6 +114,9 @@ class EtcdClient {
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
 };
 
+// etcd's wire form of a key, as EtcdKeyValue (for reads and watch events alike).
+EtcdKeyValue ToEtcdKeyValue(const mvccpb::KeyValue& kv);
+
 // The end of the range of every key that starts with prefix: prefix with its last byte
 // below 0xff incremented (etcd's rule for a prefix range).
 std::string PrefixRangeEnd(std::string_view prefix);

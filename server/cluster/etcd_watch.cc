@@ -10,14 +10,8 @@ namespace tensord::server::cluster {
 namespace {
 
 EtcdEvent FromProto(const mvccpb::Event& event) {
-  const mvccpb::KeyValue& kv = event.kv();
   return EtcdEvent{.kind = event.type() == mvccpb::Event::DELETE ? EtcdEvent::Kind::kDelete : EtcdEvent::Kind::kPut,
-                   .kv = EtcdKeyValue{.key = kv.key(),
-                                      .value = kv.value(),
-                                      .create_revision = kv.create_revision(),
-                                      .mod_revision = kv.mod_revision(),
-                                      .version = kv.version(),
-                                      .lease = kv.lease()}};
+                   .kv = ToEtcdKeyValue(event.kv())};
 }
 
 // Between attempts to open a broken stream again.
