@@ -55,6 +55,7 @@
 #include "common/protocol_limits.h"
 #include "server/access/access_policy.h"
 #include "server/access/uid_quota.h"
+#include "server/broker/remote_names.h"
 #include "server/memory/backend_registry.h"
 #include "server/memory/buffer_pool.h"
 #include "server/memory/memory_quota.h"
@@ -245,6 +246,21 @@ class Broker {
   // Cancels every wait and refuses new ones; used by SIGTERM.
   void Shutdown();
 
+  // --- names shared with other nodes (server/cluster/) ---
+  // From now on an acquire by name of a name `remote` shares that is not bound here fetches
+  // it through `remote` (remote_names.h): without a wait it answers once the fetch is done;
+  // a waiting acquire waits here while the fetch runs, and ends with the fetch's error
+  // unless that is NOT_FOUND. nullptr: nothing is shared from then on (fetches under way
+  // finish). `remote` must outlive its use: set nullptr before destroying it.
+  void ShareNamesThrough(RemoteNames* remote);
+  // A take of a shared name or prefix that finds nothing here moves one from another node
+  // (RemoteNames::FetchTake) and takes it, likewise.
+  // What this node wants of a name another node published: a waiting take of it (or of a
+  // prefix over it) wants the tensor moved here; a waiting acquire, or a watcher of a
+  // session other than `except_session`, wants a replica; else nothing.
+  enum class Want { kNothing, kReplica, kTake };
+  Want Wants(const std::string& name, uint64_t except_session);
+
  private:
   struct Effects {
     std::vector<std::pair<Completion<tensord::v1::AcquireResponse>, absl::StatusOr<tensord::v1::AcquireResponse>>>
@@ -426,6 +442,15 @@ class Broker {
   void ExpireTtl(uint64_t tensor_id, uint64_t generation);
 
   // broker_reads.cc and broker_take.cc: acquires and takes.
+  // Acquire; `may_fetch`: a shared name not bound here may be fetched from the cluster
+  // (false once it was: the retry after the fetch).
+  uint64_t AcquireHere(uint64_t session_id, const tensord::v1::AcquireRequest& request,
+                       Completion<tensord::v1::AcquireResponse> done, bool may_fetch);
+  // Whether an acquire of `name` that found nothing bound here goes to the cluster.
+  bool FetchesLocked(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Take; `may_fetch` as for AcquireHere.
+  uint64_t TakeHere(uint64_t session_id, const tensord::v1::TakeRequest& request,
+                    Completion<tensord::v1::AcquireResponse> done, bool may_fetch);
   // NOT_FOUND for a name nothing is bound to: `lead` and the name, and a bound name of its
   // namespace a typo away if there is one. Only after the caller's access to that namespace
   // was checked, so the hint tells nothing it could not list.
@@ -583,6 +608,7 @@ class Broker {
   uint64_t leases_reclaimed_ ABSL_GUARDED_BY(mu_) = 0;  // held by sessions when they closed
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool frozen_ ABSL_GUARDED_BY(mu_) = false;  // names are being handed to a new daemon
+  RemoteNames* remote_ ABSL_GUARDED_BY(mu_) = nullptr;  // ShareNamesThrough
   std::atomic<uint64_t> names_version_{0};     // bumped under mu_ by every bind and unbind
 
   // Declared last: their threads stop first, while everything above is still alive.

@@ -120,6 +120,36 @@ absl::StatusOr<v1::AcquireResponse> Broker::GrantWithinCapLocked(Session& sessio
 
 uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
                          Completion<v1::AcquireResponse> done) {
+  return AcquireHere(session_id, request, std::move(done), /*may_fetch=*/true);
+}
+
+void Broker::ShareNamesThrough(RemoteNames* remote) {
+  absl::MutexLock lock(&mu_);
+  remote_ = remote;
+}
+
+Broker::Want Broker::Wants(const std::string& name, uint64_t except_session) {
+  absl::MutexLock lock(&mu_);
+  Want want = Want::kNothing;
+  for (uint64_t id : waiters_.Ids()) {
+    const Waiter* waiter = waiters_.Find(id);
+    if (waiter == nullptr) continue;
+    if (waiter->kind == Waiter::Kind::kTake &&
+        (waiter->target == name || (waiter->target.ends_with('/') && common::NameHasPrefix(name, waiter->target)))) {
+      return Want::kTake;
+    }
+    if (waiter->kind == Waiter::Kind::kAcquireName && waiter->target == name) want = Want::kReplica;
+  }
+  if (want == Want::kNothing && watchers_.Watches(name, except_session, access_)) want = Want::kReplica;
+  return want;
+}
+
+bool Broker::FetchesLocked(const std::string& name) const {
+  return remote_ != nullptr && remote_->Shares(name) && registry_.names().count(name) == 0;
+}
+
+uint64_t Broker::AcquireHere(uint64_t session_id, const v1::AcquireRequest& request,
+                             Completion<v1::AcquireResponse> done, bool may_fetch) {
   if (request.target_case() == v1::AcquireRequest::kHandOver) {
     std::move(done)(RedeemHandOver(session_id, request.hand_over()));  // at once: nothing to wait for
     return 0;
@@ -129,7 +159,10 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
     std::move(done)(waiter.status());
     return 0;
   }
+  const bool by_name = waiter->kind == Waiter::Kind::kAcquireName;
   std::optional<absl::StatusOr<v1::AcquireResponse>> result;  // empty: wait
+  RemoteNames* fetch_from = nullptr;  // set: the name is fetched from the cluster
+  uint64_t wait_id = 0;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Session*> session = SessionLocked(session_id);
@@ -137,16 +170,42 @@ uint64_t Broker::Acquire(uint64_t session_id, const v1::AcquireRequest& request,
       result = session.status();
     } else {
       const bool may_wait = AsksToWait(request);
-      result = waiter->kind == Waiter::Kind::kAcquireName ? AcquireByNameLocked(**session, *waiter, may_wait)
-                                                          : AcquireByIdLocked(**session, *waiter, may_wait);
+      result = by_name ? AcquireByNameLocked(**session, *waiter, may_wait)
+                       : AcquireByIdLocked(**session, *waiter, may_wait);
     }
+    // Only an acquire that may read the name and found it unbound goes to the cluster.
+    const bool unbound = !result || (!result->ok() && result->status().code() == absl::StatusCode::kNotFound);
+    if (may_fetch && by_name && unbound && FetchesLocked(request.name())) fetch_from = remote_;
     if (!result) {
       std::optional<uint64_t> timeout;  // nullopt: forever
       if (!request.has_forever()) timeout = request.timeout_ms();
-      absl::StatusOr<uint64_t> wait_id = StartWaitLocked(**session, *std::move(waiter), done, timeout, "acquire");
-      if (wait_id.ok()) return *wait_id;
-      result = wait_id.status();
+      absl::StatusOr<uint64_t> started = StartWaitLocked(**session, *std::move(waiter), done, timeout, "acquire");
+      if (started.ok()) {
+        wait_id = *started;
+      } else {
+        result = started.status();
+        fetch_from = nullptr;
+      }
     }
+  }
+  if (fetch_from != nullptr && wait_id != 0) {
+    // The replica's bind grants the wait; a fetch that fails for another reason than
+    // absence ends it (a remote publish later is fetched for it: IsAwaited).
+    fetch_from->Fetch(request.name(), [this, wait_id](absl::Status fetched) {
+      if (!fetched.ok() && fetched.code() != absl::StatusCode::kNotFound) CompleteWaitWith(wait_id, fetched);
+    });
+    return wait_id;
+  }
+  if (wait_id != 0) return wait_id;
+  if (fetch_from != nullptr) {
+    fetch_from->Fetch(request.name(), [this, session_id, request, done = std::move(done)](absl::Status fetched) mutable {
+      if (!fetched.ok()) {
+        std::move(done)(fetched);
+      } else {
+        AcquireHere(session_id, request, std::move(done), /*may_fetch=*/false);
+      }
+    });
+    return 0;
   }
   std::move(done)(std::move(*result));
   return 0;

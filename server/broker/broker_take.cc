@@ -35,12 +35,19 @@ absl::Status Broker::CheckTakenMemory(v1::DeviceType wanted, const Tensor& tenso
 
 uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
                       Completion<v1::AcquireResponse> done) {
+  return TakeHere(session_id, request, std::move(done), /*may_fetch=*/true);
+}
+
+uint64_t Broker::TakeHere(uint64_t session_id, const v1::TakeRequest& request,
+                          Completion<v1::AcquireResponse> done, bool may_fetch) {
   const std::string& target = request.name_or_prefix();
   if (absl::Status valid = ValidateTakeTarget(target); !valid.ok()) {
     std::move(done)(valid);
     return 0;
   }
   std::optional<absl::StatusOr<v1::AcquireResponse>> result;  // empty: wait
+  RemoteNames* fetch_from = nullptr;  // set: one is moved here from another node
+  uint64_t wait_id = 0;
   Effects effects;
   {
     absl::MutexLock lock(&mu_);
@@ -52,6 +59,9 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
       result = access;
     } else {
       result = TakeNowLocked(**session, request, effects);
+      // Nothing here: another node may have one.
+      const bool none = !result || (!result->ok() && result->status().code() == absl::StatusCode::kNotFound);
+      if (may_fetch && none && remote_ != nullptr && remote_->Shares(target)) fetch_from = remote_;
     }
     if (!result) {
       Waiter waiter;
@@ -60,12 +70,35 @@ uint64_t Broker::Take(uint64_t session_id, const v1::TakeRequest& request,
       waiter.memory_type = request.memory_type();
       std::optional<uint64_t> timeout;  // nullopt: forever
       if (!request.has_forever()) timeout = request.timeout_ms();
-      absl::StatusOr<uint64_t> wait_id = StartWaitLocked(**session, std::move(waiter), done, timeout, "take");
-      if (wait_id.ok()) return *wait_id;
-      result = wait_id.status();
+      absl::StatusOr<uint64_t> started = StartWaitLocked(**session, std::move(waiter), done, timeout, "take");
+      if (started.ok()) {
+        wait_id = *started;
+      } else {
+        result = started.status();
+        fetch_from = nullptr;
+      }
     }
   }
   Deliver(effects);
+  if (wait_id != 0) {
+    // The moved tensor's bind grants the wait (or another take's, which got it first).
+    if (fetch_from != nullptr) {
+      fetch_from->FetchTake(target, [this, wait_id](absl::Status fetched) {
+        if (!fetched.ok() && fetched.code() != absl::StatusCode::kNotFound) CompleteWaitWith(wait_id, fetched);
+      });
+    }
+    return wait_id;
+  }
+  if (fetch_from != nullptr) {
+    fetch_from->FetchTake(target, [this, session_id, request, done = std::move(done)](absl::Status fetched) mutable {
+      if (!fetched.ok()) {
+        std::move(done)(fetched);
+      } else {
+        TakeHere(session_id, request, std::move(done), /*may_fetch=*/false);
+      }
+    });
+    return 0;
+  }
   std::move(done)(std::move(*result));
   return 0;
 }

@@ -58,4 +58,12 @@ std::vector<std::shared_ptr<WatchSink>> WatcherSet::SinksFor(const tensord::v1::
   return sinks;
 }
 
+bool WatcherSet::Watches(const std::string& name, uint64_t except_session, const AccessPolicy& access) const {
+  for (const auto& [id, watcher] : watchers_) {
+    if (watcher.session_id == except_session || !common::NameHasPrefix(name, watcher.prefix)) continue;
+    if (access.MayRead(watcher.creds, common::NamespaceOf(name))) return true;
+  }
+  return false;
+}
+
 }  // namespace tensord::server

@@ -64,6 +64,9 @@ class WatcherSet {
   std::vector<std::shared_ptr<WatchSink>> SinksFor(const tensord::v1::WatchEvent& event,
                                                    const AccessPolicy& access) const;
 
+  // Whether a watcher of a session other than `except_session` watches `name` (may read it).
+  bool Watches(const std::string& name, uint64_t except_session, const AccessPolicy& access) const;
+
   size_t size() const { return watchers_.size(); }
   bool empty() const { return watchers_.empty(); }
 
