@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<UcxNode>> UcxNode::Create() {
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) return UcxError("ucx: read config", s);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   ucs_status_t status = ucp_init(&params, config, &node->context_);
   ucp_config_release(config);
   if (status != UCS_OK) return UcxError("ucx: init", status);
@@ -42,6 +42,9 @@ absl::StatusOr<std::unique_ptr<UcxNode>> UcxNode::Create() {
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
   if (status = ucp_worker_create(node->context_, &worker_params, &node->worker_); status != UCS_OK) {
     return UcxError("ucx: create a worker", status);
+  }
+  if (status = ucp_worker_get_efd(node->worker_, &node->event_fd_); status != UCS_OK) {
+    return UcxError("ucx: the worker's event fd", status);
   }
   ucp_address_t* address = nullptr;
   size_t length = 0;
@@ -59,6 +62,8 @@ UcxNode::~UcxNode() {
 }
 
 bool UcxNode::Progress() { return ucp_worker_progress(worker_) != 0; }
+
+bool UcxNode::Arm() { return ucp_worker_arm(worker_) == UCS_OK; }
 
 absl::StatusOr<std::unique_ptr<UcxRegion>> UcxRegion::Register(UcxNode& node, void* base, size_t size) {
   std::unique_ptr<UcxRegion> region(new UcxRegion(node, base, size));

@@ -40,6 +40,11 @@ class UcxNode {
   const std::string& address() const { return address_; }
   // Runs pending communication once; true when something was done.
   bool Progress();
+  // A file descriptor that turns readable when the worker has work (UCP_FEATURE_WAKEUP),
+  // once Arm() said it may sleep.
+  int event_fd() const { return event_fd_; }
+  // Before sleeping on event_fd(): false when events are pending already (progress again).
+  bool Arm();
 
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
@@ -48,6 +53,7 @@ class UcxNode {
   UcxNode() = default;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;  // the worker's; closed with it
   std::string address_;
 };
 
