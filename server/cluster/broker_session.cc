@@ -1,0 +1,109 @@
+#include "server/cluster/broker_session.h"
+
+#include <unistd.h>
+
+#include <future>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/memory/backends.h"
+#include "common/names.h"
+
+namespace tensord::server::cluster {
+
+namespace v1 = tensord::v1;
+
+namespace {
+
+absl::Status Naming(const absl::Status& status, const std::string& what) {
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BrokerSession>> BrokerSession::Open(Broker& broker, std::string client_name) {
+  common::PeerCredentials self;
+  self.uid = getuid();
+  self.gid = getgid();
+  self.pid = getpid();
+  absl::StatusOr<v1::Welcome> welcome = broker.OpenSession(self, std::move(client_name));
+  if (!welcome.ok()) return Naming(welcome.status(), "the cluster's session on this broker");
+  return std::unique_ptr<BrokerSession>(new BrokerSession(broker, welcome->session_id()));
+}
+
+BrokerSession::~BrokerSession() { broker_.CloseSession(session_id_); }
+
+absl::StatusOr<v1::AcquireResponse> BrokerSession::AcquireHere(const std::string& name) {
+  v1::AcquireRequest request;
+  request.set_name(name);
+  std::promise<absl::StatusOr<v1::AcquireResponse>> answer;
+  std::future<absl::StatusOr<v1::AcquireResponse>> result = answer.get_future();
+  // A name this node does not hold answers NOT_FOUND at once: the cluster's own acquires
+  // never fetch (the broker fetches only for acquires whose name is not bound here, and the
+  // peer service acquires names this node owns).
+  broker_.Acquire(session_id_, request,
+                  [&answer](absl::StatusOr<v1::AcquireResponse> response) { answer.set_value(std::move(response)); });
+  return result.get();
+}
+
+absl::StatusOr<v1::AllocateResponse> BrokerSession::Allocate(const std::string& ns, const v1::TensorDesc& desc,
+                                                             const std::map<std::string, std::string>& tags) {
+  v1::AllocateRequest request;
+  request.set_ns(ns);
+  *request.mutable_desc() = desc;
+  request.set_isolated(true);
+  for (const auto& [key, value] : tags) (*request.mutable_tags())[key] = value;
+  std::promise<absl::StatusOr<v1::AllocateResponse>> answer;
+  std::future<absl::StatusOr<v1::AllocateResponse>> result = answer.get_future();
+  broker_.Allocate(session_id_, request,
+                   [&answer](absl::StatusOr<v1::AllocateResponse> response) { answer.set_value(std::move(response)); });
+  absl::StatusOr<v1::AllocateResponse> allocated = result.get();
+  if (!allocated.ok()) return Naming(allocated.status(), absl::StrCat("allocate a replica in ", ns));
+  return allocated;
+}
+
+absl::StatusOr<v1::TensorInfo> BrokerSession::Publish(uint64_t tensor_id, const std::string& name) {
+  v1::PublishRequest request;
+  request.set_tensor_id(tensor_id);
+  request.set_name(name);
+  absl::StatusOr<v1::PublishResponse> published = broker_.Publish(session_id_, request);
+  if (!published.ok()) return Naming(published.status(), absl::StrCat("publish the replica of ", name));
+  return published->tensor();
+}
+
+absl::Status BrokerSession::Delete(const std::string& name, uint64_t generation) {
+  v1::DeleteRequest request;
+  request.set_name(name);
+  request.set_if_generation(generation);
+  absl::StatusOr<v1::DeleteResponse> deleted = broker_.Delete(session_id_, request);
+  return deleted.ok() ? absl::OkStatus() : deleted.status();
+}
+
+void BrokerSession::Release(uint64_t lease_id) {
+  v1::ReleaseRequest request;
+  request.add_lease_ids(lease_id);
+  (void)broker_.Release(session_id_, request);
+}
+
+absl::StatusOr<std::unique_ptr<common::ImportedRegion>> BrokerSession::Map(const v1::TensorInfo& tensor,
+                                                                           bool writable) {
+  const std::string what = absl::StrCat("tensor ", tensor.tensor_id(), " (buffer ", tensor.buffer().buffer_id(), ")");
+  v1::FetchFd fetch;
+  fetch.add_buffer_ids(tensor.buffer().buffer_id());
+  absl::StatusOr<std::vector<Broker::FetchedHandle>> handles = broker_.FetchHandles(session_id_, fetch);
+  if (!handles.ok()) return Naming(handles.status(), what);
+  if (handles->empty()) return absl::InternalError(absl::StrCat(what, ": no handle came back"));
+  Broker::FetchedHandle& handle = handles->front();
+  absl::StatusOr<common::Importer*> importer = common::ProcessImporters().For(handle.device_type);
+  if (!importer.ok()) return Naming(importer.status(), what);
+  common::FetchedBuffer buffer;
+  buffer.buffer_id = handle.buffer_id;
+  buffer.size = handle.size;
+  buffer.device_type = handle.device_type;
+  buffer.handle = std::move(handle.handle);
+  buffer.populate = writable;
+  return (*importer)->Import(buffer, writable ? common::MapMode::kSharedWritable : common::MapMode::kSharedReadOnly,
+                             what);
+}
+
+}  // namespace tensord::server::cluster

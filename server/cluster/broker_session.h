@@ -1,0 +1,51 @@
+// BrokerSession: the cluster's own session on this node's broker, a plain user of the
+// Broker's API as the transports are (credentials: the daemon's own, so no ACL or per-uid
+// limit binds it). Each call waits for its answer; none may run on a broker thread or under
+// a lock the broker's completions take. Memory is mapped through the importer of the
+// buffer's device type (common/memory/importer.h), as a client maps it.
+//
+// Errors are the broker's, with what was asked in front. Thread-safe. The destructor closes
+// the session, which releases every lease still held.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/memory/importer.h"
+#include "server/broker/broker.h"
+#include "tensord/v1/broker.pb.h"
+
+namespace tensord::server::cluster {
+
+class BrokerSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<BrokerSession>> Open(Broker& broker, std::string client_name);
+  ~BrokerSession();
+  BrokerSession(const BrokerSession&) = delete;
+  BrokerSession& operator=(const BrokerSession&) = delete;
+
+  // A lease on the tensor bound to `name` now (no wait, no fetch from the cluster).
+  absl::StatusOr<tensord::v1::AcquireResponse> AcquireHere(const std::string& name);
+  // A writable host tensor of `desc` in namespace `ns`, in a buffer of its own.
+  absl::StatusOr<tensord::v1::AllocateResponse> Allocate(const std::string& ns, const tensord::v1::TensorDesc& desc,
+                                                         const std::map<std::string, std::string>& tags);
+  absl::StatusOr<tensord::v1::TensorInfo> Publish(uint64_t tensor_id, const std::string& name);
+  // Unbinds `name` when it is bound at `generation` (0: whatever is bound).
+  absl::Status Delete(const std::string& name, uint64_t generation);
+  void Release(uint64_t lease_id);
+  // Maps the buffer of a tensor this session leases: read-only, or writable (the producer's
+  // mapping, for a tensor it allocated).
+  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> Map(const tensord::v1::TensorInfo& tensor, bool writable);
+
+  uint64_t id() const { return session_id_; }
+
+ private:
+  BrokerSession(Broker& broker, uint64_t session_id) : broker_(broker), session_id_(session_id) {}
+  Broker& broker_;
+  const uint64_t session_id_;
+};
+
+}  // namespace tensord::server::cluster

@@ -1,0 +1,149 @@
+#include "server/cluster/peer_service.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server::cluster {
+
+namespace v1 = tensord::v1;
+namespace cv1 = tensord::cluster::v1;
+
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace
+
+PeerService::PeerService(BrokerSession& session, UcxWorker& ucx, absl::Duration read_ttl)
+    : session_(session), ucx_(ucx), read_ttl_(read_ttl) {}
+
+PeerService::~PeerService() {
+  EndReads([](uint64_t, const Read&) { return true; });
+}
+
+grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequest* request,
+                                   cv1::OpenReadResponse* response) {
+  absl::StatusOr<v1::AcquireResponse> lease = session_.AcquireHere(request->name());
+  if (!lease.ok()) return ToGrpc(lease.status());
+  const v1::TensorInfo& tensor = lease->tensor();
+  if (tensor.desc().device().type() != v1::DEVICE_TYPE_CPU) {
+    session_.Release(lease->lease_id());
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat(request->name(), " is device memory: only host tensors cross nodes in this version (no "
+                     "staging through pinned host memory yet)")));
+  }
+  const uint64_t buffer_id = tensor.buffer().buffer_id();
+  absl::MutexLock lock(&mu_);
+  auto region = regions_.find(buffer_id);
+  if (region == regions_.end()) {
+    absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping = session_.Map(tensor, /*writable=*/false);
+    absl::StatusOr<std::unique_ptr<UcxRegion>> registered =
+        !mapping.ok() ? absl::StatusOr<std::unique_ptr<UcxRegion>>(mapping.status())
+                      : ucx_.Call([&](UcxNode& node) {
+                          return UcxRegion::Register(node, (*mapping)->data(), (*mapping)->size());
+                        });
+    if (!registered.ok()) {
+      session_.Release(lease->lease_id());
+      return ToGrpc(registered.status());
+    }
+    region = regions_.emplace(buffer_id, Region{*std::move(mapping), *std::move(registered), 0}).first;
+  }
+  ++region->second.reads;
+  const uint64_t read_id = ++last_read_id_;
+  reads_[read_id] = Read{request->name(), tensor.generation(), lease->lease_id(), buffer_id, request->reader_node(),
+                         absl::Now() + read_ttl_};
+  response->set_read_id(read_id);
+  response->set_tensor_id(tensor.tensor_id());
+  response->set_generation(tensor.generation());
+  *response->mutable_desc() = tensor.desc();
+  *response->mutable_tags() = tensor.tags();
+  response->set_nbytes(tensor.buffer().extent());
+  response->set_worker_address(ucx_.address());
+  response->set_remote_address(region->second.ucx->address() + tensor.buffer().offset());
+  response->set_packed_key(region->second.ucx->packed_key());
+  response->set_ttl_ms(absl::ToInt64Milliseconds(read_ttl_));
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::CloseRead(grpc::ServerContext*, const cv1::CloseReadRequest* request,
+                                    cv1::CloseReadResponse*) {
+  const uint64_t read_id = request->read_id();
+  if (EndReads([read_id](uint64_t id, const Read&) { return id == read_id; }) == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no read ", read_id, " is open"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::CommitTake(grpc::ServerContext*, const cv1::CommitTakeRequest* request,
+                                     cv1::CommitTakeResponse*) {
+  std::string name;
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto read = reads_.find(request->read_id());
+    if (read == reads_.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no read ", request->read_id(), " is open"));
+    }
+    name = read->second.name;
+    generation = read->second.generation;
+  }
+  // The broker decides: whoever unbinds the name first, here or on another node, took it.
+  return ToGrpc(session_.Delete(name, generation));
+}
+
+void PeerService::DropReadsOf(const std::string& node) {
+  EndReads([&node](uint64_t, const Read& read) { return read.node == node; });
+}
+
+void PeerService::ExpireReads() {
+  const absl::Time now = absl::Now();
+  EndReads([now](uint64_t, const Read& read) { return read.expires <= now; });
+}
+
+size_t PeerService::open_reads() const {
+  absl::MutexLock lock(&mu_);
+  return reads_.size();
+}
+
+size_t PeerService::registered_buffers() const {
+  absl::MutexLock lock(&mu_);
+  return regions_.size();
+}
+
+template <typename Pred>
+size_t PeerService::EndReads(Pred ends) {
+  std::vector<uint64_t> leases;
+  std::vector<Region> unused;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = reads_.begin(); it != reads_.end();) {
+      if (!ends(it->first, it->second)) {
+        ++it;
+        continue;
+      }
+      leases.push_back(it->second.lease_id);
+      auto region = regions_.find(it->second.buffer_id);
+      if (region != regions_.end() && --region->second.reads == 0) {
+        unused.push_back(std::move(region->second));
+        regions_.erase(region);
+      }
+      it = reads_.erase(it);
+    }
+  }
+  if (!unused.empty()) {
+    // Registrations are undone on the thread that drives the worker, before the unmapping.
+    ucx_.Call([&unused](UcxNode&) {
+      for (Region& region : unused) region.ucx.reset();
+    });
+    unused.clear();
+  }
+  for (uint64_t lease : leases) session_.Release(lease);
+  return leases.size();
+}
+
+}  // namespace tensord::server::cluster

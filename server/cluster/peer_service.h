@@ -1,0 +1,78 @@
+// PeerService: what this broker serves the other brokers of its cluster
+// (tensord.cluster.v1.Peer, on --cluster-listen over mutual TLS). A read holds a lease on
+// the tensor bound to the name (through the cluster's BrokerSession) and makes its buffer
+// readable with one-sided UCX gets: each buffer is mapped and registered once (a whole
+// arena once, for every tensor in it), and stays registered while any read of it is open.
+//
+// A read ends with CloseRead, when its reader leaves the directory (DropReadsOf: a reader
+// killed mid-pull), or after its TTL (ExpireReads); then its lease goes, and the buffer's
+// registration with its last read. Only host memory is served: a device tensor is refused
+// with FAILED_PRECONDITION (no staging through pinned host memory yet).
+//
+// Thread-safe; gRPC calls it on its own threads. The destructor ends every read.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/memory/importer.h"
+#include "server/cluster/broker_session.h"
+#include "server/cluster/ucx_worker.h"
+#include "tensord/cluster/v1/cluster.grpc.pb.h"
+
+namespace tensord::server::cluster {
+
+class PeerService final : public tensord::cluster::v1::Peer::Service {
+ public:
+  PeerService(BrokerSession& session, UcxWorker& ucx, absl::Duration read_ttl = absl::Seconds(60));
+  ~PeerService() override;
+
+  grpc::Status OpenRead(grpc::ServerContext* context, const tensord::cluster::v1::OpenReadRequest* request,
+                        tensord::cluster::v1::OpenReadResponse* response) override;
+  grpc::Status CloseRead(grpc::ServerContext* context, const tensord::cluster::v1::CloseReadRequest* request,
+                         tensord::cluster::v1::CloseReadResponse* response) override;
+  grpc::Status CommitTake(grpc::ServerContext* context, const tensord::cluster::v1::CommitTakeRequest* request,
+                          tensord::cluster::v1::CommitTakeResponse* response) override;
+
+  // Ends the reads of a node that left the directory.
+  void DropReadsOf(const std::string& node);
+  // Ends the reads past their TTL.
+  void ExpireReads();
+  // Reads open and buffers registered now.
+  size_t open_reads() const;
+  size_t registered_buffers() const;
+
+ private:
+  struct Region {
+    std::unique_ptr<common::ImportedRegion> mapping;
+    std::unique_ptr<UcxRegion> ucx;
+    int reads = 0;
+  };
+  struct Read {
+    std::string name;
+    uint64_t generation = 0;
+    uint64_t lease_id = 0;
+    uint64_t buffer_id = 0;
+    std::string node;
+    absl::Time expires;
+  };
+  // Ends the reads for which ends(read_id, read) is true: their leases released, and the
+  // registrations of buffers no read uses any more undone (on the UCX thread), outside the
+  // lock. Returns how many ended.
+  template <typename Pred>
+  size_t EndReads(Pred ends);
+
+  BrokerSession& session_;
+  UcxWorker& ucx_;
+  const absl::Duration read_ttl_;
+  mutable absl::Mutex mu_;
+  uint64_t last_read_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Read> reads_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);  // by buffer id
+};
+
+}  // namespace tensord::server::cluster

@@ -1,0 +1,274 @@
+#include "server/cluster/replica_puller.h"
+
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "grpcpp/create_channel.h"
+#include "spdlog/spdlog.h"
+
+namespace tensord::server::cluster {
+
+namespace v1 = tensord::v1;
+namespace cv1 = tensord::cluster::v1;
+
+namespace {
+
+std::string NodeWhere(const cv1::NameRecord& owner) {
+  return absl::StrCat("node ", owner.node(), " (", owner.broker_address(), ")");
+}
+
+// A peer's gRPC failure, as the acquire reports it: NOT_FOUND stays (unbound meanwhile);
+// every other failure makes the owner unavailable.
+absl::Status PeerError(const cv1::NameRecord& owner, const char* call, const grpc::Status& status) {
+  const std::string message = absl::StrCat(NodeWhere(owner), ": ", call, ": ", status.error_message());
+  switch (status.error_code()) {
+    case grpc::StatusCode::NOT_FOUND: return absl::NotFoundError(message);
+    case grpc::StatusCode::FAILED_PRECONDITION: return absl::FailedPreconditionError(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return absl::ResourceExhaustedError(message);
+    default: return absl::UnavailableError(message);
+  }
+}
+
+}  // namespace
+
+ReplicaPuller::ReplicaPuller(BrokerSession& session, UcxWorker& ucx, Lookup lookup, List list, Options options)
+    : session_(session), ucx_(ucx), lookup_(std::move(lookup)), list_(std::move(list)), options_(std::move(options)) {}
+
+ReplicaPuller::~ReplicaPuller() {
+  threads_.Shutdown();
+  ucx_.Call([this](UcxNode&) { endpoints_.clear(); });
+}
+
+void ReplicaPuller::Pull(const std::string& name, Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Done>& waiting = pulling_[name];
+    waiting.push_back(std::move(done));
+    if (waiting.size() > 1) return;  // joins the pull under way
+  }
+  threads_.Post([this, name] {
+    absl::Status status = PullNow(name);
+    std::vector<Done> waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      waiting = std::move(pulling_[name]);
+      pulling_.erase(name);
+    }
+    for (Done& done : waiting) std::move(done)(status);
+  });
+}
+
+absl::Status ReplicaPuller::PullNow(const std::string& name) {
+  absl::StatusOr<cv1::NameRecord> owner = lookup_(name);
+  if (!owner.ok()) return owner.status();
+  if (owner->node() == options_.node) return absl::OkStatus();  // ours: bound here, or gone
+  if (std::optional<Replica> replica = ReplicaOf(name);
+      replica && replica->node == owner->node() && replica->owner_generation == owner->generation()) {
+    return absl::OkStatus();  // pulled by an earlier transfer
+  }
+  return Transfer(name, *owner, /*take=*/false);
+}
+
+void ReplicaPuller::Take(const std::string& name_or_prefix, Done done) {
+  threads_.Post([this, name_or_prefix, done = std::move(done)]() mutable {
+    std::move(done)(TakeNow(name_or_prefix));
+  });
+}
+
+absl::Status ReplicaPuller::TakeNow(const std::string& name_or_prefix) {
+  std::vector<Owned> candidates;
+  if (name_or_prefix.ends_with('/')) {
+    absl::StatusOr<std::vector<Owned>> listed = list_(name_or_prefix);
+    if (!listed.ok()) return listed.status();
+    candidates = *std::move(listed);
+  } else {
+    absl::StatusOr<cv1::NameRecord> owner = lookup_(name_or_prefix);
+    if (!owner.ok()) return owner.status();
+    if (owner->node() != options_.node) candidates.push_back({name_or_prefix, *owner});
+  }
+  // Oldest first; one taken elsewhere meanwhile makes way for the next.
+  constexpr size_t kMostTries = 16;
+  for (size_t i = 0; i < candidates.size() && i < kMostTries; ++i) {
+    absl::Status moved = Transfer(candidates[i].name, candidates[i].record, /*take=*/true);
+    if (moved.code() != absl::StatusCode::kAborted && moved.code() != absl::StatusCode::kNotFound) return moved;
+  }
+  return absl::NotFoundError(absl::StrCat("no other node of the cluster has anything bound ",
+                                          name_or_prefix.ends_with('/') ? "under " : "to ",
+                                          common::QuoteForError(name_or_prefix)));
+}
+
+cv1::Peer::Stub& ReplicaPuller::PeerFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<cv1::Peer::Stub>& stub = peers_[address];
+  if (stub == nullptr) {
+    // A node that restarts is back within a second or two: retry its address that often,
+    // not after gRPC's default backoff of up to two minutes.
+    grpc::ChannelArguments arguments;
+    arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    if (!options_.peer_name.empty()) arguments.SetSslTargetNameOverride(options_.peer_name);
+    stub = cv1::Peer::NewStub(grpc::CreateCustomChannel(address, options_.credentials, arguments));
+  }
+  return *stub;
+}
+
+absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRecord& owner, bool take) {
+  cv1::Peer::Stub& peer = PeerFor(owner.broker_address());
+  cv1::OpenReadRequest open;
+  open.set_name(name);
+  open.set_reader_node(options_.node);
+  cv1::OpenReadResponse read;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+    // Rides out a reconnect (the owner restarted, the channel is backing off) within the
+    // deadline, rather than failing at once.
+    context.set_wait_for_ready(true);
+    grpc::Status opened = peer.OpenRead(&context, open, &read);
+    if (!opened.ok()) return PeerError(owner, "open a read", opened);
+  }
+  // The owner's lease goes when the read closes, whatever happens here.
+  absl::Cleanup close_read = [&] {
+    cv1::CloseReadRequest close;
+    close.set_read_id(read.read_id());
+    cv1::CloseReadResponse closed;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+    if (grpc::Status status = peer.CloseRead(&context, close, &closed); !status.ok()) {
+      spdlog::debug("cluster: close read {} on {}: {}", read.read_id(), NodeWhere(owner), status.error_message());
+    }
+  };
+  spdlog::debug("cluster: pulling {} from {} ({} bytes, generation {})", name, NodeWhere(owner), read.nbytes(),
+                read.generation());
+  const absl::Time started = absl::Now();
+  std::map<std::string, std::string> tags(read.tags().begin(), read.tags().end());
+  tags[kReplicaNodeTag] = owner.node();
+  tags[kReplicaGenerationTag] = absl::StrCat(read.generation());
+  absl::StatusOr<v1::AllocateResponse> replica =
+      session_.Allocate(std::string(common::NamespaceOf(name)), read.desc(), tags);
+  if (!replica.ok()) return replica.status();
+  absl::Cleanup release = [&] { session_.Release(replica->lease_id()); };
+  const v1::TensorInfo& tensor = replica->tensor();
+  if (tensor.buffer().extent() < read.nbytes()) {
+    return absl::InternalError(absl::StrCat("the replica of ", name, " has room for ", tensor.buffer().extent(),
+                                            " bytes, the owner sends ", read.nbytes()));
+  }
+  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping = session_.Map(tensor, /*writable=*/true);
+  if (!mapping.ok()) return mapping.status();
+  uint8_t* into = (*mapping)->data() + tensor.buffer().offset();
+  const std::string peer_name = NodeWhere(owner);
+  absl::Status copied = ucx_.Call([&](UcxNode& node) -> absl::Status {
+    Endpoint& endpoint = endpoints_[owner.node()];
+    if (endpoint.endpoint == nullptr || endpoint.worker_address != read.worker_address()) {
+      endpoint.endpoint.reset();
+      absl::StatusOr<std::unique_ptr<UcxEndpoint>> connected =
+          UcxEndpoint::Connect(node, read.worker_address(), peer_name);
+      if (!connected.ok()) return connected.status();
+      endpoint = Endpoint{read.worker_address(), *std::move(connected)};
+    }
+    UcxEndpoint::ReadOptions options;
+    options.chunk_bytes = options_.chunk_bytes;
+    options.in_flight = options_.in_flight;
+    options.timeout = options_.read_timeout;
+    absl::Status status =
+        endpoint.endpoint->Read(into, read.nbytes(), read.remote_address(), read.packed_key(), options);
+    if (!status.ok()) endpoints_.erase(owner.node());  // broken for good: connect again next time
+    return status;
+  });
+  mapping->reset();  // the writer's mapping: the bytes are in
+  if (!copied.ok()) {
+    return absl::Status(copied.code(), absl::StrCat("pull ", name, " from ", peer_name, ": ", copied.message()));
+  }
+  if (take) {
+    cv1::CommitTakeRequest commit;
+    commit.set_read_id(read.read_id());
+    cv1::CommitTakeResponse committed;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+    if (grpc::Status status = peer.CommitTake(&context, commit, &committed); !status.ok()) {
+      if (status.error_code() == grpc::StatusCode::ABORTED || status.error_code() == grpc::StatusCode::NOT_FOUND) {
+        return absl::AbortedError(absl::StrCat(name, " was taken on ", NodeWhere(owner), " meanwhile"));
+      }
+      // Unknown whether the owner unbound it: the copy here is kept rather than lost, bound
+      // as this node's own (at worst the tensor is then bound on two nodes, never on none).
+      spdlog::warn("cluster: take {} from {}: {}; keeping the copy read here", name, NodeWhere(owner),
+                   status.error_message());
+    }
+    absl::StatusOr<v1::TensorInfo> published = session_.Publish(tensor.tensor_id(), name);
+    if (!published.ok()) return published.status();
+    spdlog::info("cluster: took {} from {}: {} bytes", name, NodeWhere(owner), read.nbytes());
+    return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    replicas_[name] = Replica{tensor.tensor_id(), 0, owner.node(), read.generation()};
+  }
+  absl::StatusOr<v1::TensorInfo> published = session_.Publish(tensor.tensor_id(), name);
+  if (!published.ok()) {
+    Forget(name);
+    return published.status();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = replicas_.find(name);
+    if (it != replicas_.end() && it->second.tensor_id == tensor.tensor_id()) it->second.generation = published->generation();
+    ++pulls_;
+    bytes_pulled_ += read.nbytes();
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
+  spdlog::info("cluster: pulled {} from {}: {} bytes in {:.1f} ms ({:.0f} MB/s)", name, NodeWhere(owner),
+               read.nbytes(), seconds * 1e3, seconds > 0 ? read.nbytes() / seconds / 1e6 : 0.0);
+  // A newer publish recorded while this one was read may have been seen before the
+  // replica was bound here: check once more, and drop what is stale already.
+  absl::StatusOr<cv1::NameRecord> now = lookup_(name);
+  if (now.ok() && (now->node() != owner.node() || now->generation() != read.generation())) {
+    Forget(name);
+    (void)session_.Delete(name, published->generation());
+  }
+  return absl::OkStatus();
+}
+
+bool ReplicaPuller::IsReplica(uint64_t tensor_id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, replica] : replicas_) {
+    if (replica.tensor_id == tensor_id) return true;
+  }
+  return false;
+}
+
+std::optional<Replica> ReplicaPuller::ReplicaOf(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = replicas_.find(name);
+  if (it == replicas_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::map<std::string, Replica> ReplicaPuller::Replicas() const {
+  absl::MutexLock lock(&mu_);
+  return replicas_;
+}
+
+void ReplicaPuller::Forget(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  replicas_.erase(name);
+}
+
+void ReplicaPuller::ForgetNode(const std::string& node) {
+  ucx_.Post([this, node](UcxNode&) { endpoints_.erase(node); });
+}
+
+uint64_t ReplicaPuller::pulls() const {
+  absl::MutexLock lock(&mu_);
+  return pulls_;
+}
+
+uint64_t ReplicaPuller::bytes_pulled() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_pulled_;
+}
+
+}  // namespace tensord::server::cluster
