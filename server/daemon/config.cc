@@ -124,6 +124,26 @@ const std::vector<Setting>& Settings() {
       {"fd_store", Kind::kText, &Config::fd_store, nullptr, "on|off",
        "under systemd, keep the named tensors in its file-descriptor store, so a restart or a crash keeps them "
        "(the unit needs FileDescriptorStoreMax=; default off)"},
+      {"cluster_etcd", Kind::kText, &Config::cluster_etcd, nullptr, "URL[,URL...]",
+       "join a cluster of tensord nodes whose directory is on etcd at these v3 endpoints, http:// or https:// "
+       "(default: off; the node shares nothing)"},
+      {"node_name", Kind::kText, &Config::node_name, nullptr, "NAME",
+       "this node's name in the cluster (default: the host name)"},
+      {"cluster_listen", Kind::kText, &Config::cluster_listen, nullptr, "HOST:PORT",
+       "where this daemon serves the other nodes' brokers; the address they reach it at"},
+      {"cluster_namespaces", Kind::kText, &Config::cluster_namespaces, nullptr, "NS[,NS...]",
+       "the namespaces shared across the cluster; every other name stays on its node"},
+      {"cluster_ca_file", Kind::kText, &Config::cluster_ca_file, nullptr, "PATH",
+       "PEM: the CA that signed every node's and etcd's certificate"},
+      {"cluster_cert_file", Kind::kText, &Config::cluster_cert_file, nullptr, "PATH",
+       "PEM: this node's certificate, shown to other nodes and to etcd"},
+      {"cluster_key_file", Kind::kText, &Config::cluster_key_file, nullptr, "PATH", "PEM: this node's key"},
+      {"cluster_peer_name", Kind::kText, &Config::cluster_peer_name, nullptr, "NAME",
+       "the name every node's certificate carries (subjectAltName DNS:NAME), checked instead of the address "
+       "other nodes are reached at; for addresses a certificate cannot name in advance, like pods' (default: "
+       "the address is checked)"},
+      {"cluster_insecure", Kind::kText, &Config::cluster_insecure, nullptr, "on|off",
+       "without the TLS files, let brokers and etcd talk in plaintext, unauthenticated (default off)"},
       {"log_level", Kind::kText, &Config::log_level, nullptr, "LEVEL",
        "trace, debug, info, warn, error, critical or off"},
   };
@@ -281,6 +301,22 @@ absl::Status CheckFdStore(const Config& config, const std::map<std::string, std:
   auto origin = origins.find("fd_store");
   return Invalid(absl::StrCat(origin != origins.end() ? origin->second : "fd_store", " ",
                               common::QuoteForError(config.fd_store), ": must be on or off"));
+}
+
+// The cluster settings are checked where they are used (server/cluster/); --cluster-etcd
+// needs the address it is reached at and what it shares. Without --cluster-etcd the
+// others are ignored (the daemon says so): a deployment may set them for every node.
+absl::Status CheckCluster(const Config& config, const std::map<std::string, std::string>& origins) {
+  if (config.cluster_insecure != "on" && config.cluster_insecure != "off") {
+    auto origin = origins.find("cluster_insecure");
+    return Invalid(absl::StrCat(origin != origins.end() ? origin->second : "cluster_insecure", " ",
+                                common::QuoteForError(config.cluster_insecure), ": must be on or off"));
+  }
+  if (!config.cluster_etcd.empty() && (config.cluster_listen.empty() || config.cluster_namespaces.empty())) {
+    return Invalid("--cluster-etcd needs --cluster-listen (where other brokers reach this one) and "
+                   "--cluster-namespaces (what is shared)");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckMetricsAddress(const Config& config, const std::map<std::string, std::string>& origins) {
@@ -472,6 +508,7 @@ absl::StatusOr<Config> LoadConfig(int argc, char** argv) {
   TENSORD_RETURN_IF_ERROR(FinishDeviceLimits(origins, config));
   TENSORD_RETURN_IF_ERROR(CheckMetricsAddress(config, origins));
   TENSORD_RETURN_IF_ERROR(CheckFdStore(config, origins));
+  TENSORD_RETURN_IF_ERROR(CheckCluster(config, origins));
   config.origins = std::move(origins);
   if (print_config) {
     std::cout << PrintedConfig(config);

@@ -67,6 +67,16 @@ struct Config {
   std::string metrics_address;
   // "on": keep the named tensors in systemd's fd store (fd_store.h); "off" (the default).
   std::string fd_store = "off";
+  // The cluster (server/cluster/): off while cluster_etcd is empty. Lists are comma-separated.
+  std::string cluster_etcd;
+  std::string node_name;  // empty: the host name
+  std::string cluster_listen;
+  std::string cluster_namespaces;
+  std::string cluster_ca_file;
+  std::string cluster_cert_file;
+  std::string cluster_key_file;
+  std::string cluster_peer_name;  // empty: peers' certificates are checked against their address
+  std::string cluster_insecure = "off";
   std::string log_level = "info";
   std::map<std::string, NamespaceAcl> acls;  // namespace -> ACL
   std::string config_file;   // where the file values came from, for the log

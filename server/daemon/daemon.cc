@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/human_bytes.h"
 #include "common/logging.h"
 #include "common/memory/backends.h"
@@ -32,6 +33,9 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/broker/broker.h"
+#ifdef TENSORD_WITH_UCX
+#include "server/cluster/cluster_node.h"
+#endif
 #include "server/daemon/fd_store.h"
 #include "server/daemon/systemd.h"
 #include "server/daemon/take_over.h"
@@ -184,6 +188,52 @@ std::string StatusLine(const v1::StatusResponse& status) {
                          status.tensors(), status.named_tensors(), common::HumanBytes(status.host_bytes_in_use()),
                          common::HumanBytes(status.host_bytes_limit()), status.sessions(), status.leases());
 }
+
+// The cluster node the settings ask for (none without --cluster-etcd), joined to `broker`.
+// Cluster settings given without an etcd to join are ignored, saying so.
+void WarnIgnoredClusterSettings(const Config& config) {
+  for (const auto& [key, origin] : config.origins) {
+    if ((key.starts_with("cluster_") || key == "node_name") && key != "cluster_etcd") {
+      spdlog::warn("{} is ignored: this node is in no cluster (no --cluster-etcd)", origin);
+    }
+  }
+}
+
+#ifdef TENSORD_WITH_UCX
+using ClusterNodePtr = std::unique_ptr<cluster::ClusterNode>;
+absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker) {
+  if (config.cluster_etcd.empty()) {
+    WarnIgnoredClusterSettings(config);
+    return ClusterNodePtr();
+  }
+  cluster::ClusterOptions options;
+  options.etcd_endpoints = absl::StrSplit(config.cluster_etcd, ',', absl::SkipWhitespace());
+  options.node = config.node_name;
+  if (options.node.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0) options.node = host;
+  }
+  options.listen = config.cluster_listen;
+  options.namespaces = absl::StrSplit(config.cluster_namespaces, ',', absl::SkipWhitespace());
+  options.tls = {config.cluster_ca_file, config.cluster_cert_file, config.cluster_key_file,
+                 config.cluster_insecure == "on"};
+  options.peer_name = config.cluster_peer_name;
+  options.version = TENSORD_VERSION;
+  absl::StatusOr<ClusterNodePtr> node = cluster::ClusterNode::Start(broker, std::move(options));
+  if (!node.ok()) return absl::Status(node.status().code(), absl::StrCat("cluster: ", node.status().message()));
+  return node;
+}
+#else
+using ClusterNodePtr = std::unique_ptr<int>;
+absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker&) {
+  if (config.cluster_etcd.empty()) {
+    WarnIgnoredClusterSettings(config);
+    return ClusterNodePtr();
+  }
+  return absl::UnimplementedError(
+      "--cluster-etcd: this tensord was built without UCX (Debian: libucx-dev), the cluster's data path");
+}
+#endif
 
 }  // namespace
 
@@ -468,6 +518,17 @@ absl::Status RunDaemon(const Config& config) {
     // Names systemd passed back that no fd store will replace.
     for (const std::string& name : stored_names) sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name.c_str());
   }
+  absl::StatusOr<ClusterNodePtr> cluster = JoinCluster(config, broker);
+  if (!cluster.ok()) {
+    take_over_listener.Stop();
+    fd_store.Stop();
+    fd_server.Stop();
+    listener.Stop();
+    metrics.Stop();
+    broker.Shutdown();
+    stop_server();
+    return cluster.status();
+  }
   notifier.Ready([&broker] { return StatusLine(broker.GetStatus()); });
   int signal_number = 0;
   while (sigwait(&set, &signal_number) != 0) {
@@ -485,6 +546,7 @@ absl::Status RunDaemon(const Config& config) {
   listener.Stop();
   metrics.Stop();
   health.SetNotServing();
+  cluster->reset();  // leaves the cluster: this node's names leave the directory
   broker.Shutdown();
   async_server.Shutdown(std::chrono::seconds(5));
   fd_server.Stop();
