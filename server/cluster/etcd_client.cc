@@ -125,6 +125,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  // No transparent retries: every call has its deadline and the callers retry themselves;
+  // and gRPC 1.51's retry filter aborts the process (an assertion, grpc/grpc#34683) when
+  // a stream ends with trailers that hold no status, as a watch stream does when etcd
+  // shuts down.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(options, *tls);
   if (!credentials.ok()) return credentials.status();
   auto channel = grpc::CreateCustomChannel(target, *credentials, args);

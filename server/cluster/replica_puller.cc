@@ -111,6 +111,7 @@ cv1::Peer::Stub& ReplicaPuller::PeerFor(const std::string& address) {
     arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     if (!options_.peer_name.empty()) arguments.SetSslTargetNameOverride(options_.peer_name);
+    arguments.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // as for etcd (etcd_client.cc): callers retry
     stub = cv1::Peer::NewStub(grpc::CreateCustomChannel(address, options_.credentials, arguments));
   }
   return *stub;
