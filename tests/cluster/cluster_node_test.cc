@@ -1,0 +1,266 @@
+// Two ClusterNodes in one process, each over a Broker of its own, with a real etcd on
+// loopback and UCX over TCP on loopback: the cluster's parts together, where the sanitizer
+// builds see them (the network-namespace tests of test_cluster_netns.py run the daemons).
+#include "server/cluster/cluster_node.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/memory/host/memfd.h"
+#include "common/unique_fd.h"
+#include "gtest/gtest.h"
+#include "server/broker/broker.h"
+#include "server/memory/backend_registry.h"
+#include "tests/cluster/etcd_server.h"
+
+namespace tensord::server::cluster {
+namespace {
+
+namespace v1 = tensord::v1;
+using testing::EtcdServer;
+
+// A loopback port nobody listens on now.
+int FreePort() {
+  common::UniqueFd fd(socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t length = sizeof(address);
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &length);
+  return ntohs(address.sin_port);
+}
+
+// A node: its broker, a client session on it, and the cluster node over it.
+struct Node {
+  std::unique_ptr<Broker> broker;
+  uint64_t session = 0;
+  std::unique_ptr<ClusterNode> cluster;
+};
+
+class ClusterNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (EtcdServer::Binary().empty()) GTEST_SKIP() << "no etcd binary (Debian: etcd-server)";
+    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    absl::StatusOr<EtcdServer> etcd = EtcdServer::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_.emplace(*std::move(etcd));
+    a_ = StartNode("a");
+    b_ = StartNode("b");
+  }
+
+  void TearDown() override {
+    for (Node* node : {&a_, &b_}) {
+      node->cluster.reset();
+      node->broker.reset();
+    }
+  }
+
+  Node StartNode(const std::string& name) {
+    Node node;
+    BrokerOptions options;
+    options.max_host_bytes = 256 << 20;
+    options.daemon_uid = getuid();
+    node.broker = std::make_unique<Broker>(options, HostOnlyBackends());
+    node.session = node.broker->OpenSession({getuid(), getgid(), getpid()}, "test")->session_id();
+    ClusterOptions cluster;
+    cluster.etcd_endpoints = {etcd_->endpoint()};
+    cluster.node = name;
+    cluster.listen = absl::StrCat("127.0.0.1:", FreePort());
+    cluster.namespaces = {"shared"};
+    cluster.tls.insecure = true;
+    cluster.lease_ttl = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<ClusterNode>> started = ClusterNode::Start(*node.broker, cluster);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) node.cluster = *std::move(started);
+    return node;
+  }
+
+  // Publishes `count` int32s of value `fill` under `name` on `node`.
+  static uint64_t Put(Node& node, const std::string& name, int64_t count, int32_t fill) {
+    v1::AllocateRequest request;
+    request.set_ns(name.substr(0, name.find('/')));
+    v1::TensorDesc* desc = request.mutable_desc();
+    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_INT);
+    desc->mutable_dtype()->set_bits(32);
+    desc->mutable_dtype()->set_lanes(1);
+    desc->add_shape(count);
+    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+    std::promise<absl::StatusOr<v1::AllocateResponse>> allocated;
+    node.broker->Allocate(node.session, request, [&](auto r) { allocated.set_value(std::move(r)); });
+    absl::StatusOr<v1::AllocateResponse> tensor = allocated.get_future().get();
+    EXPECT_TRUE(tensor.ok()) << tensor.status();
+    const v1::BufferRef& buffer = tensor->tensor().buffer();
+    v1::FetchFd fetch;
+    fetch.add_buffer_ids(buffer.buffer_id());
+    auto handles = node.broker->FetchHandles(node.session, fetch);
+    EXPECT_TRUE(handles.ok());
+    const int fd = (*handles)[0].handle.fds[0].get();
+    std::vector<int32_t> values(count, fill);
+    EXPECT_EQ(pwrite(fd, values.data(), count * 4, buffer.offset()), count * 4);
+    EXPECT_TRUE(common::SealFutureWrite(fd, "test").ok());
+    v1::PublishRequest publish;
+    publish.set_tensor_id(tensor->tensor().tensor_id());
+    publish.set_name(name);
+    EXPECT_TRUE(node.broker->Publish(node.session, publish).ok());
+    v1::ReleaseRequest release;
+    release.add_lease_ids(tensor->lease_id());
+    EXPECT_TRUE(node.broker->Release(node.session, release).ok());
+    return tensor->tensor().tensor_id();
+  }
+
+  // An acquire (or take) on `node` and the tensor's first int32, or the error.
+  static absl::StatusOr<int32_t> Read(Node& node, const std::string& name, bool take = false,
+                                      uint64_t timeout_ms = 0) {
+    std::promise<absl::StatusOr<v1::AcquireResponse>> answer;
+    auto done = [&](absl::StatusOr<v1::AcquireResponse> r) { answer.set_value(std::move(r)); };
+    if (take) {
+      v1::TakeRequest request;
+      request.set_name_or_prefix(name);
+      if (timeout_ms > 0) request.set_timeout_ms(timeout_ms);
+      node.broker->Take(node.session, request, done);
+    } else {
+      v1::AcquireRequest request;
+      request.set_name(name);
+      if (timeout_ms > 0) request.set_timeout_ms(timeout_ms);
+      node.broker->Acquire(node.session, request, done);
+    }
+    absl::StatusOr<v1::AcquireResponse> lease = answer.get_future().get();
+    if (!lease.ok()) return lease.status();
+    v1::FetchFd fetch;
+    fetch.add_buffer_ids(lease->tensor().buffer().buffer_id());
+    auto handles = node.broker->FetchHandles(node.session, fetch);
+    if (!handles.ok()) return handles.status();
+    int32_t first = 0;
+    EXPECT_EQ(pread((*handles)[0].handle.fds[0].get(), &first, 4, lease->tensor().buffer().offset()), 4);
+    v1::ReleaseRequest release;
+    release.add_lease_ids(lease->lease_id());
+    (void)node.broker->Release(node.session, release);
+    return first;
+  }
+
+  // Reads until the answer is `want` (the directory is eventually consistent), up to 10 s.
+  static absl::StatusOr<int32_t> ReadUntil(Node& node, const std::string& name, int32_t want) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    absl::StatusOr<int32_t> got;
+    while (absl::Now() < deadline) {
+      got = Read(node, name);
+      if (got.ok() && *got == want) return got;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return got;
+  }
+
+  std::optional<EtcdServer> etcd_;
+  Node a_, b_;
+};
+
+TEST_F(ClusterNodeTest, AcquireOnOneNodeWhatAnotherPublished) {
+  Put(a_, "shared/w", 1 << 20, 7);
+  absl::StatusOr<int32_t> got = ReadUntil(b_, "shared/w", 7);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // A name outside the shared namespaces never leaves its node.
+  Put(a_, "local/w", 16, 1);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Read(b_, "local/w").status().code(), absl::StatusCode::kNotFound);
+  // A publish on a replaces b's replica; one on b takes the name over on a too.
+  Put(a_, "shared/w", 1 << 20, 8);
+  EXPECT_TRUE(ReadUntil(b_, "shared/w", 8).ok());
+  Put(b_, "shared/w", 1024, 9);
+  EXPECT_TRUE(ReadUntil(a_, "shared/w", 9).ok());
+}
+
+TEST_F(ClusterNodeTest, ConcurrentAcquiresAndWaits) {
+  Put(a_, "shared/many", 4 << 20, 3);
+  ASSERT_TRUE(ReadUntil(b_, "shared/many", 3).ok());
+  std::vector<std::future<absl::StatusOr<int32_t>>> reads;
+  for (int i = 0; i < 4; ++i) {
+    reads.push_back(std::async(std::launch::async, [&, i] {
+      const std::string name = absl::StrCat("shared/later/", i % 2);
+      return Read(b_, name, /*take=*/false, /*timeout_ms=*/10000);
+    }));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  Put(a_, "shared/later/0", 1 << 20, 10);
+  Put(a_, "shared/later/1", 1 << 20, 11);
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<int32_t> got = reads[i].get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, 10 + i % 2);
+  }
+}
+
+TEST_F(ClusterNodeTest, TakesAcrossNodesHandOutEachTensorOnce) {
+  constexpr int kItems = 12;
+  for (int i = 0; i < kItems; ++i) Put(a_, absl::StrCat("shared/q/", 100 + i), 256, i);
+  absl::SleepFor(absl::Milliseconds(300));
+  std::vector<std::future<std::vector<int32_t>>> takers;
+  for (Node* node : {&a_, &b_, &b_}) {
+    takers.push_back(std::async(std::launch::async, [node] {
+      std::vector<int32_t> taken;
+      for (int misses = 0; misses < 3;) {
+        absl::StatusOr<int32_t> got = Read(*node, "shared/q/", /*take=*/true);
+        if (got.ok()) {
+          taken.push_back(*got);
+          misses = 0;
+        } else {
+          EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+          ++misses;
+          absl::SleepFor(absl::Milliseconds(100));
+        }
+      }
+      return taken;
+    }));
+  }
+  std::multiset<int32_t> all;
+  for (auto& taker : takers) {
+    for (int32_t value : taker.get()) all.insert(value);
+  }
+  std::multiset<int32_t> expected;
+  for (int i = 0; i < kItems; ++i) expected.insert(i);
+  EXPECT_EQ(all, expected);
+}
+
+TEST_F(ClusterNodeTest, ANodeThatLeavesTakesItsNamesAlong) {
+  Put(a_, "shared/gone", 1024, 5);
+  ASSERT_TRUE(ReadUntil(b_, "shared/gone", 5).ok());
+  a_.cluster.reset();  // leaves: its lease is revoked
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  absl::StatusOr<int32_t> got = Read(b_, "shared/gone");
+  while (got.ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+    got = Read(b_, "shared/gone");
+  }
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+}
+
+TEST_F(ClusterNodeTest, EtcdDownFailsClusterCallsOnlyAndTheNodesRejoin) {
+  Put(a_, "shared/kept", 1024, 4);
+  ASSERT_TRUE(ReadUntil(b_, "shared/kept", 4).ok());
+  etcd_->Pause();
+  Put(a_, "shared/late", 1024, 6);  // a local publish goes on
+  absl::StatusOr<int32_t> local = Read(a_, "shared/late");
+  EXPECT_TRUE(local.ok()) << local.status();
+  absl::StatusOr<int32_t> remote = Read(b_, "shared/late");
+  EXPECT_EQ(remote.status().code(), absl::StatusCode::kUnavailable) << remote.status();
+  EXPECT_NE(remote.status().message().find("cluster directory"), std::string::npos) << remote.status();
+  etcd_->Resume();
+  // a's lease may have lapsed meanwhile: it records its names again.
+  absl::StatusOr<int32_t> later = ReadUntil(b_, "shared/late", 6);
+  EXPECT_TRUE(later.ok()) << later.status();
+}
+
+}  // namespace
+}  // namespace tensord::server::cluster
