@@ -21,6 +21,27 @@ absl::Status Naming(const absl::Status& status, const std::string& what) {
 
 }  // namespace
 
+// Drops the mapping of a recycled buffer the broker freed, so its memory can go.
+class BrokerSession::Pushes final : public PushSink {
+ public:
+  explicit Pushes(BrokerSession* session) : session_(session) {}
+  bool Push(const v1::SessionResponse& message) override {
+    if (message.body_case() != v1::SessionResponse::kRecycledBufferFreed) return true;
+    std::shared_ptr<const common::ImportedRegion> freed;  // unmapped outside the lock
+    absl::MutexLock lock(&session_->mu_);
+    auto it = session_->writable_.find(message.recycled_buffer_freed().buffer_id());
+    if (it != session_->writable_.end()) {
+      freed = std::move(it->second);
+      session_->writable_.erase(it);
+    }
+    return true;
+  }
+  void Close() override {}
+
+ private:
+  BrokerSession* const session_;
+};
+
 absl::StatusOr<std::unique_ptr<BrokerSession>> BrokerSession::Open(Broker& broker, std::string client_name) {
   common::PeerCredentials self;
   self.uid = getuid();
@@ -28,10 +49,18 @@ absl::StatusOr<std::unique_ptr<BrokerSession>> BrokerSession::Open(Broker& broke
   self.pid = getpid();
   absl::StatusOr<v1::Welcome> welcome = broker.OpenSession(self, std::move(client_name));
   if (!welcome.ok()) return Naming(welcome.status(), "the cluster's session on this broker");
-  return std::unique_ptr<BrokerSession>(new BrokerSession(broker, welcome->session_id()));
+  std::unique_ptr<BrokerSession> session(new BrokerSession(broker, welcome->session_id()));
+  session->pushes_ = std::make_shared<Pushes>(session.get());
+  if (absl::StatusOr<bool> attached = broker.AttachSink(session->id(), session->pushes_); !attached.ok()) {
+    return Naming(attached.status(), "the cluster's session on this broker");
+  }
+  return session;
 }
 
-BrokerSession::~BrokerSession() { broker_.CloseSession(session_id_); }
+BrokerSession::~BrokerSession() {
+  broker_.DetachSink(session_id_, pushes_.get());
+  broker_.CloseSession(session_id_);
+}
 
 absl::StatusOr<v1::AcquireResponse> BrokerSession::AcquireHere(const std::string& name) {
   v1::AcquireRequest request;
@@ -52,6 +81,11 @@ absl::StatusOr<v1::AllocateResponse> BrokerSession::Allocate(const std::string& 
   request.set_ns(ns);
   *request.mutable_desc() = desc;
   request.set_isolated(true);
+  request.set_recyclable(true);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [buffer_id, mapping] : writable_) request.add_reuse_buffer_ids(buffer_id);
+  }
   for (const auto& [key, value] : tags) (*request.mutable_tags())[key] = value;
   std::promise<absl::StatusOr<v1::AllocateResponse>> answer;
   std::future<absl::StatusOr<v1::AllocateResponse>> result = answer.get_future();
@@ -85,6 +119,24 @@ void BrokerSession::Release(uint64_t lease_id) {
   (void)broker_.Release(session_id_, request);
 }
 
+absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> BrokerSession::MapForWriting(
+    const v1::AllocateResponse& allocated) {
+  const uint64_t buffer_id = allocated.tensor().buffer().buffer_id();
+  {
+    absl::MutexLock lock(&mu_);
+    auto kept = writable_.find(buffer_id);
+    if (kept != writable_.end()) return kept->second;  // a recycled buffer, mapped already
+  }
+  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapped = Map(allocated.tensor(), /*writable=*/true);
+  if (!mapped.ok()) return mapped.status();
+  std::shared_ptr<const common::ImportedRegion> mapping = *std::move(mapped);
+  if (allocated.recyclable()) {
+    absl::MutexLock lock(&mu_);
+    writable_[buffer_id] = mapping;
+  }
+  return mapping;
+}
+
 absl::StatusOr<std::unique_ptr<common::ImportedRegion>> BrokerSession::Map(const v1::TensorInfo& tensor,
                                                                            bool writable) {
   const std::string what = absl::StrCat("tensor ", tensor.tensor_id(), " (buffer ", tensor.buffer().buffer_id(), ")");
@@ -101,7 +153,9 @@ absl::StatusOr<std::unique_ptr<common::ImportedRegion>> BrokerSession::Map(const
   buffer.size = handle.size;
   buffer.device_type = handle.device_type;
   buffer.handle = std::move(handle.handle);
-  buffer.populate = writable;
+  // Not populated up front: a replica's pages fault in as the network fills them, which on
+  // a busy node overlaps with the transfer (measured with tests/bench/cluster_bench.py).
+  buffer.populate = false;
   return (*importer)->Import(buffer, writable ? common::MapMode::kSharedWritable : common::MapMode::kSharedReadOnly,
                              what);
 }

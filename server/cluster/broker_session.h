@@ -5,7 +5,7 @@
 // buffer's device type (common/memory/importer.h), as a client maps it.
 //
 // Errors are the broker's, with what was asked in front. Thread-safe. The destructor closes
-// the session, which releases every lease still held.
+// the session, which releases every lease still held and frees its recycled buffers.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/memory/importer.h"
 #include "server/broker/broker.h"
 #include "tensord/v1/broker.pb.h"
@@ -29,9 +30,15 @@ class BrokerSession {
 
   // A lease on the tensor bound to `name` now (no wait, no fetch from the cluster).
   absl::StatusOr<tensord::v1::AcquireResponse> AcquireHere(const std::string& name);
-  // A writable host tensor of `desc` in namespace `ns`, in a buffer of its own.
+  // A writable host tensor of `desc` in namespace `ns`, in a buffer of its own: one of
+  // this session's recycled buffers when one fits (its pages are in memory already), else
+  // a new one.
   absl::StatusOr<tensord::v1::AllocateResponse> Allocate(const std::string& ns, const tensord::v1::TensorDesc& desc,
                                                          const std::map<std::string, std::string>& tags);
+  // The writable mapping of a tensor Allocate made. A recyclable buffer's mapping is kept
+  // for its next tensor until the broker frees the buffer (RecycledBufferFreed).
+  absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> MapForWriting(
+      const tensord::v1::AllocateResponse& allocated);
   absl::StatusOr<tensord::v1::TensorInfo> Publish(uint64_t tensor_id, const std::string& name);
   // Unbinds `name` when it is bound at `generation` (0: whatever is bound).
   absl::Status Delete(const std::string& name, uint64_t generation);
@@ -43,9 +50,14 @@ class BrokerSession {
   uint64_t id() const { return session_id_; }
 
  private:
+  class Pushes;  // the broker's pushes to this session: recycled buffers freed
   BrokerSession(Broker& broker, uint64_t session_id) : broker_(broker), session_id_(session_id) {}
   Broker& broker_;
   const uint64_t session_id_;
+  std::shared_ptr<Pushes> pushes_;
+  absl::Mutex mu_;
+  // Recyclable buffers this session allocated, by id: their writable mappings.
+  std::map<uint64_t, std::shared_ptr<const common::ImportedRegion>> writable_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tensord::server::cluster

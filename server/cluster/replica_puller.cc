@@ -158,9 +158,10 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
     return absl::InternalError(absl::StrCat("the replica of ", name, " has room for ", tensor.buffer().extent(),
                                             " bytes, the owner sends ", read.nbytes()));
   }
-  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping = session_.Map(tensor, /*writable=*/true);
+  absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> mapping = session_.MapForWriting(*replica);
   if (!mapping.ok()) return mapping.status();
   uint8_t* into = (*mapping)->data() + tensor.buffer().offset();
+  const absl::Time allocated = absl::Now();
   const std::string peer_name = NodeWhere(owner);
   absl::Status copied = ucx_.Call([&](UcxNode& node) -> absl::Status {
     Endpoint& endpoint = endpoints_[owner.node()];
@@ -180,7 +181,9 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
     if (!status.ok()) endpoints_.erase(owner.node());  // broken for good: connect again next time
     return status;
   });
-  mapping->reset();  // the writer's mapping: the bytes are in
+  mapping->reset();  // this transfer's hold on the writable mapping: the bytes are in
+  spdlog::debug("cluster: {}: allocated and mapped in {:.1f} ms, read in {:.1f} ms", name,
+                absl::ToDoubleMilliseconds(allocated - started), absl::ToDoubleMilliseconds(absl::Now() - allocated));
   if (!copied.ok()) {
     return absl::Status(copied.code(), absl::StrCat("pull ", name, " from ", peer_name, ": ", copied.message()));
   }
