@@ -73,6 +73,7 @@ class ClusterNodeTest : public ::testing::Test {
     BrokerOptions options;
     options.max_host_bytes = 256 << 20;
     options.daemon_uid = getuid();
+    options.recycle = {16, 256 << 20};  // as the daemon's defaults allow
     node.broker = std::make_unique<Broker>(options, HostOnlyBackends());
     node.session = node.broker->OpenSession({getuid(), getgid(), getpid()}, "test")->session_id();
     ClusterOptions cluster;
@@ -121,9 +122,10 @@ class ClusterNodeTest : public ::testing::Test {
     return tensor->tensor().tensor_id();
   }
 
-  // An acquire (or take) on `node` and the tensor's first int32, or the error.
+  // An acquire (or take) on `node` and the tensor's first int32, or the error; `buffer_id`:
+  // where the tensor was.
   static absl::StatusOr<int32_t> Read(Node& node, const std::string& name, bool take = false,
-                                      uint64_t timeout_ms = 0) {
+                                      uint64_t timeout_ms = 0, uint64_t* buffer_id = nullptr) {
     std::promise<absl::StatusOr<v1::AcquireResponse>> answer;
     auto done = [&](absl::StatusOr<v1::AcquireResponse> r) { answer.set_value(std::move(r)); };
     if (take) {
@@ -139,6 +141,7 @@ class ClusterNodeTest : public ::testing::Test {
     }
     absl::StatusOr<v1::AcquireResponse> lease = answer.get_future().get();
     if (!lease.ok()) return lease.status();
+    if (buffer_id != nullptr) *buffer_id = lease->tensor().buffer().buffer_id();
     v1::FetchFd fetch;
     fetch.add_buffer_ids(lease->tensor().buffer().buffer_id());
     auto handles = node.broker->FetchHandles(node.session, fetch);
@@ -180,6 +183,25 @@ TEST_F(ClusterNodeTest, AcquireOnOneNodeWhatAnotherPublished) {
   EXPECT_TRUE(ReadUntil(b_, "shared/w", 8).ok());
   Put(b_, "shared/w", 1024, 9);
   EXPECT_TRUE(ReadUntil(a_, "shared/w", 9).ok());
+}
+
+TEST_F(ClusterNodeTest, NewGenerationsOfANameArePulledIntoTheReplicasBuffer) {
+  std::set<uint64_t> buffers;
+  for (int32_t generation = 1; generation <= 4; ++generation) {
+    Put(a_, "shared/weights", 1 << 20, generation);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    uint64_t buffer = 0;
+    absl::StatusOr<int32_t> got;
+    do {
+      got = Read(b_, "shared/weights", /*take=*/false, /*timeout_ms=*/0, &buffer);
+    } while ((!got.ok() || *got != generation) && absl::Now() < deadline);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, generation);
+    buffers.insert(buffer);
+  }
+  // Each replica, released, served the next generation: b allocated memory once or twice
+  // (the new replica may be pulled before the old one is unbound), not four times.
+  EXPECT_LE(buffers.size(), 2u);
 }
 
 TEST_F(ClusterNodeTest, ConcurrentAcquiresAndWaits) {
