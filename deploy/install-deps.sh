@@ -21,6 +21,9 @@ build_packages=(
   python3 python3-dev pybind11-dev
   # the level_zero backend's headers (the loader is opened at run time)
   libze-dev
+  # UCX, the cluster's data path between nodes (server/cluster/); without it the daemon
+  # is built without the cluster and refuses --cluster-etcd
+  libucx-dev
 )
 
 test_packages=(
@@ -41,8 +44,10 @@ test_packages=(
   # machine booted with systemd the package also starts one on 127.0.0.1:2379: `systemctl
   # disable --now etcd` stops it; the tests do not use it. openssl makes their certificates.
   etcd-server openssl
-  # UCX, the cluster's data path (server/cluster/ucx_reader.*; built where it is found)
-  libucx-dev
+  # ucx_perftest, the floor of the cluster's benchmark (tests/bench/cluster_bench.py)
+  ucx-utils
+  # network namespaces and veth pairs for the cluster's tests (ip), a slow link (tc)
+  iproute2
   clang libfuzzer-14-dev
   # clang's sanitizer runtimes and FuzzedDataProvider.h (clang only recommends them), and
   # llvm-symbolizer for sanitizer reports: the fuzzing and sanitizer builds of tests/run_all.sh.

@@ -67,7 +67,7 @@ def check_docs(report, path):
         report.expect(error is None, path, f"```yaml block {i}", f"does not parse: {error}")
     for mention in ("deploy/docker/Dockerfile", "deploy/docker/compose.yaml",
                     "deploy/k8s/daemonset.yaml", "deploy/k8s/training-pod.yaml",
-                    "tests/deploy/check_deploy.py"):
+                    "deploy/k8s/cluster.yaml", "tests/deploy/check_deploy.py"):
         report.expect(mention in text, path, "text", f"does not mention {mention}")
 
 

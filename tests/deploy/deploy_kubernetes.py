@@ -139,6 +139,37 @@ def check_metrics_policy(report, path, docs, namespace, labels, metrics, port, c
                   f"no ingress rule lets the monitoring reach the metrics port {port}")
 
 
+# What the downward API gives a pod, for the values a manifest takes from it.
+DOWNWARD_STAND_INS = {"spec.nodeName": "node-1", "status.podIP": "10.0.0.1", "metadata.name": "tensord-x1"}
+
+
+def container_env(report, path, container):
+    """The container's environment as the kubelet sets it: the ConfigMaps of envFrom (those
+    this directory defines; an optional one that is absent adds nothing), then env, its
+    downward-API values given stand-ins and $(VAR) references expanded."""
+    here = os.path.dirname(path)
+    config_maps = {}
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".yaml"):
+            for doc in load_docs(report, os.path.join(here, name)) or []:
+                if doc.get("kind") == "ConfigMap":
+                    config_maps[dig(doc, "metadata", "name")] = doc.get("data") or {}
+    env = {}
+    for source in container.get("envFrom") or []:
+        name = dig(source, "configMapRef", "name")
+        found = config_maps.get(name)
+        report.expect(found is not None or dig(source, "configMapRef", "optional") is True, path,
+                      "envFrom", f"ConfigMap {name} is defined nowhere in {here} and not optional")
+        env.update(found or {})
+    for entry in container.get("env") or []:
+        field = dig(entry, "valueFrom", "fieldRef", "fieldPath")
+        value = DOWNWARD_STAND_INS.get(field) if field else entry.get("value")
+        report.expect(value is not None, path, f"env.{entry.get('name')}", "no value this check can stand in for")
+        value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value or "")
+        env[entry.get("name")] = value
+    return env
+
+
 def check_daemonset(report, path, daemon, binaries):
     docs = load_docs(report, path)
     if docs is None:
@@ -179,10 +210,15 @@ def check_daemonset(report, path, daemon, binaries):
     cf = f"{f}.spec.containers[tensord]"
     check_image_tag(report, path, f"{cf}.image", main.get("image"), "tensord", daemon)
     argv = list(main.get("command") or daemon.entrypoint or []) + list(main.get("args") or [])
-    env = {e.get("name"): e.get("value") for e in main.get("env") or []}
+    env = container_env(report, path, main)
     report.expect(bool(argv) and os.path.basename(argv[0]) == "tensord", path, f"{cf}.command",
                   "does not run tensord")
     config = check_tensord_command(report, path, f"{cf}.command+args", argv, env, daemon, binaries)
+    # Every setting the environment gives is one tensord has (it ignores unknown TENSORD_*).
+    for key in sorted(k for k in env if k.startswith("TENSORD_")):
+        setting = key[len("TENSORD_"):].lower()
+        report.expect(config is None or setting in config or key == "TENSORD_SOCKET", path, f"{cf}.env.{key}",
+                      f"tensord has no setting {setting} (not in tensord --print-config)")
     socket = option_value(argv, "--socket") or (config or {}).get("socket")
     report.expect(socket == daemon.socket, path, f"{cf}.args --socket",
                   f"{socket}, not the image's {daemon.socket}")
