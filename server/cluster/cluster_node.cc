@@ -111,16 +111,7 @@ absl::Status ClusterNode::Init() {
   pull.node = options_.node;
   pull.credentials = credentials->channel;
   pull.peer_name = options_.peer_name;
-  puller_ = std::make_unique<ReplicaPuller>(
-      *session_, *ucx_, [this](const std::string& name) { return directory_->Lookup(name); },
-      [this](const std::string& prefix) -> absl::StatusOr<std::vector<ReplicaPuller::Owned>> {
-        absl::StatusOr<std::vector<Directory::Listed>> listed = directory_->List(prefix);
-        if (!listed.ok()) return listed.status();
-        std::vector<ReplicaPuller::Owned> owned;
-        for (Directory::Listed& entry : *listed) owned.push_back({std::move(entry.name), std::move(entry.record)});
-        return owned;
-      },
-      pull);
+  puller_ = std::make_unique<ReplicaPuller>(*session_, *ucx_, *etcd_, pull);
   events_ = std::make_unique<Executor>(1);
 
   DirectoryOptions where;
@@ -172,11 +163,11 @@ void ClusterNode::Stop() {
   broker_.ShareNamesThrough(nullptr);
   for (uint64_t watcher : watchers_) broker_.RemoveWatcher(watcher);
   if (events_ != nullptr) events_->Shutdown();
-  directory_.reset();  // this node's names leave the directory
+  directory_.reset();  // this node's names leave the directory; no directory event comes after
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  puller_.reset();
+  server_.reset();  // before the service it served
+  puller_.reset();  // pulls under way finish (they ask etcd_ alone)
   peer_.reset();
-  server_.reset();
   session_.reset();
   ucx_.reset();
   etcd_.reset();
@@ -187,26 +178,21 @@ bool ClusterNode::Shares(std::string_view name) const {
   return std::find(options_.namespaces.begin(), options_.namespaces.end(), ns) != options_.namespaces.end();
 }
 
-void ClusterNode::Fetch(const std::string& name, FetchDone done) {
+bool ClusterNode::AnswerIfLeaving(FetchDone& done) {
   {
     std::lock_guard lock(mu_);
-    if (stopping_) {
-      std::move(done)(absl::UnavailableError("cluster: this node is leaving the cluster"));
-      return;
-    }
+    if (!stopping_) return false;
   }
-  puller_->Pull(name, std::move(done));
+  std::move(done)(absl::UnavailableError("cluster: this node is leaving the cluster"));
+  return true;
+}
+
+void ClusterNode::Fetch(const std::string& name, FetchDone done) {
+  if (!AnswerIfLeaving(done)) puller_->Pull(name, std::move(done));
 }
 
 void ClusterNode::FetchTake(const std::string& name_or_prefix, FetchDone done) {
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) {
-      std::move(done)(absl::UnavailableError("cluster: this node is leaving the cluster"));
-      return;
-    }
-  }
-  puller_->Take(name_or_prefix, std::move(done));
+  if (!AnswerIfLeaving(done)) puller_->Take(name_or_prefix, std::move(done));
 }
 
 void ClusterNode::OnBound(const v1::WatchEvent& event) {

@@ -83,6 +83,8 @@ class ClusterNode final : public RemoteNames {
   // Local binds and unbinds of shared names (in order, on events_).
   void OnBound(const tensord::v1::WatchEvent& event);
   void OnUnbound(const tensord::v1::WatchEvent& event);
+  // Once Stop() began: answers `done` UNAVAILABLE and returns true.
+  bool AnswerIfLeaving(FetchDone& done);
   // Unbinds the replica of `name` here, if there is one.
   void DropReplica(const std::string& name, const char* why);
   void Maintain();

@@ -119,8 +119,8 @@ void Directory::Withdraw(const std::string& name, uint64_t generation) {
   wake_.notify_all();
 }
 
-absl::StatusOr<cv1::NameRecord> Directory::Lookup(const std::string& name) {
-  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_.Get(NameKey(name));
+absl::StatusOr<cv1::NameRecord> LookUpName(EtcdClient& etcd, const std::string& name) {
+  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd.Get(NameKey(name));
   if (!kv.ok()) return Unreachable(kv.status());
   if (!kv->has_value()) {
     return absl::NotFoundError(absl::StrCat("no node of the cluster has published ", common::QuoteForError(name)));
@@ -128,17 +128,18 @@ absl::StatusOr<cv1::NameRecord> Directory::Lookup(const std::string& name) {
   return ParseRecord(**kv);
 }
 
-absl::StatusOr<std::vector<Directory::Listed>> Directory::List(const std::string& prefix) {
-  absl::StatusOr<EtcdRange> range = etcd_.GetPrefix(NameKey(prefix));
+absl::StatusOr<std::vector<ListedName>> ListNames(EtcdClient& etcd, const std::string& self,
+                                                  const std::string& prefix) {
+  absl::StatusOr<EtcdRange> range = etcd.GetPrefix(NameKey(prefix));
   if (!range.ok()) return Unreachable(range.status());
-  std::vector<std::pair<int64_t, Listed>> found;
+  std::vector<std::pair<int64_t, ListedName>> found;
   for (const EtcdKeyValue& kv : range->kvs) {
     absl::StatusOr<cv1::NameRecord> record = ParseRecord(kv);
-    if (!record.ok() || record->node() == options_.node) continue;
-    found.push_back({kv.mod_revision, Listed{kv.key.substr(sizeof(kNames) - 1), *std::move(record)}});
+    if (!record.ok() || record->node() == self) continue;
+    found.push_back({kv.mod_revision, ListedName{kv.key.substr(sizeof(kNames) - 1), *std::move(record)}});
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<Listed> listed;
+  std::vector<ListedName> listed;
   for (auto& [revision, entry] : found) listed.push_back(std::move(entry));
   return listed;
 }

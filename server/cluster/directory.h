@@ -67,6 +67,19 @@ struct DirectoryEvents {
 std::string NameKey(std::string_view name);
 std::string NodeKey(std::string_view node);
 
+// A name's record as etcd holds it now: NOT_FOUND when no node has it, UNAVAILABLE ("the
+// cluster directory: " and etcd's error) when etcd does not answer in time. Needs only
+// the client, so it serves pulls that outlive a Directory.
+absl::StatusOr<tensord::cluster::v1::NameRecord> LookUpName(EtcdClient& etcd, const std::string& name);
+// The names nodes other than `self` recorded under `prefix` (ending in '/'), oldest
+// publish first.
+struct ListedName {
+  std::string name;
+  tensord::cluster::v1::NameRecord record;
+};
+absl::StatusOr<std::vector<ListedName>> ListNames(EtcdClient& etcd, const std::string& self,
+                                                  const std::string& prefix);
+
 class Directory {
  public:
   static std::unique_ptr<Directory> Start(EtcdClient& etcd, DirectoryOptions options, DirectoryEvents events);
@@ -79,15 +92,6 @@ class Directory {
   // The binding this node recorded under `name` at `generation` was unbound: the key goes,
   // unless another node has recorded the name since, or this node a later generation.
   void Withdraw(const std::string& name, uint64_t generation);
-  // The name's record as etcd holds it now: NOT_FOUND when no node has it, UNAVAILABLE
-  // ("the cluster directory: " and etcd's error) when etcd does not answer in time.
-  absl::StatusOr<tensord::cluster::v1::NameRecord> Lookup(const std::string& name);
-  // The names other nodes recorded under `prefix` (ending in '/'), oldest publish first.
-  struct Listed {
-    std::string name;
-    tensord::cluster::v1::NameRecord record;
-  };
-  absl::StatusOr<std::vector<Listed>> List(const std::string& prefix);
   // Whether this node's lease is held now (its names are in the directory).
   bool connected() const;
   const DirectoryOptions& options() const { return options_; }

@@ -34,21 +34,28 @@ absl::Status PeerError(const cv1::NameRecord& owner, const char* call, const grp
 
 }  // namespace
 
-ReplicaPuller::ReplicaPuller(BrokerSession& session, UcxWorker& ucx, Lookup lookup, List list, Options options)
-    : session_(session), ucx_(ucx), lookup_(std::move(lookup)), list_(std::move(list)), options_(std::move(options)) {}
+ReplicaPuller::ReplicaPuller(BrokerSession& session, UcxWorker& ucx, EtcdClient& etcd, Options options)
+    : session_(session), ucx_(ucx), etcd_(etcd), options_(std::move(options)) {}
 
 ReplicaPuller::~ReplicaPuller() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;  // what was posted before runs; nothing is posted after
+  }
   threads_.Shutdown();
   ucx_.Call([this](UcxNode&) { endpoints_.clear(); });
 }
 
 void ReplicaPuller::Pull(const std::string& name, Done done) {
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Done>& waiting = pulling_[name];
-    waiting.push_back(std::move(done));
-    if (waiting.size() > 1) return;  // joins the pull under way
+  absl::ReleasableMutexLock lock(&mu_);
+  if (closing_) {
+    lock.Release();
+    std::move(done)(absl::UnavailableError("cluster: this node is leaving the cluster"));
+    return;
   }
+  std::vector<Done>& waiting = pulling_[name];
+  waiting.push_back(std::move(done));
+  if (waiting.size() > 1) return;  // joins the pull under way
   threads_.Post([this, name] {
     absl::Status status = PullNow(name);
     std::vector<Done> waiting;
@@ -62,7 +69,7 @@ void ReplicaPuller::Pull(const std::string& name, Done done) {
 }
 
 absl::Status ReplicaPuller::PullNow(const std::string& name) {
-  absl::StatusOr<cv1::NameRecord> owner = lookup_(name);
+  absl::StatusOr<cv1::NameRecord> owner = LookUpName(etcd_, name);
   if (!owner.ok()) return owner.status();
   if (owner->node() == options_.node) return absl::OkStatus();  // ours: bound here, or gone
   if (std::optional<Replica> replica = ReplicaOf(name);
@@ -73,19 +80,25 @@ absl::Status ReplicaPuller::PullNow(const std::string& name) {
 }
 
 void ReplicaPuller::Take(const std::string& name_or_prefix, Done done) {
+  absl::ReleasableMutexLock lock(&mu_);
+  if (closing_) {
+    lock.Release();
+    std::move(done)(absl::UnavailableError("cluster: this node is leaving the cluster"));
+    return;
+  }
   threads_.Post([this, name_or_prefix, done = std::move(done)]() mutable {
     std::move(done)(TakeNow(name_or_prefix));
   });
 }
 
 absl::Status ReplicaPuller::TakeNow(const std::string& name_or_prefix) {
-  std::vector<Owned> candidates;
+  std::vector<ListedName> candidates;
   if (name_or_prefix.ends_with('/')) {
-    absl::StatusOr<std::vector<Owned>> listed = list_(name_or_prefix);
+    absl::StatusOr<std::vector<ListedName>> listed = ListNames(etcd_, options_.node, name_or_prefix);
     if (!listed.ok()) return listed.status();
     candidates = *std::move(listed);
   } else {
-    absl::StatusOr<cv1::NameRecord> owner = lookup_(name_or_prefix);
+    absl::StatusOr<cv1::NameRecord> owner = LookUpName(etcd_, name_or_prefix);
     if (!owner.ok()) return owner.status();
     if (owner->node() != options_.node) candidates.push_back({name_or_prefix, *owner});
   }
@@ -228,7 +241,7 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
                read.nbytes(), seconds * 1e3, seconds > 0 ? read.nbytes() / seconds / 1e6 : 0.0);
   // A newer publish recorded while this one was read may have been seen before the
   // replica was bound here: check once more, and drop what is stale already.
-  absl::StatusOr<cv1::NameRecord> now = lookup_(name);
+  absl::StatusOr<cv1::NameRecord> now = LookUpName(etcd_, name);
   if (now.ok() && (now->node() != owner.node() || now->generation() != read.generation())) {
     Forget(name);
     (void)session_.Delete(name, published->generation());

@@ -11,11 +11,11 @@
 // Errors: UNAVAILABLE naming the owning node (unreachable, refused our certificate, died
 // mid-read), NOT_FOUND (unbound on the owner meanwhile), and the broker's (quota).
 //
-// Thread-safe. Pulls run on the puller's threads; the destructor waits for them.
+// Thread-safe. Pulls run on the puller's threads; the destructor waits for them, and a
+// pull asked for once it began is answered UNAVAILABLE.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +28,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 #include "server/cluster/broker_session.h"
+#include "server/cluster/directory.h"
 #include "server/cluster/ucx_worker.h"
 #include "server/runtime/executor.h"
 #include "tensord/cluster/v1/cluster.grpc.pb.h"
@@ -60,16 +61,8 @@ class ReplicaPuller {
     absl::Duration read_timeout = absl::Seconds(60);
   };
 
-  // Where a name's owner is found now (Directory::Lookup), and the names other nodes hold
-  // under a prefix, oldest first (Directory::List).
-  using Lookup = std::function<absl::StatusOr<tensord::cluster::v1::NameRecord>(const std::string& name)>;
-  struct Owned {
-    std::string name;
-    tensord::cluster::v1::NameRecord record;
-  };
-  using List = std::function<absl::StatusOr<std::vector<Owned>>(const std::string& prefix)>;
-
-  ReplicaPuller(BrokerSession& session, UcxWorker& ucx, Lookup lookup, List list, Options options);
+  // Owners are found in the directory on `etcd` (LookUpName, ListNames).
+  ReplicaPuller(BrokerSession& session, UcxWorker& ucx, EtcdClient& etcd, Options options);
   ~ReplicaPuller();
 
   // Makes `name` bound here as the directory has it now; done runs once (see the header).
@@ -102,14 +95,14 @@ class ReplicaPuller {
 
   BrokerSession& session_;
   UcxWorker& ucx_;
-  const Lookup lookup_;
-  const List list_;
+  EtcdClient& etcd_;
   const Options options_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::vector<Done>> pulling_ ABSL_GUARDED_BY(mu_);  // by name: who waits
   std::map<std::string, Replica> replicas_ ABSL_GUARDED_BY(mu_);           // by name
   std::map<std::string, std::unique_ptr<tensord::cluster::v1::Peer::Stub>> peers_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the destructor began: nothing new is posted
   uint64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_pulled_ ABSL_GUARDED_BY(mu_) = 0;
   // Used on the UCX thread only: a connection per owning node, to the worker address it gave.
