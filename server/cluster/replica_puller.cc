@@ -23,7 +23,11 @@ std::string NodeWhere(const cv1::NameRecord& owner) {
 // A peer's gRPC failure, as the acquire reports it: NOT_FOUND stays (unbound meanwhile);
 // every other failure makes the owner unavailable.
 absl::Status PeerError(const cv1::NameRecord& owner, const char* call, const grpc::Status& status) {
-  const std::string message = absl::StrCat(NodeWhere(owner), ": ", call, ": ", status.error_message());
+  std::string message = absl::StrCat(NodeWhere(owner), ": ", call, ": ", status.error_message());
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    absl::StrAppend(&message, " (no answer in time: the node is unreachable, or one side refused the other's "
+                              "certificate; the daemon's log has gRPC's reason)");
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::NOT_FOUND: return absl::NotFoundError(message);
     case grpc::StatusCode::FAILED_PRECONDITION: return absl::FailedPreconditionError(message);
