@@ -20,6 +20,7 @@ import numpy as np
 import tensord
 
 TENSORD_BIN = os.environ.get("TENSORD_BIN", "")
+PEER_NAME = "tensord-peer"
 
 
 def missing():
@@ -75,9 +76,11 @@ class Certificates:
         self._openssl("req", "-x509", *self.KEY, "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2",
                       "-subj", f"/CN={name}")
 
-    def sign(self, name, ip, ca="ca"):
+    def sign(self, name, ip, ca="ca", dns=None):
+        """NAME.crt and NAME.key, signed by CA, naming IP and, given, the DNS name (either may be None)."""
+        names = ",".join(n for n in (ip and f"IP:{ip}", dns and f"DNS:{dns}") if n)
         self._openssl("req", *self.KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
-                      "-addext", f"subjectAltName=IP:{ip}")
+                      "-addext", f"subjectAltName={names}")
         self._openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
                       "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-copy_extensions", "copy")
         return self.path(f"{name}.crt"), self.path(f"{name}.key")
@@ -166,7 +169,9 @@ class Node:
         self.cluster = cluster
         self.name = letter
         self.ns, self.veth, self.ip = cluster.network.add_node(letter, index)
-        self.cert, self.key = cluster.certs.sign(f"node-{letter}", self.ip)
+        # Every node's certificate names its address and the name peers may check instead
+        # (--cluster-peer-name).
+        self.cert, self.key = cluster.certs.sign(f"node-{letter}", self.ip, dns=PEER_NAME)
         self.socket = os.path.join(cluster.dir, f"{letter}.sock")
         self.log_path = os.path.join(cluster.dir, f"{letter}.log")
         self.process = None
@@ -227,6 +232,12 @@ class Node:
 
 class Cluster:
     """etcd and one node per letter (nodes[letter]), started."""
+
+    def add_node(self, letter):
+        """One more node (not started)."""
+        node = Node(self, letter, 2 + len(self.nodes))
+        self.nodes[letter] = node
+        return node
 
     def __init__(self, letters="abc"):
         self.dir = tempfile.mkdtemp(prefix="tensord-cluster-")

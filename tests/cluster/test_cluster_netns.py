@@ -280,6 +280,29 @@ print('member', ready(grpc.ssl_channel_credentials(root_certificates=ca, **pair(
     assert out.stdout.split() == ["none", "False", "rogue", "False", "member", "True"], out.stdout
 
 
+def test_peers_checked_for_one_name_instead_of_their_address(cluster):
+    """--cluster-peer-name: a node whose certificate names no address (a pod's, made before
+    the pod had one) serves and reads where every node checks peers for the shared name;
+    a node that checks addresses refuses it."""
+    d = cluster.nodes.get("d") or cluster.add_node("d")
+    d.cert, d.key = cluster.certs.sign("node-d-nameonly", None, dns=netns_cluster.PEER_NAME)
+    d.start(extra=("--cluster-peer-name", netns_cluster.PEER_NAME))
+    try:
+        a, dc = cluster.nodes["a"].client(), d.client()
+        a.put("shared/for-d", np.arange(4096, dtype=np.int64))
+        # d checks a for the name, which a's certificate carries: it reads.
+        with dc.get("shared/for-d", timeout=30) as got:
+            assert int(np.from_dlpack(got).sum()) == 4096 * 4095 // 2
+        # a checks d's address, which d's certificate does not name: the read is refused.
+        dc.put("shared/from-d", np.ones(16))
+        time.sleep(0.5)  # recorded in the directory
+        with pytest.raises(tensord.Unavailable, match="node d"):
+            a.get("shared/from-d")
+    finally:
+        d.stop()
+        d.killed = True  # stopped on purpose
+
+
 def test_an_owner_killed_mid_pull_fails_the_acquire_and_leaks_nothing(cluster):
     owner, reader = cluster.nodes["c"], cluster.nodes["b"]
     c, b = owner.client(), reader.client()
