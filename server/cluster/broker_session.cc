@@ -63,16 +63,25 @@ BrokerSession::~BrokerSession() {
 }
 
 absl::StatusOr<v1::AcquireResponse> BrokerSession::AcquireHere(const std::string& name) {
+  // By the id bound to the name now: an acquire by name of a shared name not bound here
+  // would ask the cluster (RemoteNames::Fetch), and this node serves only what it holds.
+  v1::StatRequest stat;
+  stat.set_name(name);
+  absl::StatusOr<v1::StatResponse> bound = broker_.Stat(session_id_, stat);
+  if (!bound.ok()) return bound.status();
   v1::AcquireRequest request;
-  request.set_name(name);
+  request.set_tensor_id(bound->tensor().tensor_id());
   std::promise<absl::StatusOr<v1::AcquireResponse>> answer;
   std::future<absl::StatusOr<v1::AcquireResponse>> result = answer.get_future();
-  // A name this node does not hold answers NOT_FOUND at once: the cluster's own acquires
-  // never fetch (the broker fetches only for acquires whose name is not bound here, and the
-  // peer service acquires names this node owns).
   broker_.Acquire(session_id_, request,
                   [&answer](absl::StatusOr<v1::AcquireResponse> response) { answer.set_value(std::move(response)); });
-  return result.get();
+  absl::StatusOr<v1::AcquireResponse> lease = result.get();
+  // Rebound meanwhile to another tensor: that one is what the name holds now.
+  if (lease.ok() && lease->tensor().name() != name) {
+    Release(lease->lease_id());
+    return absl::AbortedError(absl::StrCat(common::QuoteForError(name), " was rebound while being read; read it again"));
+  }
+  return lease;
 }
 
 absl::StatusOr<v1::AllocateResponse> BrokerSession::Allocate(const std::string& ns, const v1::TensorDesc& desc,

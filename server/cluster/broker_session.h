@@ -28,7 +28,8 @@ class BrokerSession {
   BrokerSession(const BrokerSession&) = delete;
   BrokerSession& operator=(const BrokerSession&) = delete;
 
-  // A lease on the tensor bound to `name` now (no wait, no fetch from the cluster).
+  // A lease on the tensor bound to `name` here now: never a wait, never a fetch from the
+  // cluster. ABORTED when the name was rebound between the lookup and the lease.
   absl::StatusOr<tensord::v1::AcquireResponse> AcquireHere(const std::string& name);
   // A writable host tensor of `desc` in namespace `ns`, in a buffer of its own: one of
   // this session's recycled buffers when one fits (its pages are in memory already), else

@@ -38,13 +38,15 @@ absl::Status CheckListen(const std::string& listen) {
 }  // namespace
 
 // The broker's events for the shared namespaces, handled in order off the broker's threads.
+// A task holds the node, never this sink: the broker may drop the sink (RemoveWatcher)
+// while its tasks wait; the node outlives them (Stop drains events_).
 class ClusterNode::BoundNames final : public WatchSink {
  public:
   explicit BoundNames(ClusterNode& node) : node_(node) {}
   bool Push(const v1::WatchEvent& event) override {
-    node_.events_->Post([this, event] {
-      if (event.kind() == v1::WatchEvent::KIND_BOUND) node_.OnBound(event);
-      if (event.kind() == v1::WatchEvent::KIND_UNBOUND) node_.OnUnbound(event);
+    node_.events_->Post([node = &node_, event] {
+      if (event.kind() == v1::WatchEvent::KIND_BOUND) node->OnBound(event);
+      if (event.kind() == v1::WatchEvent::KIND_UNBOUND) node->OnUnbound(event);
     });
     return true;
   }

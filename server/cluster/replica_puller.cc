@@ -30,6 +30,7 @@ absl::Status PeerError(const cv1::NameRecord& owner, const char* call, const grp
   }
   switch (status.error_code()) {
     case grpc::StatusCode::NOT_FOUND: return absl::NotFoundError(message);
+    case grpc::StatusCode::ABORTED: return absl::AbortedError(message);
     case grpc::StatusCode::FAILED_PRECONDITION: return absl::FailedPreconditionError(message);
     case grpc::StatusCode::RESOURCE_EXHAUSTED: return absl::ResourceExhaustedError(message);
     default: return absl::UnavailableError(message);
@@ -68,7 +69,8 @@ void ReplicaPuller::Pull(const std::string& name, Done done) {
       waiting = std::move(pulling_[name]);
       pulling_.erase(name);
     }
-    for (Done& done : waiting) std::move(done)(status);
+    // Each waiter gets a status of its own: they end on threads of their own.
+    for (Done& done : waiting) std::move(done)(absl::Status(status.code(), status.message()));
   });
 }
 
