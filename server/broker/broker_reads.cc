@@ -192,7 +192,7 @@ uint64_t Broker::AcquireHere(uint64_t session_id, const v1::AcquireRequest& requ
     // The replica's bind grants the wait; a fetch that fails for another reason than
     // absence ends it (a remote publish later is fetched for it: IsAwaited).
     fetch_from->Fetch(request.name(), [this, wait_id](absl::Status fetched) {
-      if (!fetched.ok() && fetched.code() != absl::StatusCode::kNotFound) CompleteWaitWith(wait_id, fetched);
+      if (!fetched.ok() && fetched.code() != absl::StatusCode::kNotFound) CompleteWaitWith(wait_id, std::move(fetched));
     });
     return wait_id;
   }
@@ -200,7 +200,7 @@ uint64_t Broker::AcquireHere(uint64_t session_id, const v1::AcquireRequest& requ
   if (fetch_from != nullptr) {
     fetch_from->Fetch(request.name(), [this, session_id, request, done = std::move(done)](absl::Status fetched) mutable {
       if (!fetched.ok()) {
-        std::move(done)(fetched);
+        std::move(done)(std::move(fetched));  // moved: the status is released where it is used
       } else {
         AcquireHere(session_id, request, std::move(done), /*may_fetch=*/false);
       }

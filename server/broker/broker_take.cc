@@ -84,7 +84,7 @@ uint64_t Broker::TakeHere(uint64_t session_id, const v1::TakeRequest& request,
     // The moved tensor's bind grants the wait (or another take's, which got it first).
     if (fetch_from != nullptr) {
       fetch_from->FetchTake(target, [this, wait_id](absl::Status fetched) {
-        if (!fetched.ok() && fetched.code() != absl::StatusCode::kNotFound) CompleteWaitWith(wait_id, fetched);
+        if (!fetched.ok() && fetched.code() != absl::StatusCode::kNotFound) CompleteWaitWith(wait_id, std::move(fetched));
       });
     }
     return wait_id;
@@ -92,7 +92,7 @@ uint64_t Broker::TakeHere(uint64_t session_id, const v1::TakeRequest& request,
   if (fetch_from != nullptr) {
     fetch_from->FetchTake(target, [this, session_id, request, done = std::move(done)](absl::Status fetched) mutable {
       if (!fetched.ok()) {
-        std::move(done)(fetched);
+        std::move(done)(std::move(fetched));  // moved: the status is released where it is used
       } else {
         TakeHere(session_id, request, std::move(done), /*may_fetch=*/false);
       }
