@@ -14,8 +14,8 @@
 // taken meanwhile.
 //
 // Record and Withdraw never block (the broker calls them on its threads): the puts run on
-// the directory's thread, in order. Lookup asks etcd and waits for it (at most one call's
-// deadline). The event callbacks run on the watch's thread, one at a time, for every
+// the directory's thread, in order. LookUpName and ListNames ask etcd and wait for it (at
+// most one call's deadline). The event callbacks run on the watch's thread, one at a time, for every
 // other node's change (this node's own puts are not reported); they must not block for long.
 #pragma once
 

@@ -1,5 +1,5 @@
-// UCX one-sided reads between brokers: the cluster's data path (work in progress: nothing in
-// the daemon uses it yet). The owning broker registers a buffer with UCX once (UcxRegion)
+// UCX one-sided reads between brokers: the cluster's data path (PeerService registers,
+// ReplicaPuller reads, both through UcxWorker's thread). The owning broker registers a buffer with UCX once (UcxRegion)
 // and gives a peer the region's address and packed remote key over the control channel;
 // the peer connects to the owner's worker (UcxEndpoint) and reads the bytes with gets, in
 // chunks with several in flight (UcxEndpoint::Read). Gets, not puts: UCX emulates puts over
