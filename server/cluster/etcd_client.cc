@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
 
 namespace tensord::server::cluster {
 namespace {
@@ -111,39 +112,82 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
   if (options.call_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("etcd: the call timeout must be positive");
   }
-  // One channel, to one endpoint: failing over between several members is not built yet.
-  // A DNS name with one address per member does that much: gRPC tries them in turn.
-  if (addresses.size() > 1) {
-    return absl::UnimplementedError(absl::StrCat("etcd: ", addresses.size(),
-                                                 " endpoints given; one is supported so far (a DNS name "
-                                                 "with an address per member works)"));
-  }
-  const std::string& target = addresses.front();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(options, *tls);
+  if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   // gRPC's default reconnect backoff grows to 120 s, and calls fail at once meanwhile: an
   // etcd back after a restart would stay unused for minutes. Try again at least every second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  // A member that stops answering (frozen, or the path to it cut) while a watch is open
+  // would hold the watch forever: pings find it within 15 s. Only while calls are open,
+  // and no more often than etcd allows (--grpc-keepalive-min-time, 5 s by default).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // a quiet watch carries no data
   // No transparent retries: every call has its deadline and the callers retry themselves;
   // and gRPC 1.51's retry filter aborts the process (an assertion, grpc/grpc#34683) when
   // a stream ends with trailers that hold no status, as a watch stream does when etcd
   // shuts down.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = Credentials(options, *tls);
-  if (!credentials.ok()) return credentials.status();
-  auto channel = grpc::CreateCustomChannel(target, *credentials, args);
-  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options), std::move(channel)));
+  std::vector<Member> members;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(addresses[i], *credentials, args);
+    members.push_back(Member{.endpoint = options.endpoints[i],
+                             .channel = channel,
+                             .kv = etcdserverpb::KV::NewStub(channel),
+                             .lease = etcdserverpb::Lease::NewStub(channel)});
+  }
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options), std::move(members)));
 }
 
-EtcdClient::EtcdClient(EtcdOptions options, std::shared_ptr<grpc::Channel> channel)
+EtcdClient::EtcdClient(EtcdOptions options, std::vector<Member> members)
     : options_(std::move(options)),
       description_(absl::StrCat("etcd at ", absl::StrJoin(options_.endpoints, ","))),
-      channel_(std::move(channel)),
-      kv_(etcdserverpb::KV::NewStub(channel_)),
-      lease_(etcdserverpb::Lease::NewStub(channel_)) {}
+      members_(std::move(members)) {}
 
 EtcdClient::~EtcdClient() = default;
+
+std::shared_ptr<grpc::Channel> EtcdClient::channel() const {
+  return members_[current_.load(std::memory_order_relaxed)].channel;
+}
+
+const std::string& EtcdClient::current_endpoint() const {
+  return members_[current_.load(std::memory_order_relaxed)].endpoint;
+}
+
+bool EtcdClient::NoAnswer(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+void EtcdClient::Unanswered(const grpc::Channel* channel) {
+  if (members_.size() < 2) return;
+  size_t current = current_.load();
+  if (members_[current].channel.get() != channel) return;  // moved on already
+  const size_t next = (current + 1) % members_.size();
+  if (current_.compare_exchange_strong(current, next)) {
+    spdlog::warn("{}: {} did not answer; calls go to {} now", description_, members_[current].endpoint,
+                 members_[next].endpoint);
+  }
+}
+
+template <typename Call>
+grpc::Status EtcdClient::OnMember(Retry retry, Call&& call) {
+  grpc::Status status;
+  for (size_t tried = 0; tried < members_.size(); ++tried) {
+    Member& member = members_[current_.load()];
+    auto context = NewContext();
+    status = call(member, context.get());
+    if (!NoAnswer(status)) return status;
+    Unanswered(member.channel.get());
+    // Only a member that could not be reached is passed over at once: one that ran out of
+    // time has taken the caller's deadline already.
+    if (retry == Retry::kNo || status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
+  return status;
+}
 
 std::unique_ptr<grpc::ClientContext> EtcdClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -157,8 +201,9 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(std::string_view key
   etcdserverpb::RangeRequest request;
   request.set_key(std::string(key));
   etcdserverpb::RangeResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->Range(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->Range(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("get ", Quoted(key)));
   if (response.kvs_size() == 0) return std::nullopt;
   return ToEtcdKeyValue(response.kvs(0));
@@ -170,8 +215,9 @@ absl::StatusOr<EtcdRange> EtcdClient::GetPrefix(std::string_view prefix) {
   request.set_key(std::string(prefix));
   request.set_range_end(PrefixRangeEnd(prefix));
   etcdserverpb::RangeResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->Range(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->Range(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("list ", Quoted(prefix)));
   EtcdRange range;
   range.revision = response.header().revision();
@@ -186,8 +232,9 @@ absl::StatusOr<int64_t> EtcdClient::Put(std::string_view key, std::string_view v
   request.set_value(std::string(value));
   request.set_lease(lease);
   etcdserverpb::PutResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->Put(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->Put(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("put ", Quoted(key)));
   return response.header().revision();
 }
@@ -204,8 +251,9 @@ absl::StatusOr<bool> EtcdClient::PutIfAbsent(std::string_view key, std::string_v
   put->set_value(std::string(value));
   put->set_lease(lease);
   etcdserverpb::TxnResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->Txn(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kNo, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->Txn(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("put if absent ", Quoted(key)));
   return response.succeeded();
 }
@@ -221,8 +269,9 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::DeleteIfRevision(std::st
   remove->set_key(std::string(key));
   remove->set_prev_kv(true);
   etcdserverpb::TxnResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->Txn(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kNo, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->Txn(context, request, &response);
+  });
   if (!status.ok()) {
     return Failed(status, description_, absl::StrCat("delete ", Quoted(key), " at revision ", mod_revision));
   }
@@ -236,8 +285,9 @@ absl::StatusOr<int64_t> EtcdClient::Delete(std::string_view key) {
   etcdserverpb::DeleteRangeRequest request;
   request.set_key(std::string(key));
   etcdserverpb::DeleteRangeResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->DeleteRange(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->DeleteRange(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("delete ", Quoted(key)));
   return response.deleted();
 }
@@ -248,8 +298,9 @@ absl::StatusOr<int64_t> EtcdClient::DeletePrefix(std::string_view prefix) {
   request.set_key(std::string(prefix));
   request.set_range_end(PrefixRangeEnd(prefix));
   etcdserverpb::DeleteRangeResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->DeleteRange(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->DeleteRange(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("delete every key under ", Quoted(prefix)));
   return response.deleted();
 }
@@ -258,8 +309,9 @@ absl::Status EtcdClient::Compact(int64_t revision) {
   etcdserverpb::CompactionRequest request;
   request.set_revision(revision);
   etcdserverpb::CompactionResponse response;
-  auto context = NewContext();
-  grpc::Status status = kv_->Compact(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kNo, [&](Member& member, grpc::ClientContext* context) {
+    return member.kv->Compact(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("compact to revision ", revision));
   return absl::OkStatus();
 }
@@ -269,8 +321,9 @@ absl::StatusOr<EtcdLeaseGrant> EtcdClient::GrantLease(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(seconds);
   etcdserverpb::LeaseGrantResponse response;
-  auto context = NewContext();
-  grpc::Status status = lease_->LeaseGrant(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.lease->LeaseGrant(context, request, &response);
+  });
   if (!status.ok()) return Failed(status, description_, absl::StrCat("grant a lease of ", seconds, " s"));
   if (!response.error().empty()) {
     return absl::UnavailableError(absl::StrCat(description_, ": grant a lease of ", seconds, " s: ", response.error()));
@@ -282,8 +335,9 @@ absl::Status EtcdClient::RevokeLease(int64_t id) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(id);
   etcdserverpb::LeaseRevokeResponse response;
-  auto context = NewContext();
-  grpc::Status status = lease_->LeaseRevoke(context.get(), request, &response);
+  grpc::Status status = OnMember(Retry::kOnNextMember, [&](Member& member, grpc::ClientContext* context) {
+    return member.lease->LeaseRevoke(context, request, &response);
+  });
   // etcd answers NOT_FOUND ("requested lease not found") for a lease already gone.
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) return absl::OkStatus();
   if (!status.ok()) return Failed(status, description_, absl::StrCat("revoke lease ", absl::Hex(id)));

@@ -14,8 +14,18 @@
 // Endpoints are all http:// or all https://. Over https the client checks etcd's
 // certificate against ca_file and, with cert_file and key_file, shows its own (etcd run
 // with --client-cert-auth refuses a client without one signed by its trusted CA).
+//
+// Several endpoints are members of one etcd cluster. Calls go to one member, the current
+// one, until a call to it gets no answer (UNAVAILABLE, which is also etcd's "no leader",
+// or DEADLINE_EXCEEDED); from then on they go to the next member. Calls that may safely run
+// twice (reads, puts, deletes, lease grants and revokes) are tried on the next member at
+// once when one is unreachable; transactions are not (a put-if-absent or a
+// delete-at-revision sent again could report the other side of its own first success), so
+// their callers see the error and try again later. Watches and keep-alives follow the
+// current member the same way (channel(), Unanswered()).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,8 +41,8 @@
 namespace tensord::server::cluster {
 
 struct EtcdOptions {
-  // "http://host:port" or "https://host:port": one so far (failing over between several
-  // is not built; a DNS name with an address per member is tried address by address).
+  // "http://host:port" or "https://host:port", one per member of the etcd cluster (a DNS
+  // name with an address per member also works: gRPC tries the addresses in turn).
   std::vector<std::string> endpoints;
   absl::Duration call_timeout = absl::Seconds(5);
   // PEM files, for https endpoints: the CA that signed etcd's certificate (required), and
@@ -97,7 +107,15 @@ class EtcdClient {
   // Ends the lease now, deleting its keys. A lease that is already gone is not an error.
   absl::Status RevokeLease(int64_t id);
 
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  // The channel to the member that calls go to now (streams open theirs on it).
+  std::shared_ptr<grpc::Channel> channel() const;
+  // A call on `channel` got no answer: later calls go to the next member, unless another
+  // caller moved on from that member already. Nothing changes with one endpoint.
+  void Unanswered(const grpc::Channel* channel);
+  // Whether a call that ended with `status` got no answer from its member.
+  static bool NoAnswer(const grpc::Status& status);
+  // The endpoint calls go to now.
+  const std::string& current_endpoint() const;
   const EtcdOptions& options() const { return options_; }
   // "etcd at http://a:2379,http://b:2379": how errors name it.
   const std::string& description() const { return description_; }
@@ -105,13 +123,24 @@ class EtcdClient {
   std::unique_ptr<grpc::ClientContext> NewContext() const;
 
  private:
-  EtcdClient(EtcdOptions options, std::shared_ptr<grpc::Channel> channel);
+  struct Member {
+    std::string endpoint;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<etcdserverpb::KV::Stub> kv;
+    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+  };
+  enum class Retry { kOnNextMember, kNo };
+
+  EtcdClient(EtcdOptions options, std::vector<Member> members);
+  // Runs call(member, context) on the current member, and on the next ones as `retry` and
+  // NoAnswer allow; returns the last call's status.
+  template <typename Call>
+  grpc::Status OnMember(Retry retry, Call&& call);
 
   EtcdOptions options_;
   std::string description_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
-  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  std::vector<Member> members_;
+  std::atomic<size_t> current_{0};
 };
 
 // etcd's wire form of a key, as EtcdKeyValue (for reads and watch events alike).

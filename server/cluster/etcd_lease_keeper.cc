@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<EtcdLeaseKeeper>> EtcdLeaseKeeper::Start(EtcdClie
 }
 
 EtcdLeaseKeeper::EtcdLeaseKeeper(EtcdClient& etcd, EtcdLeaseGrant grant, LostCallback on_lost)
-    : etcd_(etcd), grant_(grant), on_lost_(std::move(on_lost)), stub_(etcdserverpb::Lease::NewStub(etcd.channel())) {}
+    : etcd_(etcd), grant_(grant), on_lost_(std::move(on_lost)) {}
 
 EtcdLeaseKeeper::~EtcdLeaseKeeper() {
   bool lost;
@@ -51,7 +51,9 @@ absl::StatusOr<int64_t> EtcdLeaseKeeper::KeepAliveOnce(absl::Time deadline) {
     if (stopping_) return absl::CancelledError("stopping");
     call_ = &context;
   }
-  auto stream = stub_->LeaseKeepAlive(&context);
+  const std::shared_ptr<grpc::Channel> channel = etcd_.channel();
+  auto stub = etcdserverpb::Lease::NewStub(channel);
+  auto stream = stub->LeaseKeepAlive(&context);
   etcdserverpb::LeaseKeepAliveRequest request;
   request.set_id(grant_.id);
   etcdserverpb::LeaseKeepAliveResponse response;
@@ -64,6 +66,7 @@ absl::StatusOr<int64_t> EtcdLeaseKeeper::KeepAliveOnce(absl::Time deadline) {
     call_ = nullptr;
   }
   if (answered) return response.ttl();
+  if (status.ok() || EtcdClient::NoAnswer(status)) etcd_.Unanswered(channel.get());
   return absl::UnavailableError(absl::StrCat(etcd_.description(), ": keep-alive of lease ", absl::Hex(grant_.id), ": ",
                                              status.ok() ? "the stream ended without an answer" : status.error_message()));
 }
@@ -75,7 +78,10 @@ void EtcdLeaseKeeper::Run() {
   absl::Status lost;
   while (true) {
     const absl::Time expires = last_renewed + grant_.ttl;
-    const absl::Time deadline = std::min(expires, absl::Now() + etcd_.options().call_timeout);
+    // A member that does not answer gets a third of the TTL, so that the next member (with
+    // several) still has time to renew the lease.
+    const absl::Time deadline =
+        std::min({expires, absl::Now() + etcd_.options().call_timeout, absl::Now() + interval});
     absl::StatusOr<int64_t> ttl = KeepAliveOnce(deadline);
     if (ttl.ok() && *ttl > 0) {
       last_renewed = absl::Now();

@@ -3,7 +3,9 @@
 // directory by themselves within the lease's TTL once the node dies or is cut off.
 //
 // A thread of its own sends a keep-alive every third of the TTL, each on a short
-// LeaseKeepAlive stream with a deadline, so a silent network cannot block it. The lease is
+// LeaseKeepAlive stream with a deadline (at most a third of the TTL), so a silent network
+// cannot block it; with several etcd members, a member that does not answer is passed
+// over for the next. The lease is
 // lost, and on_lost runs once on the keeper's thread, when etcd says it is gone (expired or
 // revoked) or when no keep-alive got through for a whole TTL: etcd has expired it, or will,
 // and the node must record its keys again under a new lease. The keeper then stops. on_lost
@@ -52,7 +54,6 @@ class EtcdLeaseKeeper {
   EtcdClient& etcd_;
   const EtcdLeaseGrant grant_;
   LostCallback on_lost_;
-  std::unique_ptr<etcdserverpb::Lease::Stub> stub_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -33,8 +33,7 @@ EtcdWatch::EtcdWatch(EtcdClient& etcd, std::string prefix, int64_t start_revisio
       prefix_(std::move(prefix)),
       next_revision_(start_revision),
       on_events_(std::move(on_events)),
-      on_error_(std::move(on_error)),
-      stub_(etcdserverpb::Watch::NewStub(etcd.channel())) {}
+      on_error_(std::move(on_error)) {}
 
 EtcdWatch::~EtcdWatch() {
   {
@@ -52,14 +51,20 @@ int64_t EtcdWatch::resumptions() const {
 
 absl::Status EtcdWatch::Follow() {
   grpc::ClientContext context;
-  // An etcd that is down is waited for, not failed at once; Stop cancels the wait.
-  context.set_wait_for_ready(true);
+  // A member cut off from the rest of etcd's cluster ends the watch ("no leader") instead
+  // of keeping it open with no events (etcd's require-leader rule).
+  context.AddMetadata("hasleader", "true");
+  // With one endpoint, an etcd that is down is waited for, not failed at once (Stop cancels
+  // the wait); with several, the stream fails and opens again on the next member.
+  context.set_wait_for_ready(etcd_.options().endpoints.size() == 1);
+  const std::shared_ptr<grpc::Channel> channel = etcd_.channel();
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("stopping");
     stream_ = &context;
   }
-  auto stream = stub_->Watch(&context);
+  auto stub = etcdserverpb::Watch::NewStub(channel);
+  auto stream = stub->Watch(&context);
   etcdserverpb::WatchRequest request;
   etcdserverpb::WatchCreateRequest* create = request.mutable_create_request();
   create->set_key(prefix_);
@@ -100,6 +105,7 @@ absl::Status EtcdWatch::Follow() {
     stream_ = nullptr;
   }
   if (!ended.ok()) return ended;
+  if (EtcdClient::NoAnswer(status)) etcd_.Unanswered(channel.get());
   spdlog::debug("{}: watch of '{}' broke ({}); resuming at revision {}", etcd_.description(), prefix_,
                 status.error_message(), next_revision_);
   return absl::OkStatus();

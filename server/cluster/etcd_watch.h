@@ -4,7 +4,8 @@
 // delete event).
 //
 // A broken stream (etcd restarting, unreachable for a while) is resumed from the revision
-// after the last one delivered, so no change is lost or delivered twice. A start revision
+// after the last one delivered, so no change is lost or delivered twice; with several etcd
+// members, on the next one where its member stopped answering. A start revision
 // that etcd has compacted away cannot be resumed: on_error then gets OUT_OF_RANGE, once, and
 // the watch stops; its owner re-reads the prefix (GetPrefix) and watches from that read's
 // revision plus one.
@@ -62,7 +63,6 @@ class EtcdWatch {
   int64_t next_revision_;
   EventsCallback on_events_;
   ErrorCallback on_error_;
-  std::unique_ptr<etcdserverpb::Watch::Stub> stub_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,22 +1,59 @@
 // EtcdTest: a fixture with a real etcd of the test's own (EtcdServer) and a client of it;
-// every case skips, saying why, where no etcd binary was found at configure time.
+// every case skips, saying why, where no etcd binary was found at configure time. Recorder:
+// what a watch delivered.
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/cluster/etcd_client.h"
+#include "server/cluster/etcd_watch.h"
 #include "tests/cluster/etcd_server.h"
 
 namespace tensord::server::cluster {
 
 using ::tensord::testing::EtcdServer;
+
+// What a watch delivered, as "put KEY=VALUE" / "delete KEY" lines.
+class Recorder {
+ public:
+  EtcdWatch::EventsCallback Callback() {
+    return [this](std::vector<EtcdEvent> events) {
+      absl::MutexLock lock(&mu_);
+      for (const EtcdEvent& e : events) {
+        lines_.push_back(e.kind == EtcdEvent::Kind::kPut ? "put " + e.kv.key + "=" + e.kv.value
+                                                         : "delete " + e.kv.key);
+      }
+    };
+  }
+  // Waits up to 10 s for `count` lines; returns what came.
+  std::vector<std::string> Await(size_t count) {
+    absl::MutexLock lock(&mu_);
+    wanted_ = count;
+    mu_.AwaitWithTimeout(absl::Condition(this, &Recorder::Enough), absl::Seconds(10));
+    return lines_;
+  }
+  std::vector<std::string> Lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+
+ private:
+  bool Enough() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return lines_.size() >= wanted_; }
+
+  absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  size_t wanted_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 class EtcdTest : public ::testing::Test {
  protected:

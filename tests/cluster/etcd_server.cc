@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/cluster/etcd_client.h"
 
 extern char** environ;
@@ -59,10 +60,11 @@ bool Listening(const std::string& endpoint) {
 
 std::string EtcdServer::Binary() { return TENSORD_ETCD_BIN; }
 
-absl::StatusOr<EtcdServer> EtcdServer::Start(std::optional<TestCertificates> tls) {
+absl::StatusOr<EtcdServer> EtcdServer::Prepare(std::string name, std::optional<TestCertificates> tls) {
   if (Binary().empty()) return absl::UnavailableError("no etcd binary (Debian: etcd-server)");
   EtcdServer server;
   server.tls_ = std::move(tls);
+  server.name_ = std::move(name);
   char dir_template[] = "/tmp/tensord-etcd-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp");
   server.data_dir_ = dir_template;
@@ -71,9 +73,36 @@ absl::StatusOr<EtcdServer> EtcdServer::Start(std::optional<TestCertificates> tls
   if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free loopback port");
   server.endpoint_ = absl::StrCat(server.tls_ ? "https" : "http", "://127.0.0.1:", *client_port);
   server.peer_url_ = absl::StrCat("http://127.0.0.1:", *peer_port);
-  if (absl::Status launched = server.Launch(); !launched.ok()) return launched;
-  if (absl::Status answered = server.AwaitAnswer(); !answered.ok()) return answered;
+  server.initial_cluster_ = absl::StrCat(server.name_, "=", server.peer_url_);
   return server;
+}
+
+absl::StatusOr<EtcdServer> EtcdServer::Start(std::optional<TestCertificates> tls) {
+  absl::StatusOr<EtcdServer> server = Prepare("test", std::move(tls));
+  if (!server.ok()) return server.status();
+  if (absl::Status launched = server->Launch(); !launched.ok()) return launched;
+  if (absl::Status answered = server->AwaitAnswer(); !answered.ok()) return answered;
+  return server;
+}
+
+absl::StatusOr<std::vector<EtcdServer>> EtcdServer::StartMembers(int count, std::optional<TestCertificates> tls) {
+  std::vector<EtcdServer> members;
+  std::vector<std::string> cluster;
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<EtcdServer> member = Prepare(absl::StrCat("member", i), tls);
+    if (!member.ok()) return member.status();
+    cluster.push_back(member->initial_cluster_);
+    members.push_back(*std::move(member));
+  }
+  // Every member starts before any can answer: etcd answers once a quorum has formed.
+  for (EtcdServer& member : members) {
+    member.initial_cluster_ = absl::StrJoin(cluster, ",");
+    if (absl::Status launched = member.Launch(); !launched.ok()) return launched;
+  }
+  for (EtcdServer& member : members) {
+    if (absl::Status answered = member.AwaitAnswer(); !answered.ok()) return answered;
+  }
+  return members;
 }
 
 EtcdServer::EtcdServer(EtcdServer&& other) noexcept
@@ -81,6 +110,8 @@ EtcdServer::EtcdServer(EtcdServer&& other) noexcept
       data_dir_(std::move(other.data_dir_)),
       endpoint_(std::move(other.endpoint_)),
       peer_url_(std::move(other.peer_url_)),
+      name_(std::move(other.name_)),
+      initial_cluster_(std::move(other.initial_cluster_)),
       pid_(std::exchange(other.pid_, -1)) {}
 
 EtcdServer::~EtcdServer() {
@@ -93,13 +124,14 @@ EtcdServer::~EtcdServer() {
 
 absl::Status EtcdServer::Launch() {
   std::vector<std::string> args = {Binary(),
-                                   "--name=test",
+                                   absl::StrCat("--name=", name_),
                                    absl::StrCat("--data-dir=", data_dir_, "/data"),
                                    absl::StrCat("--listen-client-urls=", endpoint_),
                                    absl::StrCat("--advertise-client-urls=", endpoint_),
                                    absl::StrCat("--listen-peer-urls=", peer_url_),
                                    absl::StrCat("--initial-advertise-peer-urls=", peer_url_),
-                                   absl::StrCat("--initial-cluster=test=", peer_url_),
+                                   absl::StrCat("--initial-cluster=", initial_cluster_),
+                                   "--initial-cluster-token=tensord-test",
                                    "--logger=zap",
                                    "--log-level=error",
                                    absl::StrCat("--log-outputs=", data_dir_, "/etcd.log")};

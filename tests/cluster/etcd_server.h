@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/cluster/etcd_client.h"
@@ -22,6 +23,9 @@ class EtcdServer {
   static std::string Binary();
   // Starts etcd and waits (up to 30 s) until it answers.
   static absl::StatusOr<EtcdServer> Start(std::optional<TestCertificates> tls = std::nullopt);
+  // Starts the `count` members of one etcd cluster and waits until each answers.
+  static absl::StatusOr<std::vector<EtcdServer>> StartMembers(int count,
+                                                              std::optional<TestCertificates> tls = std::nullopt);
   EtcdServer(EtcdServer&& other) noexcept;
   EtcdServer& operator=(EtcdServer&&) = delete;
   ~EtcdServer();
@@ -35,9 +39,13 @@ class EtcdServer {
   void Resume();
   // Kills it (SIGKILL) and starts it again on the same ports and data.
   absl::Status Restart();
+  // Kills it (SIGKILL); the destructor or Restart() may follow.
+  void Stop() { Kill(); }
 
  private:
   EtcdServer() = default;
+  // Sets up the data directory and ports of a server named `name`.
+  static absl::StatusOr<EtcdServer> Prepare(std::string name, std::optional<TestCertificates> tls);
   absl::Status Launch();
   absl::Status AwaitAnswer();
   void Kill();
@@ -46,6 +54,8 @@ class EtcdServer {
   std::string data_dir_;
   std::string endpoint_;
   std::string peer_url_;
+  std::string name_;
+  std::string initial_cluster_;  // NAME=PEER_URL of every member
   pid_t pid_ = -1;
 };
 

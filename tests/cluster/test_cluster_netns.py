@@ -306,6 +306,27 @@ def test_peers_checked_for_one_name_instead_of_their_address(cluster):
         d.killed = True  # stopped on purpose
 
 
+def test_a_node_given_several_etcd_endpoints_passes_over_one_that_is_down(cluster):
+    """--cluster-etcd with two endpoints, the first with nothing behind it: the node joins
+    through the second, serves and reads."""
+    d = cluster.nodes.get("d") or cluster.add_node("d")
+    d.cert, d.key = cluster.certs.sign("node-d", d.ip, dns=netns_cluster.PEER_NAME)
+    down = f"https://{cluster.network.host_ip}:23791"
+    d.start(etcd=f"{down},{cluster.etcd.url}")
+    try:
+        assert f"{down} did not answer; calls go to {cluster.etcd.url} now" in d.log()
+        a, dc = cluster.nodes["a"].client(), d.client()
+        a.put("shared/for-d-members", np.arange(1024, dtype=np.int64))
+        with dc.get("shared/for-d-members", timeout=30) as got:
+            assert int(np.from_dlpack(got).sum()) == 1024 * 1023 // 2
+        dc.put("shared/from-d-members", np.full(64, 7, dtype=np.int32))
+        with a.get("shared/from-d-members", timeout=30) as got:
+            assert int(np.from_dlpack(got).sum()) == 7 * 64
+    finally:
+        d.stop()
+        d.killed = True  # stopped on purpose
+
+
 def test_an_owner_killed_mid_pull_fails_the_acquire_and_leaks_nothing(cluster):
     owner, reader = cluster.nodes["c"], cluster.nodes["b"]
     c, b = owner.client(), reader.client()
