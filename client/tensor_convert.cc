@@ -154,6 +154,22 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
   }
   std::sort(out.hand_over_pins.begin(), out.hand_over_pins.end(),
             [](const HandOverPins& a, const HandOverPins& b) { return a.uid < b.uid; });
+  if (status.has_cluster()) {
+    const tensord::v1::ClusterStatus& c = status.cluster();
+    out.cluster = ClusterStatus{.node = c.node(),
+                                .listen = c.listen(),
+                                .namespaces = {c.namespaces().begin(), c.namespaces().end()},
+                                .etcd_endpoint = c.etcd_endpoint(),
+                                .joined = c.joined(),
+                                .names_recorded = c.names_recorded(),
+                                .replicas = c.replicas(),
+                                .pulls = c.pulls(),
+                                .bytes_pulled = c.bytes_pulled(),
+                                .pulls_failed = c.pulls_failed(),
+                                .reads_open = c.reads_open(),
+                                .reads_served = c.reads_served(),
+                                .bytes_served = c.bytes_served()};
+  }
   for (const tensord::v1::QueueStatus& queue : status.queues()) {
     out.queues.push_back(QueueStatus{queue.prefix(), queue.depth(), queue.slots_held(), queue.published(),
                                      queue.producers_waiting(), queue.takers_waiting()});

@@ -39,6 +39,18 @@ void PrintStatusHuman(const BrokerStatus& s, const std::string& socket_asked) {
               " releases of unheld leases), %" PRIu64 " hand-overs pending, %" PRIu64
               " reclaimed from ended sessions\n",
               s.leases, s.sessions, s.releases_not_found, s.hand_overs_pending, s.leases_reclaimed);
+  if (s.cluster) {
+    const ClusterStatus& c = *s.cluster;
+    std::string namespaces;
+    for (const std::string& ns : c.namespaces) namespaces += (namespaces.empty() ? "" : ",") + ns;
+    std::printf("cluster      node %s at %s, sharing %s; %s (etcd %s)\n", c.node.c_str(), c.listen.c_str(),
+                namespaces.c_str(), c.joined ? "joined" : "NOT joined: its names are not in the directory",
+                c.etcd_endpoint.c_str());
+    std::printf("             %" PRIu64 " names recorded, %" PRIu64 " replicas; pulled %" PRIu64 " (%s, %" PRIu64
+                " failed); served %" PRIu64 " reads (%s), %" PRIu64 " open\n",
+                c.names_recorded, c.replicas, c.pulls, BytesText(c.bytes_pulled).c_str(), c.pulls_failed,
+                c.reads_served, BytesText(c.bytes_served).c_str(), c.reads_open);
+  }
   // Memory only pending hand-overs may be keeping, by the uid charged for it.
   for (const HandOverPins& p : s.hand_over_pins) {
     std::printf("pinned       uid %u: %s host, %s device memory held by %" PRIu64 " pending hand-overs\n", p.uid,

@@ -168,6 +168,22 @@ Json StatusJson(const BrokerStatus& s, const RateMap* rates) {
   Json sessions = Json::array();
   for (const SessionUsage& u : s.session_usage) sessions.push_back(SessionJson(u, rates));
   out["session_usage"] = std::move(sessions);
+  if (s.cluster) {
+    const ClusterStatus& c = *s.cluster;
+    out["cluster"] = Json{{"node", c.node},
+                          {"listen", c.listen},
+                          {"namespaces", c.namespaces},
+                          {"etcd_endpoint", c.etcd_endpoint},
+                          {"joined", c.joined},
+                          {"names_recorded", c.names_recorded},
+                          {"replicas", c.replicas},
+                          {"pulls", c.pulls},
+                          {"bytes_pulled", c.bytes_pulled},
+                          {"pulls_failed", c.pulls_failed},
+                          {"reads_open", c.reads_open},
+                          {"reads_served", c.reads_served},
+                          {"bytes_served", c.bytes_served}};
+  }
   return out;
 }
 

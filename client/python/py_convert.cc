@@ -190,6 +190,24 @@ py::dict StatusToDict(const BrokerStatus& s, bool sessions, bool queues) {
     pins.append(e);
   }
   d["hand_over_pins"] = pins;
+  if (s.cluster) {
+    const ClusterStatus& c = *s.cluster;
+    py::dict e;
+    e["node"] = c.node;
+    e["listen"] = c.listen;
+    e["namespaces"] = c.namespaces;
+    e["etcd_endpoint"] = c.etcd_endpoint;
+    e["joined"] = c.joined;
+    e["names_recorded"] = c.names_recorded;
+    e["replicas"] = c.replicas;
+    e["pulls"] = c.pulls;
+    e["bytes_pulled"] = c.bytes_pulled;
+    e["pulls_failed"] = c.pulls_failed;
+    e["reads_open"] = c.reads_open;
+    e["reads_served"] = c.reads_served;
+    e["bytes_served"] = c.bytes_served;
+    d["cluster"] = e;
+  }
   if (queues) {
     py::list queue_list;
     for (const QueueStatus& q : s.queues) {

@@ -175,6 +175,27 @@ void ClusterNode::Stop() {
   etcd_.reset();
 }
 
+void ClusterNode::Describe(v1::ClusterStatus& status) const {
+  status.set_node(options_.node);
+  status.set_listen(options_.listen);
+  for (const std::string& ns : options_.namespaces) status.add_namespaces(ns);
+  // Stop() sets stopping_ under the lock before it takes any part apart.
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  status.set_etcd_endpoint(etcd_->current_endpoint());
+  status.set_joined(directory_->connected());
+  status.set_names_recorded(directory_->recorded_names());
+  const ReplicaPuller::Counts pulled = puller_->counts();
+  status.set_replicas(pulled.replicas);
+  status.set_pulls(pulled.pulls);
+  status.set_bytes_pulled(pulled.bytes_pulled);
+  status.set_pulls_failed(pulled.pulls_failed);
+  const PeerService::Counts served = peer_->counts();
+  status.set_reads_open(served.reads_open);
+  status.set_reads_served(served.reads_served);
+  status.set_bytes_served(served.bytes_served);
+}
+
 bool ClusterNode::Shares(std::string_view name) const {
   const std::string_view ns = common::NamespaceOf(name);
   return std::find(options_.namespaces.begin(), options_.namespaces.end(), ns) != options_.namespaces.end();

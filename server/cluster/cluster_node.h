@@ -66,6 +66,10 @@ class ClusterNode final : public RemoteNames {
 
   void Stop();
 
+  // This node's section of the daemon's status: its settings, whether it has joined, and
+  // what it pulled and served. Thread-safe; once Stop() began, the settings alone.
+  void Describe(tensord::v1::ClusterStatus& status) const;
+
   // RemoteNames.
   bool Shares(std::string_view name) const override;
   void Fetch(const std::string& name, FetchDone done) override;
@@ -100,7 +104,7 @@ class ClusterNode final : public RemoteNames {
   std::unique_ptr<ReplicaPuller> puller_;
   std::vector<uint64_t> watchers_;
   std::unique_ptr<Executor> events_;  // local binds and unbinds, one at a time, in order
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;
   bool stopped_ = false;

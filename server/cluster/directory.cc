@@ -71,6 +71,12 @@ bool Directory::connected() const {
   return lease_ != 0;
 }
 
+size_t Directory::recorded_names() const {
+  std::lock_guard lock(mu_);
+  if (lease_ == 0) return 0;
+  return std::count_if(own_.begin(), own_.end(), [](const auto& entry) { return entry.second.revision != 0; });
+}
+
 void Directory::Record(const std::string& name, cv1::NameRecord record) {
   record.set_node(options_.node);
   record.set_broker_address(options_.broker_address);

@@ -94,6 +94,8 @@ class Directory {
   void Withdraw(const std::string& name, uint64_t generation);
   // Whether this node's lease is held now (its names are in the directory).
   bool connected() const;
+  // This node's names recorded in the directory now.
+  size_t recorded_names() const;
   const DirectoryOptions& options() const { return options_; }
 
  private:

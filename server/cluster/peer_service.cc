@@ -55,8 +55,8 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
   }
   ++region->second.reads;
   const uint64_t read_id = ++last_read_id_;
-  reads_[read_id] = Read{request->name(), tensor.generation(), lease->lease_id(), buffer_id, request->reader_node(),
-                         absl::Now() + read_ttl_};
+  reads_[read_id] = Read{request->name(),      tensor.generation(),   lease->lease_id(), buffer_id,
+                         tensor.buffer().extent(), request->reader_node(), absl::Now() + read_ttl_};
   response->set_read_id(read_id);
   response->set_tensor_id(tensor.tensor_id());
   response->set_generation(tensor.generation());
@@ -73,9 +73,17 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
 grpc::Status PeerService::CloseRead(grpc::ServerContext*, const cv1::CloseReadRequest* request,
                                     cv1::CloseReadResponse*) {
   const uint64_t read_id = request->read_id();
-  if (EndReads([read_id](uint64_t id, const Read&) { return id == read_id; }) == 0) {
+  uint64_t nbytes = 0;
+  if (EndReads([read_id, &nbytes](uint64_t id, const Read& read) {
+        if (id != read_id) return false;
+        nbytes = read.nbytes;
+        return true;
+      }) == 0) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no read ", read_id, " is open"));
   }
+  absl::MutexLock lock(&mu_);
+  ++reads_served_;
+  bytes_served_ += nbytes;
   return grpc::Status::OK;
 }
 
@@ -105,14 +113,10 @@ void PeerService::ExpireReads() {
   EndReads([now](uint64_t, const Read& read) { return read.expires <= now; });
 }
 
-size_t PeerService::open_reads() const {
+PeerService::Counts PeerService::counts() const {
   absl::MutexLock lock(&mu_);
-  return reads_.size();
-}
-
-size_t PeerService::registered_buffers() const {
-  absl::MutexLock lock(&mu_);
-  return regions_.size();
+  return Counts{.reads_open = reads_.size(), .buffers_registered = regions_.size(), .reads_served = reads_served_,
+                .bytes_served = bytes_served_};
 }
 
 template <typename Pred>

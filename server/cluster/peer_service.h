@@ -42,9 +42,13 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
   void DropReadsOf(const std::string& node);
   // Ends the reads past their TTL.
   void ExpireReads();
-  // Reads open and buffers registered now.
-  size_t open_reads() const;
-  size_t registered_buffers() const;
+  struct Counts {
+    uint64_t reads_open = 0;          // now
+    uint64_t buffers_registered = 0;  // now
+    uint64_t reads_served = 0;        // closed by their readers, since start
+    uint64_t bytes_served = 0;        // by those
+  };
+  Counts counts() const;
 
  private:
   struct Region {
@@ -57,6 +61,7 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
     uint64_t generation = 0;
     uint64_t lease_id = 0;
     uint64_t buffer_id = 0;
+    uint64_t nbytes = 0;
     std::string node;
     absl::Time expires;
   };
@@ -73,6 +78,8 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
   uint64_t last_read_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, Read> reads_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);  // by buffer id
+  uint64_t reads_served_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_served_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tensord::server::cluster

@@ -82,7 +82,16 @@ absl::Status ReplicaPuller::PullNow(const std::string& name) {
       replica && replica->node == owner->node() && replica->owner_generation == owner->generation()) {
     return absl::OkStatus();  // pulled by an earlier transfer
   }
-  return Transfer(name, *owner, /*take=*/false);
+  return Counted(Transfer(name, *owner, /*take=*/false));
+}
+
+absl::Status ReplicaPuller::Counted(absl::Status transfer) {
+  if (!transfer.ok() && transfer.code() != absl::StatusCode::kAborted &&
+      transfer.code() != absl::StatusCode::kNotFound) {
+    absl::MutexLock lock(&mu_);
+    ++pulls_failed_;
+  }
+  return transfer;
 }
 
 void ReplicaPuller::Take(const std::string& name_or_prefix, Done done) {
@@ -111,7 +120,7 @@ absl::Status ReplicaPuller::TakeNow(const std::string& name_or_prefix) {
   // Oldest first; one taken elsewhere meanwhile makes way for the next.
   constexpr size_t kMostTries = 16;
   for (size_t i = 0; i < candidates.size() && i < kMostTries; ++i) {
-    absl::Status moved = Transfer(candidates[i].name, candidates[i].record, /*take=*/true);
+    absl::Status moved = Counted(Transfer(candidates[i].name, candidates[i].record, /*take=*/true));
     if (moved.code() != absl::StatusCode::kAborted && moved.code() != absl::StatusCode::kNotFound) return moved;
   }
   return absl::NotFoundError(absl::StrCat("no other node of the cluster has anything bound ",
@@ -284,14 +293,10 @@ void ReplicaPuller::ForgetNode(const std::string& node) {
   ucx_.Post([this, node](UcxNode&) { endpoints_.erase(node); });
 }
 
-uint64_t ReplicaPuller::pulls() const {
+ReplicaPuller::Counts ReplicaPuller::counts() const {
   absl::MutexLock lock(&mu_);
-  return pulls_;
-}
-
-uint64_t ReplicaPuller::bytes_pulled() const {
-  absl::MutexLock lock(&mu_);
-  return bytes_pulled_;
+  return Counts{.replicas = replicas_.size(), .pulls = pulls_, .bytes_pulled = bytes_pulled_,
+                .pulls_failed = pulls_failed_};
 }
 
 }  // namespace tensord::server::cluster

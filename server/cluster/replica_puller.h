@@ -80,9 +80,13 @@ class ReplicaPuller {
   void Forget(const std::string& name);
   // A node left: its UCX endpoint goes.
   void ForgetNode(const std::string& node);
-  // Transfers that ran to the end, and their bytes.
-  uint64_t pulls() const;
-  uint64_t bytes_pulled() const;
+  struct Counts {
+    uint64_t replicas = 0;      // bound here now
+    uint64_t pulls = 0;         // transfers that ran to the end (takes included)
+    uint64_t bytes_pulled = 0;  // by those
+    uint64_t pulls_failed = 0;  // transfers that failed (not those whose tensor went meanwhile)
+  };
+  Counts counts() const;
 
  private:
   // One transfer, on a puller thread; the status every waiter for `name` gets.
@@ -91,6 +95,8 @@ class ReplicaPuller {
   // Reads `name` from `owner` into new memory here and binds it: as a replica, or (take) as
   // this node's own once the owner let it be taken. ABORTED: taken on the owner meanwhile.
   absl::Status Transfer(const std::string& name, const tensord::cluster::v1::NameRecord& owner, bool take);
+  // Counts a failed transfer (one whose tensor was taken or unbound meanwhile is not).
+  absl::Status Counted(absl::Status transfer);
   tensord::cluster::v1::Peer::Stub& PeerFor(const std::string& address);
 
   BrokerSession& session_;
@@ -105,6 +111,7 @@ class ReplicaPuller {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // the destructor began: nothing new is posted
   uint64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_pulled_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pulls_failed_ ABSL_GUARDED_BY(mu_) = 0;
   // Used on the UCX thread only: a connection per owning node, to the worker address it gave.
   struct Endpoint {
     std::string worker_address;

@@ -189,8 +189,9 @@ std::string StatusLine(const v1::StatusResponse& status) {
                          common::HumanBytes(status.host_bytes_limit()), status.sessions(), status.leases());
 }
 
-// The cluster node the settings ask for (none without --cluster-etcd), joined to `broker`.
-// Cluster settings given without an etcd to join are ignored, saying so.
+// The cluster node the settings ask for (none without --cluster-etcd), joined to `broker`;
+// its section of the status goes into `supplements`. Cluster settings given without an etcd
+// to join are ignored, saying so.
 void WarnIgnoredClusterSettings(const Config& config) {
   for (const auto& [key, origin] : config.origins) {
     if ((key.starts_with("cluster_") || key == "node_name") && key != "cluster_etcd") {
@@ -201,7 +202,7 @@ void WarnIgnoredClusterSettings(const Config& config) {
 
 #ifdef TENSORD_WITH_UCX
 using ClusterNodePtr = std::unique_ptr<cluster::ClusterNode>;
-absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker) {
+absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker, StatusSupplements& supplements) {
   if (config.cluster_etcd.empty()) {
     WarnIgnoredClusterSettings(config);
     return ClusterNodePtr();
@@ -221,11 +222,12 @@ absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker)
   options.version = TENSORD_VERSION;
   absl::StatusOr<ClusterNodePtr> node = cluster::ClusterNode::Start(broker, std::move(options));
   if (!node.ok()) return absl::Status(node.status().code(), absl::StrCat("cluster: ", node.status().message()));
+  supplements.Set([raw = node->get()](v1::StatusResponse& status) { raw->Describe(*status.mutable_cluster()); });
   return node;
 }
 #else
 using ClusterNodePtr = std::unique_ptr<int>;
-absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker&) {
+absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker&, StatusSupplements&) {
   if (config.cluster_etcd.empty()) {
     WarnIgnoredClusterSettings(config);
     return ClusterNodePtr();
@@ -349,7 +351,8 @@ absl::Status RunDaemon(const Config& config) {
   GrpcListener listener;
   AsyncServer async_server;
   RpcMetrics rpc_metrics;
-  BrokerService service(&broker, &listener, &rpc_metrics);
+  StatusSupplements status_supplements;  // the cluster's section, once the node has joined
+  BrokerService service(&broker, &listener, &rpc_metrics, &status_supplements);
   service.Register(&async_server);
   HealthService health({"tensord.v1.Broker"});
   health.Register(&async_server);
@@ -439,11 +442,14 @@ absl::Status RunDaemon(const Config& config) {
     absl::StatusOr<MetricsAddress> address = ParseMetricsAddress(config.metrics_address);  // checked by LoadConfig
     absl::StatusOr<std::string> where =
         !address.ok() ? absl::StatusOr<std::string>(address.status())
-                      : metrics.Start(*address, kSocketMode, group, [&broker, &rpc_metrics, &started_with] {
-                          v1::StatusRequest request;
-                          request.set_include_namespaces(true);
-                          return PrometheusText(broker.GetStatus(request), rpc_metrics, started_with);
-                        });
+                      : metrics.Start(*address, kSocketMode, group,
+                                      [&broker, &rpc_metrics, &started_with, &status_supplements] {
+                                        v1::StatusRequest request;
+                                        request.set_include_namespaces(true);
+                                        v1::StatusResponse status = broker.GetStatus(request);
+                                        status_supplements.FillIn(status);
+                                        return PrometheusText(status, rpc_metrics, started_with);
+                                      });
     if (!where.ok()) return absl::Status(where.status().code(), absl::StrCat("metrics endpoint: ", where.status().message()));
     spdlog::info("metrics: GET /metrics at {}", *where);
     return absl::OkStatus();
@@ -518,7 +524,7 @@ absl::Status RunDaemon(const Config& config) {
     // Names systemd passed back that no fd store will replace.
     for (const std::string& name : stored_names) sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name.c_str());
   }
-  absl::StatusOr<ClusterNodePtr> cluster = JoinCluster(config, broker);
+  absl::StatusOr<ClusterNodePtr> cluster = JoinCluster(config, broker, status_supplements);
   if (!cluster.ok()) {
     take_over_listener.Stop();
     fd_store.Stop();
@@ -546,7 +552,8 @@ absl::Status RunDaemon(const Config& config) {
   listener.Stop();
   metrics.Stop();
   health.SetNotServing();
-  cluster->reset();  // leaves the cluster: this node's names leave the directory
+  status_supplements.Clear();  // waits for a status call that reads the node
+  cluster->reset();            // leaves the cluster: this node's names leave the directory
   broker.Shutdown();
   async_server.Shutdown(std::chrono::seconds(5));
   fd_server.Stop();

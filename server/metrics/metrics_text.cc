@@ -27,6 +27,37 @@ void Sample(std::string& out, const char* name, uint64_t value, const std::strin
   absl::StrAppend(&out, name, labels.empty() ? "" : absl::StrCat("{", labels, "}"), " ", value, "\n");
 }
 
+// The node's part in its cluster; only where it is in one.
+void AppendCluster(std::string& out, const tensord::v1::ClusterStatus& cluster) {
+  Family(out, "tensord_cluster_joined", "gauge",
+         "1 while this node's etcd lease is held (its names are in the cluster's directory), else 0.");
+  absl::StrAppend(&out, "tensord_cluster_joined{node=\"", Label(cluster.node()), "\",etcd=\"",
+                  Label(cluster.etcd_endpoint()), "\"} ", cluster.joined() ? 1 : 0, "\n");
+  struct Figure {
+    const char* name;
+    const char* type;
+    uint64_t value;
+    const char* help;
+  };
+  const Figure figures[] = {
+      {"tensord_cluster_names_recorded", "gauge", cluster.names_recorded(),
+       "Names this node published that are in the cluster's directory."},
+      {"tensord_cluster_replicas", "gauge", cluster.replicas(), "Names bound here as copies of other nodes' tensors."},
+      {"tensord_cluster_reads_open", "gauge", cluster.reads_open(), "Other nodes' reads of tensors here, open now."},
+      {"tensord_cluster_pulls_total", "counter", cluster.pulls(), "Transfers from other nodes that completed."},
+      {"tensord_cluster_pulled_bytes_total", "counter", cluster.bytes_pulled(), "Bytes of those transfers."},
+      {"tensord_cluster_pulls_failed_total", "counter", cluster.pulls_failed(),
+       "Transfers from other nodes that failed (not those whose tensor went meanwhile)."},
+      {"tensord_cluster_reads_served_total", "counter", cluster.reads_served(),
+       "Reads of tensors here that other nodes completed."},
+      {"tensord_cluster_served_bytes_total", "counter", cluster.bytes_served(), "Bytes of those reads."},
+  };
+  for (const Figure& figure : figures) {
+    Family(out, figure.name, figure.type, figure.help);
+    Sample(out, figure.name, figure.value);
+  }
+}
+
 }  // namespace
 
 std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcMetrics& rpcs,
@@ -100,6 +131,7 @@ std::string PrometheusText(const tensord::v1::StatusResponse& status, const RpcM
   absl::StrAppend(&out, "tensord_restart_entries_refused{from=\"", Label(started.from.empty() ? "none" : started.from),
                   "\"} ", started.refused, "\n");
 
+  if (status.has_cluster()) AppendCluster(out, status.cluster());
   rpcs.AppendPrometheus(out);
   return out;
 }

@@ -154,7 +154,11 @@ void BrokerService::Register(AsyncServer* server) {
       [broker](uint64_t session, const v1::HandOverRequest& request) { return broker->HandOver(session, request); });
   UnaryNow<v1::StatusRequest, v1::StatusResponse>(
       server, RpcMethod::kStatus,
-      [broker](uint64_t session, const v1::StatusRequest& request) { return broker->GetStatus(request, session); });
+      [broker, supplements = supplements_](uint64_t session, const v1::StatusRequest& request) {
+        v1::StatusResponse status = broker->GetStatus(request, session);
+        if (supplements != nullptr) supplements->FillIn(status);
+        return status;
+      });
   UnaryNow<v1::CancelHandOversRequest, v1::CancelHandOversResponse>(
       server, RpcMethod::kCancelHandOvers, [broker](uint64_t session, const v1::CancelHandOversRequest& request) {
         return broker->CancelHandOvers(session, request);

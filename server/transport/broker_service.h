@@ -16,6 +16,7 @@
 #include "server/broker/broker.h"
 #include "server/metrics/rpc_metrics.h"
 #include "server/transport/async_server.h"
+#include "server/transport/status_supplements.h"
 
 namespace tensord::server {
 
@@ -29,9 +30,11 @@ class PeerDirectory {
 
 class BrokerService final {
  public:
-  // All must outlive the service; `metrics` may be null (nothing is counted).
-  BrokerService(Broker* broker, const PeerDirectory* peers, RpcMetrics* metrics = nullptr)
-      : broker_(broker), peers_(peers), metrics_(metrics) {}
+  // All must outlive the service; `metrics` may be null (nothing is counted), and
+  // `supplements` (what Status answers add to the broker's) too.
+  BrokerService(Broker* broker, const PeerDirectory* peers, RpcMetrics* metrics = nullptr,
+                StatusSupplements* supplements = nullptr)
+      : broker_(broker), peers_(peers), metrics_(metrics), supplements_(supplements) {}
 
   // Routes every tensord.v1.Broker method on `server` to this service.
   void Register(AsyncServer* server);
@@ -52,6 +55,7 @@ class BrokerService final {
   Broker* const broker_;
   const PeerDirectory* const peers_;
   RpcMetrics* const metrics_;
+  StatusSupplements* const supplements_;
 };
 
 }  // namespace tensord::server

@@ -185,6 +185,42 @@ TEST_F(ClusterNodeTest, AcquireOnOneNodeWhatAnotherPublished) {
   EXPECT_TRUE(ReadUntil(a_, "shared/w", 9).ok());
 }
 
+// What each node's status section says after one pull: b pulled it, a served it.
+TEST_F(ClusterNodeTest, StatusShowsWhatEachNodePulledAndServed) {
+  Put(a_, "shared/counted", 1 << 20, 7);  // 4 MiB
+  ASSERT_TRUE(ReadUntil(b_, "shared/counted", 7).ok());
+  v1::ClusterStatus a, b;
+  // a notes its record, and the end of the read, just after b has the bytes.
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5);; absl::SleepFor(absl::Milliseconds(20))) {
+    a.Clear();
+    a_.cluster->Describe(a);
+    if ((a.names_recorded() == 1 && a.reads_served() == 1) || absl::Now() >= deadline) break;
+  }
+  b_.cluster->Describe(b);
+  EXPECT_EQ(a.node(), "a");
+  EXPECT_TRUE(a.joined());
+  EXPECT_EQ(a.etcd_endpoint(), etcd_->endpoint());
+  EXPECT_EQ(std::vector<std::string>(a.namespaces().begin(), a.namespaces().end()),
+            std::vector<std::string>{"shared"});
+  EXPECT_EQ(a.names_recorded(), 1u);
+  EXPECT_EQ(a.reads_served(), 1u);
+  EXPECT_EQ(a.reads_open(), 0u);
+  EXPECT_EQ(a.pulls(), 0u);
+  EXPECT_EQ(b.names_recorded(), 0u);
+  EXPECT_EQ(b.replicas(), 1u);
+  EXPECT_EQ(b.pulls(), 1u);
+  EXPECT_GE(b.bytes_pulled(), 4u << 20);
+  EXPECT_EQ(a.bytes_served(), b.bytes_pulled());
+  EXPECT_EQ(b.pulls_failed(), 0u);
+  // Once the node has left, only its settings remain.
+  a_.cluster->Stop();
+  v1::ClusterStatus left;
+  a_.cluster->Describe(left);
+  EXPECT_EQ(left.node(), "a");
+  EXPECT_FALSE(left.joined());
+  EXPECT_EQ(left.etcd_endpoint(), "");
+}
+
 TEST_F(ClusterNodeTest, NewGenerationsOfANameArePulledIntoTheReplicasBuffer) {
   std::set<uint64_t> buffers;
   for (int32_t generation = 1; generation <= 4; ++generation) {

@@ -7,6 +7,7 @@ needs root does; as root without the rest they skip too, and fail with CI=true, 
 suite never shrinks silently.
 """
 
+import json
 import os
 import subprocess
 import threading
@@ -20,6 +21,8 @@ import netns_cluster
 from netns_cluster import Cluster, digest, seeded, sh, wait_for
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TENSORCTL = os.path.join(os.path.dirname(os.path.dirname(os.environ.get("TENSORD_BIN", ""))), "client", "cli",
+                         "tensorctl")
 LEASE_TTL_S = 10  # the daemon's default etcd lease
 
 
@@ -76,6 +79,7 @@ def host_bytes_in_use(client):
 
 def test_publish_on_one_node_acquire_on_another(cluster):
     a, b = cluster.nodes["a"].client(), cluster.nodes["b"].client()
+    pulled_before, served_before = b.status()["cluster"], a.status()["cluster"]
     data = seeded(64 << 20, 1)
     a.put("shared/batch", data)
     # The publish reaches the directory just after put() returns: a reader on another node
@@ -90,6 +94,29 @@ def test_publish_on_one_node_acquire_on_another(cluster):
     assert host_bytes_in_use(b) >= 64 << 20
     # The owner held the tensor for the read only: no lease of a's is left.
     wait_for(lambda: cluster.nodes["a"].cluster_leases() == 0, 15, "a's read leases released")
+    # The status says so: b pulled once, a served one read, and both are joined.
+    pulled, served = b.status()["cluster"], a.status()["cluster"]
+    assert (pulled["node"], pulled["joined"], pulled["etcd_endpoint"]) == ("b", True, cluster.etcd.url), pulled
+    assert pulled["namespaces"] == ["shared", "weights"], pulled
+    assert pulled["pulls"] == pulled_before["pulls"] + 1, (pulled_before, pulled)
+    assert pulled["bytes_pulled"] - pulled_before["bytes_pulled"] >= 64 << 20, (pulled_before, pulled)
+    assert pulled["replicas"] >= 1 and pulled["pulls_failed"] == pulled_before["pulls_failed"], pulled
+    assert served["reads_served"] == served_before["reads_served"] + 1, (served_before, served)
+    assert served["bytes_served"] - served_before["bytes_served"] == pulled["bytes_pulled"] - pulled_before["bytes_pulled"]
+    assert served["reads_open"] == 0 and served["names_recorded"] >= 1, served
+
+
+def test_tensorctl_status_shows_the_node_in_its_cluster(cluster):
+    node = cluster.nodes["a"]
+    if not os.path.exists(TENSORCTL):
+        pytest.fail(f"no tensorctl at {TENSORCTL}: it is found beside $TENSORD_BIN's build tree")
+    text = subprocess.run([TENSORCTL, "--socket", node.socket, "status"], capture_output=True, text=True, check=True)
+    assert f"cluster      node a at {node.ip}:7411, sharing shared,weights; joined (etcd {cluster.etcd.url})" \
+        in text.stdout, text.stdout
+    out = subprocess.run([TENSORCTL, "--socket", node.socket, "--json", "status"], capture_output=True, text=True,
+                         check=True)
+    status = json.loads(out.stdout)["cluster"]
+    assert (status["node"], status["joined"], status["listen"]) == ("a", True, f"{node.ip}:7411"), status
 
 
 def test_names_outside_the_shared_namespaces_stay_on_their_node(cluster):
@@ -359,6 +386,7 @@ def test_an_owner_killed_mid_pull_fails_the_acquire_and_leaks_nothing(cluster):
         assert isinstance(error, tensord.Unavailable), error
         assert "node c" in str(error), error
         assert time.monotonic() - started < 40
+        assert b.status()["cluster"]["pulls_failed"] >= 1
         # Nothing of the replica is left on b; c's names leave the directory with its lease.
         wait_for(lambda: host_bytes_in_use(b) <= before, 20, "b frees the partial replica")
         wait_for(lambda: not_found(b, "shared/doomed"), LEASE_TTL_S + 8, "c's names expire")
@@ -410,7 +438,10 @@ def test_etcd_stopped_and_restarted(cluster):
         assert np.from_dlpack(a.get("local/during-outage")).sum() == 8
         with pytest.raises(tensord.Unavailable, match="cluster directory"):
             b.get("shared/across-restart")
+        # Without etcd for a whole lease TTL, a node is no longer joined, and says so.
+        wait_for(lambda: not b.status()["cluster"]["joined"], LEASE_TTL_S + 10, "b's status: not joined")
     finally:
         cluster.etcd.start()
     got = get_eventually(b, "shared/across-restart", lambda v: True, timeout=30)
     assert (got == np.arange(1000, dtype=np.int32)).all()
+    wait_for(lambda: b.status()["cluster"]["joined"], 20, "b's status: joined again")

@@ -272,6 +272,23 @@ struct QueueStatus {
   uint32_t takers_waiting = 0;     // takes of the prefix waiting for a tensor
 };
 
+// The broker as a node of a cluster (its --cluster-etcd settings; docs/cluster.md).
+struct ClusterStatus {
+  std::string node;
+  std::string listen;                   // where other brokers reach this one
+  std::vector<std::string> namespaces;  // shared across the cluster
+  std::string etcd_endpoint;            // the etcd member its calls go to now
+  bool joined = false;                  // its etcd lease is held: its names are in the directory
+  uint64_t names_recorded = 0;          // names it published that are in the directory
+  uint64_t replicas = 0;                // names bound here as copies of other nodes' tensors
+  uint64_t pulls = 0;                   // transfers from other nodes that completed, since start
+  uint64_t bytes_pulled = 0;
+  uint64_t pulls_failed = 0;
+  uint64_t reads_open = 0;              // other nodes' reads of tensors here, open now
+  uint64_t reads_served = 0;            // since start
+  uint64_t bytes_served = 0;
+};
+
 struct BrokerStatus {
   std::string version;
   uint32_t pid = 0;
@@ -300,6 +317,7 @@ struct BrokerStatus {
   // the daemon's uid, else only the caller's); by uid.
   std::vector<HandOverPins> hand_over_pins;
   std::vector<QueueStatus> queues;  // with StatusOptions::queues; by prefix
+  std::optional<ClusterStatus> cluster;  // where the broker is a node of a cluster
 };
 
 struct WatchEvent {

@@ -63,8 +63,18 @@ TEST(MetricsTextTest, LabelsAreEscapedAndEveryFamilyIsTyped) {
   ns->set_device("host");
   ns->set_tensors(2);
   ns->set_bytes(128);
+  // A node of a cluster: its section, typed like the rest.
+  tensord::v1::ClusterStatus* cluster = status.mutable_cluster();
+  cluster->set_node("node-a");
+  cluster->set_etcd_endpoint("https://10.0.0.2:2379");
+  cluster->set_joined(true);
+  cluster->set_pulls(3);
+  cluster->set_bytes_served(4096);
   RpcMetrics rpcs;
   const std::string text = PrometheusText(status, rpcs);
+  EXPECT_TRUE(Contains(text, "tensord_cluster_joined{node=\"node-a\",etcd=\"https://10.0.0.2:2379\"} 1\n")) << text;
+  EXPECT_TRUE(Contains(text, "tensord_cluster_pulls_total 3\n")) << text;
+  EXPECT_TRUE(Contains(text, "tensord_cluster_served_bytes_total 4096\n")) << text;
   EXPECT_TRUE(Contains(text, "tensord_tensors 7\n"));
   EXPECT_TRUE(Contains(text, "tensord_leases_reclaimed_total 5\n"));
   EXPECT_TRUE(Contains(text, "tensord_namespace_bytes{namespace=\"we\\\"ird\\\\ns\",device=\"host\"} 128\n")) << text;
@@ -91,6 +101,9 @@ TEST(MetricsTextTest, LabelsAreEscapedAndEveryFamilyIsTyped) {
     }
     EXPECT_NE(declared.find(" " + name + " "), std::string::npos) << line;
   }
+  // A daemon in no cluster has no cluster families at all.
+  status.clear_cluster();
+  EXPECT_FALSE(Contains(PrometheusText(status, rpcs), "tensord_cluster_")) << "a node in no cluster";
 }
 
 }  // namespace
