@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -401,16 +402,56 @@ void Broker::FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects&
 absl::Status Broker::ReserveLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
                                    Effects& effects) {
   absl::Status reserved = memory_quota_.Reserve(device.key, bytes, what);
-  if (reserved.ok() || pool_.size() == 0) return reserved;
-  // Idle pooled memory is never why an allocation fails.
+  if (reserved.ok()) return reserved;
+  // Neither idle pooled memory nor a copy that can be fetched again is why an allocation
+  // fails.
+  if (FreePooledLocked(device, bytes, what, effects)) {
+    reserved = memory_quota_.Reserve(device.key, bytes, what);
+    if (reserved.ok()) return reserved;
+  }
+  if (EvictCopiesLocked(device, bytes, what, effects)) reserved = memory_quota_.Reserve(device.key, bytes, what);
+  return reserved;
+}
+
+uint64_t Broker::ShortByLocked(const ResolvedDevice& device, uint64_t bytes) const {
   const uint64_t in_use = memory_quota_.InUse(device.key);
   const uint64_t limit = memory_quota_.Limit(device.key);
-  const uint64_t short_by = in_use + bytes > limit ? in_use + bytes - limit : 0;
-  std::vector<BufferPool::Entry> evicted = pool_.EvictOldest(&device, short_by);
-  if (evicted.empty()) return reserved;
+  return in_use + bytes > limit ? in_use + bytes - limit : 0;
+}
+
+bool Broker::FreePooledLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
+                              Effects& effects) {
+  if (pool_.size() == 0) return false;
+  std::vector<BufferPool::Entry> evicted = pool_.EvictOldest(&device, ShortByLocked(device, bytes));
+  if (evicted.empty()) return false;
   spdlog::debug("took {} pooled buffers back for {}", evicted.size(), what);
   FreeRecycledLocked(std::move(evicted), effects);
-  return memory_quota_.Reserve(device.key, bytes, what);
+  return true;
+}
+
+bool Broker::EvictCopiesLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
+                               Effects& effects) {
+  if (!CheckNamesMayChangeLocked().ok()) return false;
+  std::vector<std::pair<int64_t, uint64_t>> copies;  // (created, tensor id): oldest first
+  for (const auto& [id, tensor] : registry_.tensors()) {
+    if (tensor.evictable && !tensor.name.empty() && tensor.leases == 0 && tensor.hand_overs == 0 &&
+        tensor.device == &device) {
+      copies.emplace_back(tensor.created_unix_ms, id);
+    }
+  }
+  std::sort(copies.begin(), copies.end());
+  size_t evicted = 0;
+  for (const auto& [created, id] : copies) {
+    if (ShortByLocked(device, bytes) == 0) break;
+    Tensor* tensor = registry_.Find(id);
+    if (tensor == nullptr) continue;
+    spdlog::info("unbound {} ({} bytes), a copy that can be fetched again, to make room for {}", tensor->name,
+                 tensor->layout.extent, what);
+    UnbindLocked(*tensor, effects);  // nothing holds it: it goes now, or its buffer to a pool
+    ++evicted;
+    FreePooledLocked(device, bytes, what, effects);
+  }
+  return evicted > 0;
 }
 
 void Broker::ExportReleasedLocked(uint64_t producer_session, uint64_t tensor_id, uint64_t buffer_id,

@@ -313,9 +313,20 @@ class Broker {
   void FreeRecycledLocked(std::vector<BufferPool::Entry> entries, Effects& effects)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves `bytes` of `device`'s quota; when that fails, takes pooled buffers on the device
-  // back (oldest first) and tries once more.
+  // back (oldest first), then unbinds copies (EvictCopiesLocked), trying again after each.
   absl::Status ReserveLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what,
                              Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bytes `device`'s quota lacks for `bytes` more (0: they fit).
+  uint64_t ShortByLocked(const ResolvedDevice& device, uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees idle pooled buffers on `device`, oldest first, until `bytes` more fit (or none is
+  // left); returns whether any went.
+  bool FreePooledLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unbinds tensors published evictable on `device` that no lease or hand-over holds,
+  // oldest first, until `bytes` more fit (their recycled buffers freed too); not while names
+  // are frozen for a take-over. Returns whether any went.
+  bool EvictCopiesLocked(const ResolvedDevice& device, uint64_t bytes, std::string_view what, Effects& effects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The buffer of `tensor_id`, in memory its producer owned, was freed: tells the producer
   // (ExportReleased) while its session is open.
   void ExportReleasedLocked(uint64_t producer_session, uint64_t tensor_id, uint64_t buffer_id,

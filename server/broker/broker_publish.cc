@@ -211,6 +211,7 @@ void Broker::CommitPublishLocked(Session& session, Tensor& tensor, const v1::Pub
     return;
   }
   BindLocked(tensor, request.name(), effects);
+  tensor.evictable = request.evictable();
   if (request.ttl_ms() > 0) ScheduleTtlLocked(tensor, request.ttl_ms());
   if (request.unbind_on_exit()) {
     tensor.unbind_on_exit = true;

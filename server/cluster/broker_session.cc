@@ -105,13 +105,27 @@ absl::StatusOr<v1::AllocateResponse> BrokerSession::Allocate(const std::string& 
   return allocated;
 }
 
-absl::StatusOr<v1::TensorInfo> BrokerSession::Publish(uint64_t tensor_id, const std::string& name) {
+absl::StatusOr<v1::TensorInfo> BrokerSession::Publish(uint64_t tensor_id, const std::string& name, bool replica) {
   v1::PublishRequest request;
   request.set_tensor_id(tensor_id);
   request.set_name(name);
+  request.set_evictable(replica);
   absl::StatusOr<v1::PublishResponse> published = broker_.Publish(session_id_, request);
   if (!published.ok()) return Naming(published.status(), absl::StrCat("publish the replica of ", name));
   return published->tensor();
+}
+
+absl::StatusOr<std::vector<v1::TensorInfo>> BrokerSession::List(const std::string& prefix) {
+  std::vector<v1::TensorInfo> listed;
+  v1::ListRequest request;
+  request.set_prefix(prefix);
+  do {
+    absl::StatusOr<v1::ListResponse> page = broker_.List(session_id_, request);
+    if (!page.ok()) return Naming(page.status(), absl::StrCat("list ", prefix));
+    for (v1::TensorInfo& tensor : *page->mutable_tensors()) listed.push_back(std::move(tensor));
+    request.set_page_token(page->next_page_token());
+  } while (!request.page_token().empty());
+  return listed;
 }
 
 absl::Status BrokerSession::Delete(const std::string& name, uint64_t generation) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -40,7 +41,11 @@ class BrokerSession {
   // for its next tensor until the broker frees the buffer (RecycledBufferFreed).
   absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> MapForWriting(
       const tensord::v1::AllocateResponse& allocated);
-  absl::StatusOr<tensord::v1::TensorInfo> Publish(uint64_t tensor_id, const std::string& name);
+  // `replica`: a copy of another node's tensor, which the broker may unbind to make room
+  // while nothing holds it (PublishRequest.evictable); a later acquire pulls it again.
+  absl::StatusOr<tensord::v1::TensorInfo> Publish(uint64_t tensor_id, const std::string& name, bool replica);
+  // Every tensor bound here under a name that starts with `prefix`, page by page.
+  absl::StatusOr<std::vector<tensord::v1::TensorInfo>> List(const std::string& prefix);
   // Unbinds `name` when it is bound at `generation` (0: whatever is bound).
   absl::Status Delete(const std::string& name, uint64_t generation);
   void Release(uint64_t lease_id);

@@ -99,6 +99,8 @@ absl::Status ClusterNode::Init() {
   if (!session.ok()) return session.status();
   session_ = *std::move(session);
 
+  DropInheritedReplicas();
+
   peer_ = std::make_unique<PeerService>(*session_, *ucx_);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -173,6 +175,22 @@ void ClusterNode::Stop() {
   session_.reset();
   ucx_.reset();
   etcd_.reset();
+}
+
+void ClusterNode::DropInheritedReplicas() {
+  size_t dropped = 0;
+  for (const std::string& ns : options_.namespaces) {
+    absl::StatusOr<std::vector<v1::TensorInfo>> bound = session_->List(ns + "/");
+    if (!bound.ok()) {
+      spdlog::warn("cluster: {}; replicas bound before this node started stay", std::string(bound.status().message()));
+      continue;
+    }
+    for (const v1::TensorInfo& tensor : *bound) {
+      if (tensor.tags().count(kReplicaNodeTag) == 0) continue;
+      if (session_->Delete(tensor.name(), tensor.generation()).ok()) ++dropped;
+    }
+  }
+  if (dropped > 0) spdlog::info("cluster: unbound {} replicas bound before this node started", dropped);
 }
 
 void ClusterNode::Describe(v1::ClusterStatus& status) const {

@@ -89,6 +89,9 @@ class ClusterNode final : public RemoteNames {
   void OnUnbound(const tensord::v1::WatchEvent& event);
   // Once Stop() began: answers `done` UNAVAILABLE and returns true.
   bool AnswerIfLeaving(FetchDone& done);
+  // Replicas bound before this node started (kept by a take-over restart) are no longer
+  // tracked, so nothing would keep them current: they are unbound, to be pulled again.
+  void DropInheritedReplicas();
   // Unbinds the replica of `name` here, if there is one.
   void DropReplica(const std::string& name, const char* why);
   void Maintain();

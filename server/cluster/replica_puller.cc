@@ -230,7 +230,7 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
       spdlog::warn("cluster: take {} from {}: {}; keeping the copy read here", name, NodeWhere(owner),
                    status.error_message());
     }
-    absl::StatusOr<v1::TensorInfo> published = session_.Publish(tensor.tensor_id(), name);
+    absl::StatusOr<v1::TensorInfo> published = session_.Publish(tensor.tensor_id(), name, /*replica=*/false);
     if (!published.ok()) return published.status();
     spdlog::info("cluster: took {} from {}: {} bytes", name, NodeWhere(owner), read.nbytes());
     return absl::OkStatus();
@@ -239,7 +239,7 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
     absl::MutexLock lock(&mu_);
     replicas_[name] = Replica{tensor.tensor_id(), 0, owner.node(), read.generation()};
   }
-  absl::StatusOr<v1::TensorInfo> published = session_.Publish(tensor.tensor_id(), name);
+  absl::StatusOr<v1::TensorInfo> published = session_.Publish(tensor.tensor_id(), name, /*replica=*/true);
   if (!published.ok()) {
     Forget(name);
     return published.status();

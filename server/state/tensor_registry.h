@@ -93,6 +93,9 @@ struct Tensor {
   std::string queue_prefix;
   // Published with unbind_on_exit: in its producer session's unbound_on_exit while bound.
   bool unbind_on_exit = false;
+  // Published evictable: a copy the broker may unbind, while no lease holds it, to make
+  // room for an allocation (Broker::EvictCopiesLocked).
+  bool evictable = false;
 };
 
 class TensorRegistry {

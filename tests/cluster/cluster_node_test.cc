@@ -68,14 +68,20 @@ class ClusterNodeTest : public ::testing::Test {
     }
   }
 
-  Node StartNode(const std::string& name) {
+  Node StartNode(const std::string& name, uint64_t max_host_bytes = 256 << 20) {
     Node node;
     BrokerOptions options;
-    options.max_host_bytes = 256 << 20;
+    options.max_host_bytes = max_host_bytes;
     options.daemon_uid = getuid();
     options.recycle = {16, 256 << 20};  // as the daemon's defaults allow
     node.broker = std::make_unique<Broker>(options, HostOnlyBackends());
     node.session = node.broker->OpenSession({getuid(), getgid(), getpid()}, "test")->session_id();
+    JoinCluster(node, name);
+    return node;
+  }
+
+  // A ClusterNode named `name` over the node's broker.
+  void JoinCluster(Node& node, const std::string& name) {
     ClusterOptions cluster;
     cluster.etcd_endpoints = {etcd_->endpoint()};
     cluster.node = name;
@@ -86,7 +92,6 @@ class ClusterNodeTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<ClusterNode>> started = ClusterNode::Start(*node.broker, cluster);
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) node.cluster = *std::move(started);
-    return node;
   }
 
   // Publishes `count` int32s of value `fill` under `name` on `node`.
@@ -154,7 +159,8 @@ class ClusterNodeTest : public ::testing::Test {
     return first;
   }
 
-  // Reads until the answer is `want` (the directory is eventually consistent), up to 10 s.
+  // Reads until the answer is `want` (the directory is eventually consistent), up to 10 s;
+  // the last error, or one naming the value read instead.
   static absl::StatusOr<int32_t> ReadUntil(Node& node, const std::string& name, int32_t want) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     absl::StatusOr<int32_t> got;
@@ -163,7 +169,8 @@ class ClusterNodeTest : public ::testing::Test {
       if (got.ok() && *got == want) return got;
       absl::SleepFor(absl::Milliseconds(50));
     }
-    return got;
+    if (!got.ok()) return got;
+    return absl::FailedPreconditionError(absl::StrCat(name, " still read ", *got, " after 10 s, not ", want));
   }
 
   std::optional<EtcdServer> etcd_;
@@ -219,6 +226,52 @@ TEST_F(ClusterNodeTest, StatusShowsWhatEachNodePulledAndServed) {
   EXPECT_EQ(left.node(), "a");
   EXPECT_FALSE(left.joined());
   EXPECT_EQ(left.etcd_endpoint(), "");
+}
+
+// A node short of memory gives back the replicas nobody holds, oldest first, and pulls one
+// again when it is asked for.
+TEST_F(ClusterNodeTest, ReplicasGiveWayWhenTheNodeIsShortOfMemory) {
+  b_.cluster.reset();
+  b_.broker.reset();
+  b_ = StartNode("b", 24 << 20);
+  ASSERT_NE(b_.cluster, nullptr);
+  Put(a_, "shared/r1", 2 << 20, 1);  // 8 MiB each
+  Put(a_, "shared/r2", 2 << 20, 2);
+  ASSERT_TRUE(ReadUntil(b_, "shared/r1", 1).ok());
+  absl::SleepFor(absl::Milliseconds(5));  // r2's replica is younger
+  ASSERT_TRUE(ReadUntil(b_, "shared/r2", 2).ok());
+  auto counts = [this] {
+    v1::ClusterStatus status;
+    b_.cluster->Describe(status);
+    return std::pair<uint64_t, uint64_t>(status.replicas(), status.pulls());
+  };
+  ASSERT_EQ(counts(), std::make_pair(uint64_t{2}, uint64_t{2}));
+
+  // 16 of 24 MiB hold replicas: a local tensor of 16 MiB needs 8 more, and r1 gives way.
+  Put(b_, "local/big", 4 << 20, 5);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (counts().first != 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(counts(), std::make_pair(uint64_t{1}, uint64_t{2})) << "r1's replica is forgotten, r2's kept";
+  EXPECT_EQ(Read(b_, "shared/r2").value_or(-1), 2);
+  EXPECT_EQ(counts().second, 2u) << "r2 was read from its replica, not pulled again";
+  // Asked for again, r1 is pulled again (r2's replica, unheld, makes room for it).
+  EXPECT_EQ(Read(b_, "shared/r1").value_or(-1), 1);
+  EXPECT_EQ(counts().second, 3u);
+}
+
+// A broker that kept replicas while its cluster node went (a take-over restart keeps the
+// bindings): the next node unbinds them, since nothing tracks them any more, and an acquire
+// pulls the name's current tensor.
+TEST_F(ClusterNodeTest, ReplicasFromBeforeANodeStartedAreDroppedAndPulledAgain) {
+  Put(a_, "shared/kept", 1024, 1);
+  ASSERT_TRUE(ReadUntil(b_, "shared/kept", 1).ok());
+  b_.cluster.reset();  // b's broker keeps the replica
+  EXPECT_EQ(Read(b_, "shared/kept").value_or(-1), 1);
+  Put(a_, "shared/kept", 1024, 2);  // b's node is gone: nothing drops b's stale replica
+  JoinCluster(b_, "b");
+  ASSERT_NE(b_.cluster, nullptr);
+  absl::StatusOr<int32_t> got = ReadUntil(b_, "shared/kept", 2);
+  EXPECT_TRUE(got.ok()) << got.status() << " (the replica from before the node started was kept)";
 }
 
 TEST_F(ClusterNodeTest, NewGenerationsOfANameArePulledIntoTheReplicasBuffer) {

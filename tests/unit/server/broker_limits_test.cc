@@ -258,5 +258,54 @@ TEST_F(BrokerLimitsTest, ExportChecksTagsBeforeTakingTheStagedFd) {
   EXPECT_TRUE(exported.ok()) << exported.status();
 }
 
+// Copies published evictable (the cluster's replicas) give way to an allocation that finds
+// the host quota full: the oldest first, only those no lease holds; a tensor published
+// plainly never does.
+TEST_F(BrokerLimitsTest, EvictableCopiesMakeRoomOldestFirstWhileNothingHoldsThem) {
+  Start([](BrokerOptions& options) { options.max_host_bytes = 16 << 20; });
+  const uint64_t session = Open();
+  constexpr int64_t kMiB = (1 << 20) / 4;  // float32s in a MiB
+  auto put = [&](const std::string& name, bool evictable) {
+    absl::StatusOr<v1::AllocateResponse> allocated = Allocate(session, "copies", 4 * kMiB);
+    ASSERT_TRUE(allocated.ok()) << allocated.status();
+    Seal(session, *allocated);
+    v1::PublishRequest publish;
+    publish.set_tensor_id(allocated->tensor().tensor_id());
+    publish.set_name(name);
+    publish.set_evictable(evictable);
+    ASSERT_TRUE(broker_->Publish(session, publish).ok());
+    Release(session, allocated->lease_id());
+    std::this_thread::sleep_for(5ms);  // a creation time of its own: "oldest" is well defined
+  };
+  put("copies/old", true);
+  put("copies/held", true);
+  put("copies/plain", false);
+  absl::StatusOr<v1::AcquireResponse> held = Acquire(session, "copies/held");
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  // 12 of 16 MiB in use: 8 MiB more need 4, which the oldest copy nobody holds gives.
+  absl::StatusOr<v1::AllocateResponse> big = Allocate(session, "other", 8 * kMiB);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(Acquire(session, "copies/old").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::AcquireResponse> plain = Acquire(session, "copies/plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  Release(session, plain->lease_id());
+
+  // 16 of 16 in use, and the one copy left is held: the allocation is refused, and
+  // nothing is unbound for it.
+  absl::StatusOr<v1::AllocateResponse> refused = Allocate(session, "other", 4 * kMiB);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  for (const char* name : {"copies/held", "copies/plain"}) {
+    absl::StatusOr<v1::AcquireResponse> still = Acquire(session, name);
+    ASSERT_TRUE(still.ok()) << name << ": " << still.status();
+    Release(session, still->lease_id());
+  }
+  // Once its lease goes, the held copy makes room too.
+  Release(session, held->lease_id());
+  absl::StatusOr<v1::AllocateResponse> granted = Allocate(session, "other", 4 * kMiB);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(Acquire(session, "copies/held").status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace tensord::server
