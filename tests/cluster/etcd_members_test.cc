@@ -44,8 +44,29 @@ class EtcdMembersTest : public ::testing::Test {
     client_ = *std::move(client);
   }
 
+  // StartThree(), a key on a lease the keeper keeps, and a watch of tensord/m/names/ that
+  // has seen its first put ("put tensord/m/names/1=before").
+  void StartThreeKeptAndWatched() {
+    StartThree();
+    if (HasFatalFailure()) return;
+    absl::StatusOr<std::unique_ptr<EtcdLeaseKeeper>> keeper =
+        EtcdLeaseKeeper::Start(*client_, kTtl, [this](absl::Status) { lost_ = true; });
+    ASSERT_TRUE(keeper.ok()) << keeper.status();
+    keeper_ = *std::move(keeper);
+    ASSERT_TRUE(client_->Put("tensord/m/node", "a", keeper_->id()).ok());
+    watch_ = EtcdWatch::Start(*client_, "tensord/m/names/", 0, recorded_.Callback(), [](absl::Status) {});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the watch is "from now"
+    ASSERT_TRUE(client_->Put("tensord/m/names/1", "before").ok());
+    ASSERT_EQ(recorded_.Await(1).size(), 1u);
+  }
+
   std::vector<EtcdServer> members_;
   std::unique_ptr<EtcdClient> client_;
+  // Declared after the client: they go first.
+  std::atomic<bool> lost_{false};
+  std::unique_ptr<EtcdLeaseKeeper> keeper_;
+  Recorder recorded_;
+  std::unique_ptr<EtcdWatch> watch_;
 };
 
 // A first endpoint nobody listens on: every call, a write included, reaches the second.
@@ -78,18 +99,8 @@ TEST_F(EtcdMembersTest, AnEndpointThatIsDownIsPassedOver) {
 // The member in use is killed: its lease stays alive past a TTL through another member,
 // the watch resumes there with every change once and in order, and writes go on.
 TEST_F(EtcdMembersTest, TheMemberInUseDiesAndTheNextCarriesOn) {
-  StartThree();
+  StartThreeKeptAndWatched();
   if (HasFatalFailure()) return;
-  std::atomic<bool> lost{false};
-  absl::StatusOr<std::unique_ptr<EtcdLeaseKeeper>> keeper =
-      EtcdLeaseKeeper::Start(*client_, kTtl, [&](absl::Status) { lost = true; });
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  ASSERT_TRUE(client_->Put("tensord/m/node", "a", (*keeper)->id()).ok());
-  Recorder recorded;
-  auto watch = EtcdWatch::Start(*client_, "tensord/m/names/", 0, recorded.Callback(), [](absl::Status) {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the watch is "from now"
-  ASSERT_TRUE(client_->Put("tensord/m/names/1", "before").ok());
-  ASSERT_EQ(recorded.Await(1).size(), 1u);
 
   const std::string first = client_->current_endpoint();
   ASSERT_EQ(first, members_[0].endpoint());
@@ -105,19 +116,19 @@ TEST_F(EtcdMembersTest, TheMemberInUseDiesAndTheNextCarriesOn) {
     ASSERT_TRUE(put.ok()) << "put " << i << " after the member in use died: " << put.status();
   }
   EXPECT_NE(client_->current_endpoint(), first);
-  EXPECT_EQ(recorded.Await(5),
+  EXPECT_EQ(recorded_.Await(5),
             (std::vector<std::string>{"put tensord/m/names/1=before", "put tensord/m/names/2=after",
                                       "put tensord/m/names/3=after", "put tensord/m/names/4=after",
                                       "put tensord/m/names/5=after"}));
 
-  const int64_t renewed = (*keeper)->renewals();
+  const int64_t renewed = keeper_->renewals();
   std::this_thread::sleep_for(absl::ToChronoMilliseconds(kTtl + absl::Seconds(1)));
-  EXPECT_FALSE(lost.load()) << "the lease was lost although two members still answered";
-  EXPECT_GE((*keeper)->renewals(), renewed + 2);
+  EXPECT_FALSE(lost_.load()) << "the lease was lost although two members still answered";
+  EXPECT_GE(keeper_->renewals(), renewed + 2);
   absl::StatusOr<std::optional<EtcdKeyValue>> node = client_->Get("tensord/m/node");
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_TRUE(node->has_value()) << "the key went with a lease kept through the other members";
-  EXPECT_EQ(recorded.Lines().size(), 5u) << "a change delivered twice after the watch moved";
+  EXPECT_EQ(recorded_.Lines().size(), 5u) << "a change delivered twice after the watch moved";
 }
 
 // The member in use freezes (it takes connections and answers nothing, as one cut off
@@ -125,31 +136,21 @@ TEST_F(EtcdMembersTest, TheMemberInUseDiesAndTheNextCarriesOn) {
 // the next member, and the watch, stalled on the frozen member, is found out by gRPC's
 // pings (10 s, then 5 s for the answer) and resumes on the next with nothing lost.
 TEST_F(EtcdMembersTest, AFrozenMemberIsPassedOver) {
-  StartThree();
+  StartThreeKeptAndWatched();
   if (HasFatalFailure()) return;
-  std::atomic<bool> lost{false};
-  absl::StatusOr<std::unique_ptr<EtcdLeaseKeeper>> keeper =
-      EtcdLeaseKeeper::Start(*client_, kTtl, [&](absl::Status) { lost = true; });
-  ASSERT_TRUE(keeper.ok()) << keeper.status();
-  ASSERT_TRUE(client_->Put("tensord/m/node", "a", (*keeper)->id()).ok());
-  Recorder recorded;
-  auto watch = EtcdWatch::Start(*client_, "tensord/m/names/", 0, recorded.Callback(), [](absl::Status) {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the watch is "from now"
-  ASSERT_TRUE(client_->Put("tensord/m/names/1", "before").ok());
-  ASSERT_EQ(recorded.Await(1).size(), 1u);
 
   members_[0].Pause();
   const absl::Time paused = absl::Now();
   std::this_thread::sleep_for(absl::ToChronoMilliseconds(kTtl + absl::Seconds(1)));
-  EXPECT_FALSE(lost.load()) << "the lease was lost although two members still answered";
+  EXPECT_FALSE(lost_.load()) << "the lease was lost although two members still answered";
   EXPECT_NE(client_->current_endpoint(), members_[0].endpoint());
   absl::StatusOr<std::optional<EtcdKeyValue>> node = client_->Get("tensord/m/node");
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_TRUE(node->has_value()) << "the key went with a lease kept through the other members";
 
   ASSERT_TRUE(client_->Put("tensord/m/names/2", "while frozen").ok());
-  std::vector<std::string> lines = recorded.Await(2);
-  while (lines.size() < 2 && absl::Now() - paused < absl::Seconds(25)) lines = recorded.Await(2);
+  std::vector<std::string> lines = recorded_.Await(2);
+  while (lines.size() < 2 && absl::Now() - paused < absl::Seconds(25)) lines = recorded_.Await(2);
   members_[0].Resume();
   EXPECT_EQ(lines, (std::vector<std::string>{"put tensord/m/names/1=before", "put tensord/m/names/2=while frozen"}))
       << "the watch did not move on from the frozen member within 25 s";
