@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/names.h"
 #include "grpcpp/server_builder.h"
+#include "server/runtime/random_token.h"
 #include "server/state/watcher_set.h"
 #include "spdlog/spdlog.h"
 
@@ -82,6 +83,8 @@ absl::Status ClusterNode::Init() {
   if (absl::Status listen = CheckListen(options_.listen); !listen.ok()) return listen;
   absl::StatusOr<PeerCredentials> credentials = LoadPeerCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<std::string> incarnation = NewRandomToken(8, "this node's incarnation");
+  if (!incarnation.ok()) return incarnation.status();
 
   EtcdOptions etcd;
   etcd.endpoints = options_.etcd_endpoints;
@@ -113,6 +116,7 @@ absl::Status ClusterNode::Init() {
 
   ReplicaPuller::Options pull;
   pull.node = options_.node;
+  pull.incarnation = *incarnation;
   pull.credentials = credentials->channel;
   pull.peer_name = options_.peer_name;
   puller_ = std::make_unique<ReplicaPuller>(*session_, *ucx_, *etcd_, pull);
@@ -122,14 +126,15 @@ absl::Status ClusterNode::Init() {
   where.node = options_.node;
   where.broker_address = options_.listen;
   where.version = options_.version;
+  where.incarnation = *incarnation;
   where.lease_ttl = options_.lease_ttl;
   DirectoryEvents events;
   events.name_recorded = [this](const std::string& name, const cv1::NameRecord& record,
                                 std::optional<uint64_t> superseded) { OnNameRecorded(name, record, superseded); };
   events.name_removed = [this](const std::string& name) { OnNameRemoved(name); };
-  events.node_left = [this](const std::string& node) {
+  events.node_left = [this](const std::string& node, const std::string& incarnation) {
     spdlog::info("cluster: node {} left the directory", node);
-    peer_->DropReadsOf(node);
+    peer_->DropReadsOf(node, incarnation);
     puller_->ForgetNode(node);
   };
   events.resynced = [this](const std::map<std::string, cv1::NameRecord>& names) { OnResynced(names); };

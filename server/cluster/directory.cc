@@ -26,15 +26,18 @@ std::string ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
-absl::StatusOr<cv1::NameRecord> ParseRecord(const EtcdKeyValue& kv) {
-  cv1::NameRecord record;
+template <typename Record>
+absl::StatusOr<Record> ParseJson(const EtcdKeyValue& kv, const char* what) {
+  Record record;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;  // a newer node may record more
   if (!google::protobuf::util::JsonStringToMessage(kv.value, &record, options).ok()) {
-    return absl::DataLossError(absl::StrCat("etcd key ", kv.key, ": not a tensord name record"));
+    return absl::DataLossError(absl::StrCat("etcd key ", kv.key, ": not a tensord ", what));
   }
   return record;
 }
+
+absl::StatusOr<cv1::NameRecord> ParseRecord(const EtcdKeyValue& kv) { return ParseJson<cv1::NameRecord>(kv, "name record"); }
 
 // A directory that did not answer, however etcd failed: the cluster is unavailable to this
 // call; node-local work is not.
@@ -209,6 +212,7 @@ absl::Status Directory::Connect() {
   node.set_broker_address(options_.broker_address);
   node.set_version(options_.version);
   node.set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
+  node.set_incarnation(options_.incarnation);
   if (absl::StatusOr<int64_t> put = etcd_.Put(NodeKey(options_.node), ToJson(node), keeper->id()); !put.ok()) {
     return put.status();
   }
@@ -269,7 +273,9 @@ void Directory::OnEvents(std::vector<EtcdEvent> events) {
     if (absl::StartsWith(key, kNodes)) {
       const std::string node = key.substr(sizeof(kNodes) - 1);
       if (event.kind == EtcdEvent::Kind::kDelete && node != options_.node && events_.node_left) {
-        events_.node_left(node);
+        absl::StatusOr<cv1::NodeRecord> left =
+            event.prev ? ParseJson<cv1::NodeRecord>(*event.prev, "node record") : absl::NotFoundError("no record");
+        events_.node_left(node, left.ok() ? left->incarnation() : std::string());
       }
       continue;
     }

@@ -44,6 +44,7 @@ struct DirectoryOptions {
   std::string node;            // this node's name
   std::string broker_address;  // where this node serves peers (HOST:PORT)
   std::string version;
+  std::string incarnation;     // this run of the node (NodeRecord.incarnation)
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration retry = absl::Seconds(1);
 };
@@ -56,8 +57,9 @@ struct DirectoryEvents {
       name_recorded;
   // `name` left the directory (its owner unbound it, or the owner's lease expired).
   absl::AnyInvocable<void(const std::string& name)> name_removed;
-  // Another node left the directory (its lease expired or it stopped).
-  absl::AnyInvocable<void(const std::string& node)> node_left;
+  // Another node left the directory (its lease expired or it stopped): the run of it that
+  // `incarnation` names (empty where etcd no longer had its record).
+  absl::AnyInvocable<void(const std::string& node, const std::string& incarnation)> node_left;
   // The directory was read whole (after connecting again, changes may have been missed):
   // every name another node holds now, by name.
   absl::AnyInvocable<void(const std::map<std::string, tensord::cluster::v1::NameRecord>& names)> resynced;

@@ -11,7 +11,9 @@ namespace {
 
 EtcdEvent FromProto(const mvccpb::Event& event) {
   return EtcdEvent{.kind = event.type() == mvccpb::Event::DELETE ? EtcdEvent::Kind::kDelete : EtcdEvent::Kind::kPut,
-                   .kv = ToEtcdKeyValue(event.kv())};
+                   .kv = ToEtcdKeyValue(event.kv()),
+                   .prev = event.has_prev_kv() ? std::optional<EtcdKeyValue>(ToEtcdKeyValue(event.prev_kv()))
+                                               : std::nullopt};
 }
 
 // Between attempts to open a broken stream again.
@@ -70,6 +72,7 @@ absl::Status EtcdWatch::Follow() {
   create->set_key(prefix_);
   create->set_range_end(PrefixRangeEnd(prefix_));
   create->set_start_revision(next_revision_);
+  create->set_prev_kv(true);
   absl::Status ended = absl::OkStatus();
   if (stream->Write(request)) {
     etcdserverpb::WatchResponse response;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,8 @@ struct EtcdEvent {
   Kind kind = Kind::kPut;
   // For a delete: the key, and mod_revision the revision of the deletion.
   EtcdKeyValue kv;
+  // The key as it was before the change, where etcd still had it (a delete's value).
+  std::optional<EtcdKeyValue> prev;
 };
 
 class EtcdWatch {

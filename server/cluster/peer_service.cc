@@ -55,8 +55,14 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
   }
   ++region->second.reads;
   const uint64_t read_id = ++last_read_id_;
-  reads_[read_id] = Read{request->name(),      tensor.generation(),   lease->lease_id(), buffer_id,
-                         tensor.buffer().extent(), request->reader_node(), absl::Now() + read_ttl_};
+  reads_[read_id] = Read{.name = request->name(),
+                         .generation = tensor.generation(),
+                         .lease_id = lease->lease_id(),
+                         .buffer_id = buffer_id,
+                         .nbytes = tensor.buffer().extent(),
+                         .node = request->reader_node(),
+                         .incarnation = request->reader_incarnation(),
+                         .expires = absl::Now() + read_ttl_};
   response->set_read_id(read_id);
   response->set_tensor_id(tensor.tensor_id());
   response->set_generation(tensor.generation());
@@ -104,8 +110,10 @@ grpc::Status PeerService::CommitTake(grpc::ServerContext*, const cv1::CommitTake
   return ToGrpc(session_.Delete(name, generation));
 }
 
-void PeerService::DropReadsOf(const std::string& node) {
-  EndReads([&node](uint64_t, const Read& read) { return read.node == node; });
+void PeerService::DropReadsOf(const std::string& node, const std::string& incarnation) {
+  EndReads([&](uint64_t, const Read& read) {
+    return read.node == node && (incarnation.empty() || read.incarnation == incarnation);
+  });
 }
 
 void PeerService::ExpireReads() {

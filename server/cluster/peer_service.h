@@ -38,8 +38,10 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
   grpc::Status CommitTake(grpc::ServerContext* context, const tensord::cluster::v1::CommitTakeRequest* request,
                           tensord::cluster::v1::CommitTakeResponse* response) override;
 
-  // Ends the reads of a node that left the directory.
-  void DropReadsOf(const std::string& node);
+  // Ends the reads of a node that left the directory: those of the run of it `incarnation`
+  // names (a node restarted under the same name may be reading already), or, with an empty
+  // incarnation, every read of the node.
+  void DropReadsOf(const std::string& node, const std::string& incarnation);
   // Ends the reads past their TTL.
   void ExpireReads();
   struct Counts {
@@ -63,6 +65,7 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
     uint64_t buffer_id = 0;
     uint64_t nbytes = 0;
     std::string node;
+    std::string incarnation;
     absl::Time expires;
   };
   // Ends the reads for which ends(read_id, read) is true: their leases released, and the

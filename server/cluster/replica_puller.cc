@@ -150,6 +150,7 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
   cv1::OpenReadRequest open;
   open.set_name(name);
   open.set_reader_node(options_.node);
+  open.set_reader_incarnation(options_.incarnation);
   cv1::OpenReadResponse read;
   {
     grpc::ClientContext context;
@@ -161,13 +162,16 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
     if (!opened.ok()) return PeerError(owner, "open a read", opened);
   }
   // The owner's lease goes when the read closes, whatever happens here.
-  absl::Cleanup close_read = [&] {
+  auto close_now = [&] {
     cv1::CloseReadRequest close;
     close.set_read_id(read.read_id());
     cv1::CloseReadResponse closed;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-    if (grpc::Status status = peer.CloseRead(&context, close, &closed); !status.ok()) {
+    return peer.CloseRead(&context, close, &closed);
+  };
+  absl::Cleanup close_read = [&] {
+    if (grpc::Status status = close_now(); !status.ok()) {
       spdlog::debug("cluster: close read {} on {}: {}", read.read_id(), NodeWhere(owner), status.error_message());
     }
   };
@@ -214,6 +218,17 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
                 absl::ToDoubleMilliseconds(allocated - started), absl::ToDoubleMilliseconds(absl::Now() - allocated));
   if (!copied.ok()) {
     return absl::Status(copied.code(), absl::StrCat("pull ", name, " from ", peer_name, ": ", copied.message()));
+  }
+  if (!take) {
+    // The bytes are the tensor's only if the owner held the read, and so the registration
+    // of its memory, to the end of the gets: a read it ended early (its TTL ran out, or it
+    // took this node for gone) may have been read from memory no longer registered.
+    std::move(close_read).Cancel();
+    if (grpc::Status closed = close_now(); !closed.ok()) {
+      return absl::UnavailableError(absl::StrCat("pull ", name, " from ", peer_name,
+                                                 ": the owner did not hold the read to the end (",
+                                                 closed.error_message(), "); the copy is dropped"));
+    }
   }
   if (take) {
     cv1::CommitTakeRequest commit;

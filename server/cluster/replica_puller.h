@@ -50,7 +50,8 @@ class ReplicaPuller {
  public:
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
   struct Options {
-    std::string node;  // this node, as owners see its reads
+    std::string node;         // this node, as owners see its reads
+    std::string incarnation;  // this run of it (NodeRecord.incarnation)
     std::shared_ptr<grpc::ChannelCredentials> credentials;
     std::string peer_name;  // what an owner's certificate must name; empty: its address
     absl::Duration call_timeout = absl::Seconds(5);

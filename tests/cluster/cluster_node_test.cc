@@ -20,6 +20,9 @@
 #include "common/unique_fd.h"
 #include "gtest/gtest.h"
 #include "server/broker/broker.h"
+#include "server/cluster/broker_session.h"
+#include "server/cluster/peer_service.h"
+#include "server/cluster/ucx_worker.h"
 #include "server/memory/backend_registry.h"
 #include "tests/cluster/etcd_server.h"
 
@@ -272,6 +275,34 @@ TEST_F(ClusterNodeTest, ReplicasFromBeforeANodeStartedAreDroppedAndPulledAgain) 
   ASSERT_NE(b_.cluster, nullptr);
   absl::StatusOr<int32_t> got = ReadUntil(b_, "shared/kept", 2);
   EXPECT_TRUE(got.ok()) << got.status() << " (the replica from before the node started was kept)";
+}
+
+// A node restarted under the same name may read before the directory reports its earlier
+// run gone: the owner ends only the reads of the run that left, never the new run's (whose
+// gets would then read memory no longer registered).
+TEST_F(ClusterNodeTest, TheOwnerEndsTheReadsOfTheRunOfANodeThatLeftOnly) {
+  Put(a_, "shared/read", 1024, 3);
+  absl::StatusOr<std::unique_ptr<BrokerSession>> session = BrokerSession::Open(*a_.broker, "peer-test");
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<std::unique_ptr<UcxWorker>> ucx = UcxWorker::Start();
+  ASSERT_TRUE(ucx.ok()) << ucx.status();
+  PeerService peer(**session, **ucx);
+  tensord::cluster::v1::OpenReadRequest open;
+  open.set_name("shared/read");
+  open.set_reader_node("b");
+  open.set_reader_incarnation("second-run");
+  tensord::cluster::v1::OpenReadResponse read;
+  grpc::Status opened = peer.OpenRead(nullptr, &open, &read);
+  ASSERT_TRUE(opened.ok()) << opened.error_message();
+  EXPECT_EQ(peer.counts().reads_open, 1u);
+  peer.DropReadsOf("b", "first-run");
+  EXPECT_EQ(peer.counts().reads_open, 1u) << "the new run's read ended with the old run";
+  peer.DropReadsOf("b", "second-run");
+  EXPECT_EQ(peer.counts().reads_open, 0u);
+  // A node that left without a record to name its run: every read of it ends.
+  ASSERT_TRUE(peer.OpenRead(nullptr, &open, &read).ok());
+  peer.DropReadsOf("b", "");
+  EXPECT_EQ(peer.counts().reads_open, 0u);
 }
 
 TEST_F(ClusterNodeTest, NewGenerationsOfANameArePulledIntoTheReplicasBuffer) {
