@@ -37,7 +37,9 @@ absl::StatusOr<Record> ParseJson(const EtcdKeyValue& kv, const char* what) {
   return record;
 }
 
-absl::StatusOr<cv1::NameRecord> ParseRecord(const EtcdKeyValue& kv) { return ParseJson<cv1::NameRecord>(kv, "name record"); }
+absl::StatusOr<cv1::NameRecord> ParseRecord(const EtcdKeyValue& kv) {
+  return ParseJson<cv1::NameRecord>(kv, "name record");
+}
 
 // A directory that did not answer, however etcd failed: the cluster is unavailable to this
 // call; node-local work is not.

@@ -219,17 +219,10 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
   if (!copied.ok()) {
     return absl::Status(copied.code(), absl::StrCat("pull ", name, " from ", peer_name, ": ", copied.message()));
   }
-  if (!take) {
-    // The bytes are the tensor's only if the owner held the read, and so the registration
-    // of its memory, to the end of the gets: a read it ended early (its TTL ran out, or it
-    // took this node for gone) may have been read from memory no longer registered.
-    std::move(close_read).Cancel();
-    if (grpc::Status closed = close_now(); !closed.ok()) {
-      return absl::UnavailableError(absl::StrCat("pull ", name, " from ", peer_name,
-                                                 ": the owner did not hold the read to the end (",
-                                                 closed.error_message(), "); the copy is dropped"));
-    }
-  }
+  // The bytes are the tensor's only if the owner held the read, and so the registration of
+  // its memory, to the end of the gets: a read it ended early (its TTL ran out, or it took
+  // this node for gone) may have been read from memory no longer registered. A take's
+  // CommitTake finds the read still open, or refuses; a replica's read must close cleanly.
   if (take) {
     cv1::CommitTakeRequest commit;
     commit.set_read_id(read.read_id());
@@ -249,6 +242,12 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
     if (!published.ok()) return published.status();
     spdlog::info("cluster: took {} from {}: {} bytes", name, NodeWhere(owner), read.nbytes());
     return absl::OkStatus();
+  }
+  std::move(close_read).Cancel();
+  if (grpc::Status closed = close_now(); !closed.ok()) {
+    return absl::UnavailableError(absl::StrCat("pull ", name, " from ", peer_name,
+                                               ": the owner did not hold the read to the end (",
+                                               closed.error_message(), "); the copy is dropped"));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -189,9 +189,7 @@ std::string StatusLine(const v1::StatusResponse& status) {
                          common::HumanBytes(status.host_bytes_limit()), status.sessions(), status.leases());
 }
 
-// The cluster node the settings ask for (none without --cluster-etcd), joined to `broker`;
-// its section of the status goes into `supplements`. Cluster settings given without an etcd
-// to join are ignored, saying so.
+// Cluster settings given without an etcd to join are ignored, saying so.
 void WarnIgnoredClusterSettings(const Config& config) {
   for (const auto& [key, origin] : config.origins) {
     if ((key.starts_with("cluster_") || key == "node_name") && key != "cluster_etcd") {
@@ -200,6 +198,8 @@ void WarnIgnoredClusterSettings(const Config& config) {
   }
 }
 
+// The cluster node the settings ask for (none without --cluster-etcd), joined to `broker`;
+// its section of the status goes into `supplements`.
 #ifdef TENSORD_WITH_UCX
 using ClusterNodePtr = std::unique_ptr<cluster::ClusterNode>;
 absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker, StatusSupplements& supplements) {
