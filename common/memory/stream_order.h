@@ -77,6 +77,15 @@ class StreamOrder {
   // `ordinal` (or reachable from it), on `stream`; returns without waiting for it.
   virtual absl::Status CopyOnStream(void* dst, const void* src, uint64_t bytes, int32_t ordinal, uintptr_t stream,
                                     const std::string& what) const = 0;
+  // Copies `bytes` of this kind's memory at `src` on device `ordinal` to host memory at
+  // `host` (any host memory: a plain mapping, not necessarily pinned), or the other way,
+  // and returns once the bytes are at their destination: the thread blocks, and no stream
+  // of the caller is involved. For staging a tensor through host memory (a tensor that
+  // crosses nodes). UNIMPLEMENTED where a kind has no such copy.
+  virtual absl::Status CopyToHost(void* host, const void* src, uint64_t bytes, int32_t ordinal,
+                                  const std::string& what) const = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* host, uint64_t bytes, int32_t ordinal,
+                                    const std::string& what) const = 0;
 };
 
 }  // namespace tensord::common

@@ -324,4 +324,36 @@ absl::Status CudaStreamOrder::CopyOnStream(void* dst, const void* src, uint64_t 
       absl::StrCat(what, ": cuMemcpyDtoDAsync of ", bytes, " bytes on cuda:", ordinal, " stream ", stream));
 }
 
+absl::Status CudaStreamOrder::CopyToHost(void* host, const void* src, uint64_t bytes, int32_t ordinal,
+                                         const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  return driver.CudaStatus(driver.cuMemcpyDtoH_v2(host, reinterpret_cast<CUdeviceptr>(src), bytes),
+                           absl::StrCat(what, ": cuMemcpyDtoH of ", bytes, " bytes from cuda:", ordinal));
+}
+
+absl::Status CudaStreamOrder::CopyFromHost(void* dst, const void* host, uint64_t bytes, int32_t ordinal,
+                                           const std::string& what) const {
+  const CudaDriver& driver = *driver_;
+  TENSORD_ASSIGN_OR_RETURN(CUdevice device, DeviceOf(driver, ordinal, what));
+  TENSORD_ASSIGN_OR_RETURN(ScopedCudaContext context, ScopedCudaContext::Push(driver, device));
+  TENSORD_RETURN_IF_ERROR(
+      driver.CudaStatus(driver.cuMemcpyHtoD_v2(reinterpret_cast<CUdeviceptr>(dst), host, bytes),
+                        absl::StrCat(what, ": cuMemcpyHtoD of ", bytes, " bytes to cuda:", ordinal)));
+  CUevent landed = nullptr;
+  TENSORD_RETURN_IF_ERROR(driver.CudaStatus(driver.cuEventCreate(&landed, CU_EVENT_DISABLE_TIMING),
+                                            absl::StrCat(what, ": cuEventCreate on cuda:", ordinal)));
+  absl::Status waited = driver.CudaStatus(driver.cuEventRecord(landed, CU_STREAM_LEGACY),
+                                          absl::StrCat(what, ": cuEventRecord on cuda:", ordinal));
+  if (waited.ok()) {
+    waited = driver.CudaStatus(driver.cuEventSynchronize(landed),
+                               absl::StrCat(what, ": cuEventSynchronize on cuda:", ordinal));
+  }
+  if (CUresult r = driver.cuEventDestroy_v2(landed); r != CUDA_SUCCESS) {
+    spdlog::error("cuda: {}: cuEventDestroy: {}", what, driver.ErrorText(r));
+  }
+  return waited;
+}
+
 }  // namespace tensord::common

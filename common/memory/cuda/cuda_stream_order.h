@@ -80,6 +80,13 @@ class CudaStreamOrder final : public StreamOrder {
   // cuMemcpyDtoDAsync.
   absl::Status CopyOnStream(void* dst, const void* src, uint64_t bytes, int32_t ordinal, uintptr_t stream,
                             const std::string& what) const override;
+  // cuMemcpyDtoH, which returns once the bytes are in pageable host memory.
+  absl::Status CopyToHost(void* host, const void* src, uint64_t bytes, int32_t ordinal,
+                          const std::string& what) const override;
+  // cuMemcpyHtoD, then a host wait on an event recorded after it on the legacy stream: from
+  // pageable memory the copy may return before its DMA has reached the device.
+  absl::Status CopyFromHost(void* dst, const void* host, uint64_t bytes, int32_t ordinal,
+                            const std::string& what) const override;
 
   class Pools;  // the event pools (cuda_stream_order.cc)
 

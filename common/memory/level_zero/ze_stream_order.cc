@@ -252,4 +252,14 @@ absl::Status ZeRegionOrder::CopyOnStream(void* dst, const void* src, uint64_t by
   return copied;
 }
 
+absl::Status ZeRegionOrder::CopyToHost(void*, const void*, uint64_t, int32_t, const std::string& what) const {
+  return absl::UnimplementedError(
+      absl::StrCat(what, ": level_zero memory cannot be staged through host memory in this version"));
+}
+
+absl::Status ZeRegionOrder::CopyFromHost(void*, const void*, uint64_t, int32_t, const std::string& what) const {
+  return absl::UnimplementedError(
+      absl::StrCat(what, ": level_zero memory cannot be staged through host memory in this version"));
+}
+
 }  // namespace tensord::common

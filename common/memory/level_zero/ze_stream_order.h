@@ -67,6 +67,12 @@ class ZeRegionOrder final : public StreamOrder {
   // zeCommandListAppendMemoryCopy on the list; synchronous on tensord's own list for none.
   absl::Status CopyOnStream(void* dst, const void* src, uint64_t bytes, int32_t ordinal, uintptr_t stream,
                             const std::string& what) const override;
+  // Not built: UNIMPLEMENTED. (Level Zero copies plain host memory only where the device
+  // has shared system allocations; staging would need USM host memory of its own.)
+  absl::Status CopyToHost(void* host, const void* src, uint64_t bytes, int32_t ordinal,
+                          const std::string& what) const override;
+  absl::Status CopyFromHost(void* dst, const void* host, uint64_t bytes, int32_t ordinal,
+                            const std::string& what) const override;
 
  private:
   struct Where {

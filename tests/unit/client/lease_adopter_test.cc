@@ -53,6 +53,12 @@ class FakeStreamOrder final : public common::StreamOrder {
   absl::Status CopyOnStream(void*, const void*, uint64_t, int32_t, uintptr_t, const std::string&) const override {
     return absl::OkStatus();
   }
+  absl::Status CopyToHost(void*, const void*, uint64_t, int32_t, const std::string&) const override {
+    return absl::UnimplementedError("no copies here");
+  }
+  absl::Status CopyFromHost(void*, const void*, uint64_t, int32_t, const std::string&) const override {
+    return absl::UnimplementedError("no copies here");
+  }
 
   std::set<uintptr_t> failing;
   mutable std::vector<uintptr_t> waited;
