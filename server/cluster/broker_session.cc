@@ -160,15 +160,22 @@ absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> BrokerSession::Map
   return mapping;
 }
 
-absl::StatusOr<std::unique_ptr<common::ImportedRegion>> BrokerSession::Map(const v1::TensorInfo& tensor,
-                                                                           bool writable) {
+absl::StatusOr<Broker::FetchedHandle> BrokerSession::FetchHandle(const v1::TensorInfo& tensor) {
   const std::string what = absl::StrCat("tensor ", tensor.tensor_id(), " (buffer ", tensor.buffer().buffer_id(), ")");
   v1::FetchFd fetch;
   fetch.add_buffer_ids(tensor.buffer().buffer_id());
   absl::StatusOr<std::vector<Broker::FetchedHandle>> handles = broker_.FetchHandles(session_id_, fetch);
   if (!handles.ok()) return Naming(handles.status(), what);
   if (handles->empty()) return absl::InternalError(absl::StrCat(what, ": no handle came back"));
-  Broker::FetchedHandle& handle = handles->front();
+  return std::move(handles->front());
+}
+
+absl::StatusOr<std::unique_ptr<common::ImportedRegion>> BrokerSession::Map(const v1::TensorInfo& tensor,
+                                                                           bool writable) {
+  const std::string what = absl::StrCat("tensor ", tensor.tensor_id(), " (buffer ", tensor.buffer().buffer_id(), ")");
+  absl::StatusOr<Broker::FetchedHandle> fetched = FetchHandle(tensor);
+  if (!fetched.ok()) return fetched.status();
+  Broker::FetchedHandle& handle = *fetched;
   absl::StatusOr<common::Importer*> importer = common::ProcessImporters().For(handle.device_type);
   if (!importer.ok()) return Naming(importer.status(), what);
   common::FetchedBuffer buffer;

@@ -32,9 +32,9 @@ class BrokerSession {
   // A lease on the tensor bound to `name` here now: never a wait, never a fetch from the
   // cluster. ABORTED when the name was rebound between the lookup and the lease.
   absl::StatusOr<tensord::v1::AcquireResponse> AcquireHere(const std::string& name);
-  // A writable host tensor of `desc` in namespace `ns`, in a buffer of its own: one of
-  // this session's recycled buffers when one fits (its pages are in memory already), else
-  // a new one.
+  // A writable tensor of `desc` in namespace `ns` on the device `desc` names, in a buffer
+  // of its own: one of this session's recycled buffers when one fits (a host buffer's pages
+  // are in memory already), else a new one.
   absl::StatusOr<tensord::v1::AllocateResponse> Allocate(const std::string& ns, const tensord::v1::TensorDesc& desc,
                                                          const std::map<std::string, std::string>& tags);
   // The writable mapping of a tensor Allocate made. A recyclable buffer's mapping is kept
@@ -49,6 +49,8 @@ class BrokerSession {
   // Unbinds `name` when it is bound at `generation` (0: whatever is bound).
   absl::Status Delete(const std::string& name, uint64_t generation);
   void Release(uint64_t lease_id);
+  // The handle of the buffer of a tensor this session leases, as a client fetches it.
+  absl::StatusOr<Broker::FetchedHandle> FetchHandle(const tensord::v1::TensorInfo& tensor);
   // Maps the buffer of a tensor this session leases: read-only, or writable (the producer's
   // mapping, for a tensor it allocated).
   absl::StatusOr<std::unique_ptr<common::ImportedRegion>> Map(const tensord::v1::TensorInfo& tensor, bool writable);

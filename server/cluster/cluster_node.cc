@@ -104,7 +104,8 @@ absl::Status ClusterNode::Init() {
 
   DropInheritedReplicas();
 
-  peer_ = std::make_unique<PeerService>(*session_, *ucx_);
+  stager_ = std::make_unique<DeviceStager>(options_.stage_helper);
+  peer_ = std::make_unique<PeerService>(*session_, *ucx_, *stager_);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, credentials->server, &port);
@@ -119,7 +120,7 @@ absl::Status ClusterNode::Init() {
   pull.incarnation = *incarnation;
   pull.credentials = credentials->channel;
   pull.peer_name = options_.peer_name;
-  puller_ = std::make_unique<ReplicaPuller>(*session_, *ucx_, *etcd_, pull);
+  puller_ = std::make_unique<ReplicaPuller>(*session_, *ucx_, *etcd_, *stager_, pull);
   events_ = std::make_unique<Executor>(1);
 
   DirectoryOptions where;
@@ -177,6 +178,7 @@ void ClusterNode::Stop() {
   server_.reset();  // before the service it served
   puller_.reset();  // pulls under way finish (they ask etcd_ alone)
   peer_.reset();
+  stager_.reset();  // after both users: the helper ends
   session_.reset();
   ucx_.reset();
   etcd_.reset();

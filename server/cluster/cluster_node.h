@@ -37,6 +37,7 @@
 #include "server/cluster/peer_service.h"
 #include "server/cluster/peer_tls.h"
 #include "server/cluster/replica_puller.h"
+#include "server/cluster/device_stager.h"
 #include "server/cluster/ucx_worker.h"
 #include "server/runtime/executor.h"
 
@@ -52,6 +53,9 @@ struct ClusterOptions {
   std::string peer_name;
   absl::Duration lease_ttl = absl::Seconds(10);
   std::string version;
+  // The staging helper program (tensord-stage), through which device tensors cross nodes;
+  // the daemon's is the one beside its own binary.
+  std::string stage_helper;
 };
 
 class ClusterNode final : public RemoteNames {
@@ -100,6 +104,7 @@ class ClusterNode final : public RemoteNames {
   const ClusterOptions options_;
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<UcxWorker> ucx_;
+  std::unique_ptr<DeviceStager> stager_;
   std::unique_ptr<BrokerSession> session_;
   std::unique_ptr<PeerService> peer_;
   std::unique_ptr<grpc::Server> server_;

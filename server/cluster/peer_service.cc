@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace tensord::server::cluster {
@@ -19,11 +20,26 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 }  // namespace
 
-PeerService::PeerService(BrokerSession& session, UcxWorker& ucx, absl::Duration read_ttl)
-    : session_(session), ucx_(ucx), read_ttl_(read_ttl) {}
+PeerService::PeerService(BrokerSession& session, UcxWorker& ucx, DeviceStager& stager, absl::Duration read_ttl)
+    : session_(session), ucx_(ucx), stager_(stager), read_ttl_(read_ttl) {}
 
 PeerService::~PeerService() {
   EndReads([](uint64_t, const Read&) { return true; });
+}
+
+absl::StatusOr<std::unique_ptr<common::ImportedRegion>> PeerService::StageToHost(const v1::AcquireResponse& lease,
+                                                                                 const std::string& name) {
+  const v1::TensorInfo& tensor = lease.tensor();
+  const uint64_t nbytes = tensor.buffer().extent();
+  TENSORD_ASSIGN_OR_RETURN(std::unique_ptr<HostCopy> copy, HostCopy::Make(nbytes, name));
+  TENSORD_ASSIGN_OR_RETURN(Broker::FetchedHandle handle, session_.FetchHandle(tensor));
+  const DeviceBuffer buffer{.device_type = handle.device_type, .size = handle.size, .handle = &handle.handle};
+  const absl::Time started = absl::Now();
+  TENSORD_RETURN_IF_ERROR(
+      stager_.ToHost(buffer, tensor.buffer().offset(), nbytes, lease.ready_fence(), copy->fd(), name));
+  spdlog::debug("cluster: staged {} ({} bytes of device memory) in host memory in {:.1f} ms", name, nbytes,
+                absl::ToDoubleMilliseconds(absl::Now() - started));
+  return std::unique_ptr<common::ImportedRegion>(std::move(copy));
 }
 
 grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequest* request,
@@ -31,17 +47,32 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
   absl::StatusOr<v1::AcquireResponse> lease = session_.AcquireHere(request->name());
   if (!lease.ok()) return ToGrpc(lease.status());
   const v1::TensorInfo& tensor = lease->tensor();
-  if (tensor.desc().device().type() != v1::DEVICE_TYPE_CPU) {
-    session_.Release(lease->lease_id());
-    return ToGrpc(absl::FailedPreconditionError(
-        absl::StrCat(request->name(), " is device memory: only host tensors cross nodes in this version (no "
-                     "staging through pinned host memory yet)")));
+  const bool staged = tensor.desc().device().type() != v1::DEVICE_TYPE_CPU;
+  const RegionKey key{tensor.buffer().buffer_id(), staged ? tensor.tensor_id() : 0};
+  // A device tensor's host copy is made outside the lock (a copy takes a while); a read of
+  // the same tensor that made one meanwhile wins, and this one is dropped.
+  std::unique_ptr<common::ImportedRegion> copy;
+  if (staged) {
+    bool have = false;
+    {
+      absl::MutexLock lock(&mu_);
+      have = regions_.contains(key);
+    }
+    if (!have) {
+      absl::StatusOr<std::unique_ptr<common::ImportedRegion>> made = StageToHost(*lease, request->name());
+      if (!made.ok()) {
+        session_.Release(lease->lease_id());
+        return ToGrpc(made.status());
+      }
+      copy = *std::move(made);
+    }
   }
-  const uint64_t buffer_id = tensor.buffer().buffer_id();
   absl::MutexLock lock(&mu_);
-  auto region = regions_.find(buffer_id);
+  auto region = regions_.find(key);
   if (region == regions_.end()) {
-    absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping = session_.Map(tensor, /*writable=*/false);
+    absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping =
+        copy != nullptr ? absl::StatusOr<std::unique_ptr<common::ImportedRegion>>(std::move(copy))
+                        : session_.Map(tensor, /*writable=*/false);
     absl::StatusOr<std::unique_ptr<UcxRegion>> registered =
         !mapping.ok() ? absl::StatusOr<std::unique_ptr<UcxRegion>>(mapping.status())
                       : ucx_.Call([&](UcxNode& node) {
@@ -51,14 +82,14 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
       session_.Release(lease->lease_id());
       return ToGrpc(registered.status());
     }
-    region = regions_.emplace(buffer_id, Region{*std::move(mapping), *std::move(registered), 0}).first;
+    region = regions_.emplace(key, Region{*std::move(mapping), *std::move(registered), 0}).first;
   }
   ++region->second.reads;
   const uint64_t read_id = ++last_read_id_;
   reads_[read_id] = Read{.name = request->name(),
                          .generation = tensor.generation(),
                          .lease_id = lease->lease_id(),
-                         .buffer_id = buffer_id,
+                         .region = key,
                          .nbytes = tensor.buffer().extent(),
                          .node = request->reader_node(),
                          .incarnation = request->reader_incarnation(),
@@ -70,7 +101,8 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
   *response->mutable_tags() = tensor.tags();
   response->set_nbytes(tensor.buffer().extent());
   response->set_worker_address(ucx_.address());
-  response->set_remote_address(region->second.ucx->address() + tensor.buffer().offset());
+  // A host copy holds the tensor alone, from its start.
+  response->set_remote_address(region->second.ucx->address() + (staged ? 0 : tensor.buffer().offset()));
   response->set_packed_key(region->second.ucx->packed_key());
   response->set_ttl_ms(absl::ToInt64Milliseconds(read_ttl_));
   return grpc::Status::OK;
@@ -139,7 +171,7 @@ size_t PeerService::EndReads(Pred ends) {
         continue;
       }
       leases.push_back(it->second.lease_id);
-      auto region = regions_.find(it->second.buffer_id);
+      auto region = regions_.find(it->second.region);
       if (region != regions_.end() && --region->second.reads == 0) {
         unused.push_back(std::move(region->second));
         regions_.erase(region);

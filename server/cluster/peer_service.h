@@ -6,8 +6,11 @@
 //
 // A read ends with CloseRead, when its reader leaves the directory (DropReadsOf: a reader
 // killed mid-pull), or after its TTL (ExpireReads); then its lease goes, and the buffer's
-// registration with its last read. Only host memory is served: a device tensor is refused
-// with FAILED_PRECONDITION (no staging through pinned host memory yet).
+// registration with its last read.
+//
+// A device tensor is served from a host copy: the staging helper (DeviceStager) copies it
+// into host memory once the producer's ready fence has passed, and that copy is registered
+// instead, shared by the concurrent reads of the tensor and gone with the last of them.
 //
 // Thread-safe; gRPC calls it on its own threads. The destructor ends every read.
 #pragma once
@@ -16,11 +19,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/memory/importer.h"
 #include "server/cluster/broker_session.h"
+#include "server/cluster/device_stager.h"
 #include "server/cluster/ucx_worker.h"
 #include "tensord/cluster/v1/cluster.grpc.pb.h"
 
@@ -28,7 +33,8 @@ namespace tensord::server::cluster {
 
 class PeerService final : public tensord::cluster::v1::Peer::Service {
  public:
-  PeerService(BrokerSession& session, UcxWorker& ucx, absl::Duration read_ttl = absl::Seconds(60));
+  PeerService(BrokerSession& session, UcxWorker& ucx, DeviceStager& stager,
+              absl::Duration read_ttl = absl::Seconds(60));
   ~PeerService() override;
 
   grpc::Status OpenRead(grpc::ServerContext* context, const tensord::cluster::v1::OpenReadRequest* request,
@@ -53,6 +59,9 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
   Counts counts() const;
 
  private:
+  // What a read reads: a host buffer (its id, and 0), or the host copy of a device tensor
+  // (its buffer's id and the tensor's).
+  using RegionKey = std::pair<uint64_t, uint64_t>;
   struct Region {
     std::unique_ptr<common::ImportedRegion> mapping;
     std::unique_ptr<UcxRegion> ucx;
@@ -62,7 +71,7 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
     std::string name;
     uint64_t generation = 0;
     uint64_t lease_id = 0;
-    uint64_t buffer_id = 0;
+    RegionKey region;
     uint64_t nbytes = 0;
     std::string node;
     std::string incarnation;
@@ -73,14 +82,18 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
   // lock. Returns how many ended.
   template <typename Pred>
   size_t EndReads(Pred ends);
+  // The host copy of the device tensor a lease holds, made by the staging helper.
+  absl::StatusOr<std::unique_ptr<common::ImportedRegion>> StageToHost(const tensord::v1::AcquireResponse& lease,
+                                                                      const std::string& name);
 
   BrokerSession& session_;
   UcxWorker& ucx_;
+  DeviceStager& stager_;
   const absl::Duration read_ttl_;
   mutable absl::Mutex mu_;
   uint64_t last_read_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, Read> reads_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);  // by buffer id
+  std::map<RegionKey, Region> regions_ ABSL_GUARDED_BY(mu_);
   uint64_t reads_served_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_served_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -39,8 +39,9 @@ absl::Status PeerError(const cv1::NameRecord& owner, const char* call, const grp
 
 }  // namespace
 
-ReplicaPuller::ReplicaPuller(BrokerSession& session, UcxWorker& ucx, EtcdClient& etcd, Options options)
-    : session_(session), ucx_(ucx), etcd_(etcd), options_(std::move(options)) {}
+ReplicaPuller::ReplicaPuller(BrokerSession& session, UcxWorker& ucx, EtcdClient& etcd, DeviceStager& stager,
+                             Options options)
+    : session_(session), ucx_(ucx), etcd_(etcd), stager_(stager), options_(std::move(options)) {}
 
 ReplicaPuller::~ReplicaPuller() {
   {
@@ -181,8 +182,12 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
   std::map<std::string, std::string> tags(read.tags().begin(), read.tags().end());
   tags[kReplicaNodeTag] = owner.node();
   tags[kReplicaGenerationTag] = absl::StrCat(read.generation());
-  absl::StatusOr<v1::AllocateResponse> replica =
-      session_.Allocate(std::string(common::NamespaceOf(name)), read.desc(), tags);
+  // A device tensor's replica goes on this node's device of the same type and ordinal (the
+  // owner's device UUID names a device of the owner's node).
+  v1::TensorDesc desc = read.desc();
+  const bool on_device = desc.device().type() != v1::DEVICE_TYPE_CPU;
+  if (on_device) desc.mutable_device()->clear_uuid();
+  absl::StatusOr<v1::AllocateResponse> replica = session_.Allocate(std::string(common::NamespaceOf(name)), desc, tags);
   if (!replica.ok()) return replica.status();
   absl::Cleanup release = [&] { session_.Release(replica->lease_id()); };
   const v1::TensorInfo& tensor = replica->tensor();
@@ -190,9 +195,19 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
     return absl::InternalError(absl::StrCat("the replica of ", name, " has room for ", tensor.buffer().extent(),
                                             " bytes, the owner sends ", read.nbytes()));
   }
-  absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> mapping = session_.MapForWriting(*replica);
+  // Where the bytes land: the replica's own memory, or a host copy of them for its device.
+  std::shared_ptr<HostCopy> staged;
+  absl::StatusOr<std::shared_ptr<const common::ImportedRegion>> mapping;
+  if (on_device) {
+    absl::StatusOr<std::unique_ptr<HostCopy>> made = HostCopy::Make(read.nbytes(), name);
+    if (!made.ok()) return made.status();
+    staged = *std::move(made);
+    mapping = staged;
+  } else {
+    mapping = session_.MapForWriting(*replica);
+  }
   if (!mapping.ok()) return mapping.status();
-  uint8_t* into = (*mapping)->data() + tensor.buffer().offset();
+  uint8_t* into = (*mapping)->data() + (on_device ? 0 : tensor.buffer().offset());
   const absl::Time allocated = absl::Now();
   const std::string peer_name = NodeWhere(owner);
   absl::Status copied = ucx_.Call([&](UcxNode& node) -> absl::Status {
@@ -218,6 +233,20 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
                 absl::ToDoubleMilliseconds(allocated - started), absl::ToDoubleMilliseconds(absl::Now() - allocated));
   if (!copied.ok()) {
     return absl::Status(copied.code(), absl::StrCat("pull ", name, " from ", peer_name, ": ", copied.message()));
+  }
+  if (on_device) {
+    // Before a take commits: a copy that fails here leaves the tensor on its owner.
+    absl::StatusOr<Broker::FetchedHandle> handle = session_.FetchHandle(tensor);
+    if (!handle.ok()) return handle.status();
+    const DeviceBuffer buffer{.device_type = handle->device_type, .size = handle->size, .handle = &handle->handle};
+    const absl::Time landed = absl::Now();
+    if (absl::Status moved = stager_.ToDevice(buffer, tensor.buffer().offset(), read.nbytes(), staged->fd(), name);
+        !moved.ok()) {
+      return moved;
+    }
+    staged.reset();
+    spdlog::debug("cluster: {}: copied to its device in {:.1f} ms", name,
+                  absl::ToDoubleMilliseconds(absl::Now() - landed));
   }
   // The bytes are the tensor's only if the owner held the read, and so the registration of
   // its memory, to the end of the gets: a read it ended early (its TTL ran out, or it took

@@ -5,6 +5,11 @@
 // (the owner's lease goes), and publishes the replica; its memory is this node's from then
 // on. Concurrent pulls of one name share one transfer: every caller gets its result.
 //
+// A device tensor (the owner serves a host copy of it) becomes a replica on the device of
+// the same type and ordinal here: the bytes land in a host copy, which the staging helper
+// (DeviceStager) copies to the replica's device before it is published. A node without
+// that device refuses the pull (the broker's NOT_FOUND or FAILED_PRECONDITION, naming it).
+//
 // Replicas are tracked (Replica): ClusterNode unbinds one when the directory shows a newer
 // publish of its name, or the name gone. Nothing is left on failure: the replica's memory
 // is released, the owner's read closed (or ended by its TTL, or with this node's lease).
@@ -28,6 +33,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 #include "server/cluster/broker_session.h"
+#include "server/cluster/device_stager.h"
 #include "server/cluster/directory.h"
 #include "server/cluster/ucx_worker.h"
 #include "server/runtime/executor.h"
@@ -63,7 +69,8 @@ class ReplicaPuller {
   };
 
   // Owners are found in the directory on `etcd` (LookUpName, ListNames).
-  ReplicaPuller(BrokerSession& session, UcxWorker& ucx, EtcdClient& etcd, Options options);
+  // Device tensors are read into host memory and copied to a device here by `stager`.
+  ReplicaPuller(BrokerSession& session, UcxWorker& ucx, EtcdClient& etcd, DeviceStager& stager, Options options);
   ~ReplicaPuller();
 
   // Makes `name` bound here as the directory has it now; done runs once (see the header).
@@ -103,6 +110,7 @@ class ReplicaPuller {
   BrokerSession& session_;
   UcxWorker& ucx_;
   EtcdClient& etcd_;
+  DeviceStager& stager_;
   const Options options_;
 
   mutable absl::Mutex mu_;

@@ -198,9 +198,16 @@ void WarnIgnoredClusterSettings(const Config& config) {
   }
 }
 
+#ifdef TENSORD_WITH_UCX
+// The staging helper beside this daemon's binary (both are installed in one directory).
+std::string StageHelperPath() {
+  std::error_code failed;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", failed);
+  return failed ? std::string("tensord-stage") : (self.parent_path() / "tensord-stage").string();
+}
+
 // The cluster node the settings ask for (none without --cluster-etcd), joined to `broker`;
 // its section of the status goes into `supplements`.
-#ifdef TENSORD_WITH_UCX
 using ClusterNodePtr = std::unique_ptr<cluster::ClusterNode>;
 absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker, StatusSupplements& supplements) {
   if (config.cluster_etcd.empty()) {
@@ -220,6 +227,7 @@ absl::StatusOr<ClusterNodePtr> JoinCluster(const Config& config, Broker& broker,
                  config.cluster_insecure == "on"};
   options.peer_name = config.cluster_peer_name;
   options.version = TENSORD_VERSION;
+  options.stage_helper = StageHelperPath();
   absl::StatusOr<ClusterNodePtr> node = cluster::ClusterNode::Start(broker, std::move(options));
   if (!node.ok()) return absl::Status(node.status().code(), absl::StrCat("cluster: ", node.status().message()));
   supplements.Set([raw = node->get()](v1::StatusResponse& status) { raw->Describe(*status.mutable_cluster()); });

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/memory/backends.h"
 #include "common/memory/host/memfd.h"
 #include "common/unique_fd.h"
 #include "gtest/gtest.h"
@@ -25,6 +26,9 @@
 #include "server/cluster/ucx_worker.h"
 #include "server/memory/backend_registry.h"
 #include "tests/cluster/etcd_server.h"
+#ifdef TENSORD_FAKE_CUDA_PATH
+#include "tests/unit/cuda/fake_cuda_env.h"
+#endif
 
 namespace tensord::server::cluster {
 namespace {
@@ -77,11 +81,14 @@ class ClusterNodeTest : public ::testing::Test {
     options.max_host_bytes = max_host_bytes;
     options.daemon_uid = getuid();
     options.recycle = {16, 256 << 20};  // as the daemon's defaults allow
-    node.broker = std::make_unique<Broker>(options, HostOnlyBackends());
+    node.broker = std::make_unique<Broker>(options, Backends());
     node.session = node.broker->OpenSession({getuid(), getgid(), getpid()}, "test")->session_id();
     JoinCluster(node, name);
     return node;
   }
+
+  // The memory each node's broker serves.
+  virtual std::unique_ptr<BackendRegistry> Backends() { return HostOnlyBackends(); }
 
   // A ClusterNode named `name` over the node's broker.
   void JoinCluster(Node& node, const std::string& name) {
@@ -92,6 +99,7 @@ class ClusterNodeTest : public ::testing::Test {
     cluster.namespaces = {"shared"};
     cluster.tls.insecure = true;
     cluster.lease_ttl = absl::Seconds(2);
+    cluster.stage_helper = TENSORD_STAGE_HELPER_PATH;
     absl::StatusOr<std::unique_ptr<ClusterNode>> started = ClusterNode::Start(*node.broker, cluster);
     EXPECT_TRUE(started.ok()) << started.status();
     if (started.ok()) node.cluster = *std::move(started);
@@ -286,7 +294,8 @@ TEST_F(ClusterNodeTest, TheOwnerEndsTheReadsOfTheRunOfANodeThatLeftOnly) {
   ASSERT_TRUE(session.ok()) << session.status();
   absl::StatusOr<std::unique_ptr<UcxWorker>> ucx = UcxWorker::Start();
   ASSERT_TRUE(ucx.ok()) << ucx.status();
-  PeerService peer(**session, **ucx);
+  DeviceStager stager(TENSORD_STAGE_HELPER_PATH);
+  PeerService peer(**session, **ucx, stager);
   tensord::cluster::v1::OpenReadRequest open;
   open.set_name("shared/read");
   open.set_reader_node("b");
@@ -403,6 +412,144 @@ TEST_F(ClusterNodeTest, EtcdDownFailsClusterCallsOnlyAndTheNodesRejoin) {
   absl::StatusOr<int32_t> later = ReadUntil(b_, "shared/late", 6);
   EXPECT_TRUE(later.ok()) << later.status();
 }
+
+#ifdef TENSORD_FAKE_CUDA_PATH
+// Device tensors across nodes, over the software CUDA stand-in (its two "devices" are host
+// memory, shared by both nodes of this process): the owner's staging helper copies the
+// tensor to host memory, b reads that, and b's helper copies it to b's device of the same
+// ordinal. The plumbing, not the hardware.
+class ClusterNodeDeviceTest : public ClusterNodeTest {
+ protected:
+  std::unique_ptr<BackendRegistry> Backends() override {
+    return std::make_unique<BackendRegistry>(common::MakeBackends(), common::MissingBackends());
+  }
+
+  static std::unique_ptr<common::ImportedRegion> MapDevice(Node& node, const v1::TensorInfo& tensor) {
+    v1::FetchFd fetch;
+    fetch.add_buffer_ids(tensor.buffer().buffer_id());
+    auto handles = node.broker->FetchHandles(node.session, fetch);
+    EXPECT_TRUE(handles.ok()) << handles.status();
+    if (!handles.ok()) return nullptr;
+    common::FetchedBuffer buffer;
+    buffer.size = (*handles)[0].size;
+    buffer.device_type = (*handles)[0].device_type;
+    buffer.handle = std::move((*handles)[0].handle);
+    auto importer = common::ProcessImporters().For(buffer.device_type);
+    EXPECT_TRUE(importer.ok());
+    auto region = (*importer)->Import(buffer, common::MapMode::kSharedWritable, "test");
+    EXPECT_TRUE(region.ok()) << region.status();
+    return region.ok() ? *std::move(region) : nullptr;
+  }
+
+  // Publishes `count` int32s (i * 3 + fill) on cuda device `ordinal` of `node`.
+  static void PutOnDevice(Node& node, const std::string& name, int32_t ordinal, int64_t count, int32_t fill) {
+    v1::AllocateRequest request;
+    request.set_ns(name.substr(0, name.find('/')));
+    v1::TensorDesc* desc = request.mutable_desc();
+    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_INT);
+    desc->mutable_dtype()->set_bits(32);
+    desc->mutable_dtype()->set_lanes(1);
+    desc->add_shape(count);
+    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CUDA);
+    desc->mutable_device()->set_index(ordinal);
+    std::promise<absl::StatusOr<v1::AllocateResponse>> allocated;
+    node.broker->Allocate(node.session, request, [&](auto r) { allocated.set_value(std::move(r)); });
+    absl::StatusOr<v1::AllocateResponse> tensor = allocated.get_future().get();
+    ASSERT_TRUE(tensor.ok()) << tensor.status();
+    std::unique_ptr<common::ImportedRegion> region = MapDevice(node, tensor->tensor());
+    ASSERT_NE(region, nullptr);
+    std::vector<int32_t> values(count);
+    for (int64_t i = 0; i < count; ++i) values[i] = static_cast<int32_t>(i * 3 + fill);
+    ASSERT_TRUE(region->stream_order()
+                    ->CopyFromHost(region->data() + tensor->tensor().buffer().offset(), values.data(), count * 4,
+                                   region->device_ordinal(), "test")
+                    .ok());
+    v1::PublishRequest publish;
+    publish.set_tensor_id(tensor->tensor().tensor_id());
+    publish.set_name(name);
+    ASSERT_TRUE(node.broker->Publish(node.session, publish).ok());
+    v1::ReleaseRequest release;
+    release.add_lease_ids(tensor->lease_id());
+    ASSERT_TRUE(node.broker->Release(node.session, release).ok());
+  }
+
+  // Acquires `name` on `node` (a take with `take`) and checks it is a device tensor on cuda
+  // device `ordinal` holding i * 3 + fill; retries while the directory catches up.
+  static void ExpectOnDevice(Node& node, const std::string& name, int32_t ordinal, int64_t count, int32_t fill,
+                             bool take = false) {
+    std::vector<int32_t> want(count);
+    for (int64_t i = 0; i < count; ++i) want[i] = static_cast<int32_t>(i * 3 + fill);
+    std::vector<int32_t> got;
+    absl::Status last;
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;
+         absl::SleepFor(absl::Milliseconds(50))) {
+      std::promise<absl::StatusOr<v1::AcquireResponse>> answer;
+      auto done = [&](absl::StatusOr<v1::AcquireResponse> r) { answer.set_value(std::move(r)); };
+      if (take) {
+        v1::TakeRequest request;
+        request.set_name_or_prefix(name);
+        node.broker->Take(node.session, request, done);
+      } else {
+        v1::AcquireRequest request;
+        request.set_name(name);
+        node.broker->Acquire(node.session, request, done);
+      }
+      absl::StatusOr<v1::AcquireResponse> lease = answer.get_future().get();
+      if (!lease.ok()) {
+        last = lease.status();
+        continue;
+      }
+      const v1::TensorInfo& tensor = lease->tensor();
+      EXPECT_EQ(tensor.desc().device().type(), v1::DEVICE_TYPE_CUDA);
+      EXPECT_EQ(tensor.desc().device().index(), ordinal);
+      EXPECT_EQ(tensor.desc().device().uuid(), common::testing::FakeUuid(ordinal));
+      if (!take) {  // a replica, not the owner's tensor (both nodes see the same fake devices)
+        auto from = tensor.tags().find(kReplicaNodeTag);
+        EXPECT_TRUE(from != tensor.tags().end() && from->second == "a") << name << " is not a's replica";
+      }
+      std::unique_ptr<common::ImportedRegion> region = MapDevice(node, tensor);
+      got.assign(count, 0);
+      if (region != nullptr) {
+        EXPECT_TRUE(region->stream_order()
+                        ->CopyToHost(got.data(), region->data() + tensor.buffer().offset(), count * 4,
+                                     region->device_ordinal(), "test")
+                        .ok());
+      }
+      region.reset();
+      v1::ReleaseRequest release;
+      release.add_lease_ids(lease->lease_id());
+      (void)node.broker->Release(node.session, release);
+      if (got == want) return;
+      last = absl::FailedPreconditionError(absl::StrCat(name, " read ", got[0], ", ", got[count - 1], " not ",
+                                                        want[0], ", ", want[count - 1]));
+    }
+    ADD_FAILURE() << name << ": " << last;
+  }
+};
+
+TEST_F(ClusterNodeDeviceTest, ADeviceTensorCrossesNodesThroughHostMemory) {
+  PutOnDevice(a_, "shared/weights", 1, 3 << 18, 5);  // 3 MiB on device 1
+  ExpectOnDevice(b_, "shared/weights", 1, 3 << 18, 5);
+  // A new generation on a replaces b's replica, on the device.
+  PutOnDevice(a_, "shared/weights", 1, 3 << 18, 6);
+  ExpectOnDevice(b_, "shared/weights", 1, 3 << 18, 6);
+  // The owner's reads, and with them its host copies, end when b has the bytes.
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    v1::ClusterStatus a;
+    a_.cluster->Describe(a);
+    if (a.reads_open() == 0) break;
+  }
+  v1::ClusterStatus a;
+  a_.cluster->Describe(a);
+  EXPECT_EQ(a.reads_open(), 0u);
+  EXPECT_EQ(a.reads_served(), 2u);
+  // A take moves a device tensor the same way.
+  PutOnDevice(a_, "shared/queue/1", 0, 1024, 9);
+  ExpectOnDevice(b_, "shared/queue/1", 0, 1024, 9, /*take=*/true);
+  EXPECT_EQ(Read(a_, "shared/queue/1").status().code(), absl::StatusCode::kNotFound);
+}
+#endif  // TENSORD_FAKE_CUDA_PATH
 
 }  // namespace
 }  // namespace tensord::server::cluster
