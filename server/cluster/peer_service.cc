@@ -52,47 +52,58 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
   // A device tensor's host copy is made outside the lock (a copy takes a while); a read of
   // the same tensor that made one meanwhile wins, and this one is dropped.
   std::unique_ptr<common::ImportedRegion> copy;
-  if (staged) {
-    bool have = false;
-    {
-      absl::MutexLock lock(&mu_);
-      have = regions_.contains(key);
-    }
-    if (!have) {
-      absl::StatusOr<std::unique_ptr<common::ImportedRegion>> made = StageToHost(*lease, request->name());
-      if (!made.ok()) {
-        session_.Release(lease->lease_id());
-        return ToGrpc(made.status());
+  for (;;) {
+    if (staged && copy == nullptr) {
+      bool have = false;
+      {
+        absl::MutexLock lock(&mu_);
+        have = regions_.contains(key);
       }
-      copy = *std::move(made);
+      if (!have) {
+        absl::StatusOr<std::unique_ptr<common::ImportedRegion>> made = StageToHost(*lease, request->name());
+        if (!made.ok()) {
+          session_.Release(lease->lease_id());
+          return ToGrpc(made.status());
+        }
+        copy = *std::move(made);
+      }
     }
-  }
-  absl::MutexLock lock(&mu_);
-  auto region = regions_.find(key);
-  if (region == regions_.end()) {
-    absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping =
-        copy != nullptr ? absl::StatusOr<std::unique_ptr<common::ImportedRegion>>(std::move(copy))
-                        : session_.Map(tensor, /*writable=*/false);
-    absl::StatusOr<std::unique_ptr<UcxRegion>> registered =
-        !mapping.ok() ? absl::StatusOr<std::unique_ptr<UcxRegion>>(mapping.status())
-                      : ucx_.Call([&](UcxNode& node) {
-                          return UcxRegion::Register(node, (*mapping)->data(), (*mapping)->size());
-                        });
-    if (!registered.ok()) {
-      session_.Release(lease->lease_id());
-      return ToGrpc(registered.status());
+    absl::MutexLock lock(&mu_);
+    auto region = regions_.find(key);
+    // The reads that shared a host copy ended between the two looks: this read makes one.
+    if (region == regions_.end() && staged && copy == nullptr) continue;
+    if (region == regions_.end()) {
+      absl::StatusOr<std::unique_ptr<common::ImportedRegion>> mapping =
+          staged ? absl::StatusOr<std::unique_ptr<common::ImportedRegion>>(std::move(copy))
+                 : session_.Map(tensor, /*writable=*/false);
+      absl::StatusOr<std::unique_ptr<UcxRegion>> registered =
+          !mapping.ok() ? absl::StatusOr<std::unique_ptr<UcxRegion>>(mapping.status())
+                        : ucx_.Call([&](UcxNode& node) {
+                            return UcxRegion::Register(node, (*mapping)->data(), (*mapping)->size());
+                          });
+      if (!registered.ok()) {
+        session_.Release(lease->lease_id());
+        return ToGrpc(registered.status());
+      }
+      region = regions_.emplace(key, Region{*std::move(mapping), *std::move(registered), 0}).first;
     }
-    region = regions_.emplace(key, Region{*std::move(mapping), *std::move(registered), 0}).first;
+    return Opened(*request, *lease, key, region->second, response);
   }
-  ++region->second.reads;
+}
+
+grpc::Status PeerService::Opened(const cv1::OpenReadRequest& request, const v1::AcquireResponse& lease,
+                                 const RegionKey& key, Region& region, cv1::OpenReadResponse* response) {
+  const v1::TensorInfo& tensor = lease.tensor();
+  const bool staged = key.second != 0;
+  ++region.reads;
   const uint64_t read_id = ++last_read_id_;
-  reads_[read_id] = Read{.name = request->name(),
+  reads_[read_id] = Read{.name = request.name(),
                          .generation = tensor.generation(),
-                         .lease_id = lease->lease_id(),
+                         .lease_id = lease.lease_id(),
                          .region = key,
                          .nbytes = tensor.buffer().extent(),
-                         .node = request->reader_node(),
-                         .incarnation = request->reader_incarnation(),
+                         .node = request.reader_node(),
+                         .incarnation = request.reader_incarnation(),
                          .expires = absl::Now() + read_ttl_};
   response->set_read_id(read_id);
   response->set_tensor_id(tensor.tensor_id());
@@ -102,8 +113,8 @@ grpc::Status PeerService::OpenRead(grpc::ServerContext*, const cv1::OpenReadRequ
   response->set_nbytes(tensor.buffer().extent());
   response->set_worker_address(ucx_.address());
   // A host copy holds the tensor alone, from its start.
-  response->set_remote_address(region->second.ucx->address() + (staged ? 0 : tensor.buffer().offset()));
-  response->set_packed_key(region->second.ucx->packed_key());
+  response->set_remote_address(region.ucx->address() + (staged ? 0 : tensor.buffer().offset()));
+  response->set_packed_key(region.ucx->packed_key());
   response->set_ttl_ms(absl::ToInt64Milliseconds(read_ttl_));
   return grpc::Status::OK;
 }

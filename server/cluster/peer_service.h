@@ -82,6 +82,10 @@ class PeerService final : public tensord::cluster::v1::Peer::Service {
   // lock. Returns how many ended.
   template <typename Pred>
   size_t EndReads(Pred ends);
+  // Records the read of `lease` from `region` (a read of it counted) and fills in `response`.
+  grpc::Status Opened(const tensord::cluster::v1::OpenReadRequest& request, const tensord::v1::AcquireResponse& lease,
+                      const RegionKey& key, Region& region, tensord::cluster::v1::OpenReadResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The host copy of the device tensor a lease holds, made by the staging helper.
   absl::StatusOr<std::unique_ptr<common::ImportedRegion>> StageToHost(const tensord::v1::AcquireResponse& lease,
                                                                       const std::string& name);

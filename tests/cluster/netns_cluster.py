@@ -178,11 +178,12 @@ class Node:
         self.killed = False
         self.clients = []
 
-    def start(self, extra=(), wait_joined=True, etcd=None):
-        """etcd: the --cluster-etcd value (default: the cluster's one etcd)."""
+    def start(self, extra=(), wait_joined=True, etcd=None, env=()):
+        """etcd: the --cluster-etcd value (default: the cluster's one etcd); env: more
+        NAME=VALUE settings for the daemon's environment."""
         self.killed = False
         self.process = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, "env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", TENSORD_BIN,
+            ["ip", "netns", "exec", self.ns, "env", "UCX_TLS=tcp", "UCX_NET_DEVICES=eth0", *env, TENSORD_BIN,
              "--socket", self.socket, "--cluster-etcd", etcd or self.cluster.etcd.url, "--node-name", self.name,
              "--cluster-listen", f"{self.ip}:7411", "--cluster-namespaces", "shared,weights",
              "--cluster-ca-file", self.cluster.certs.path("ca.crt"), "--cluster-cert-file", self.cert,

@@ -354,6 +354,47 @@ def test_a_node_given_several_etcd_endpoints_passes_over_one_that_is_down(cluste
         d.killed = True  # stopped on purpose
 
 
+def test_a_cuda_tensor_crosses_nodes_through_the_staging_helpers(cluster):
+    """Two daemons over the software CUDA stand-in (tests/fake_cuda: the plumbing, not a
+    GPU): a CUDA tensor published on e is acquired on f as a CUDA tensor with the same
+    values. Each daemon starts its staging helper (tensord-stage, found beside it)."""
+    fake, peer = os.environ.get("TENSORD_FAKE_CUDA_PATH"), os.environ.get("TENSORD_CUDA_PEER")
+    if not fake or not peer:
+        pytest.skip("this build has no software CUDA stand-in (no cuda.h when it was configured)")
+    env = (f"TENSORD_LIBCUDA={fake}", "TENSORD_FAKE_CUDA_DEVICES=1")
+    nodes = []
+    for letter in "ef":
+        node = cluster.nodes.get(letter) or cluster.add_node(letter)
+        node.cert, node.key = cluster.certs.sign(f"node-{letter}", node.ip, dns=netns_cluster.PEER_NAME)
+        node.start(env=env)
+        nodes.append(node)
+    e, f = nodes
+    run = dict(env={**os.environ, "TENSORD_LIBCUDA": fake, "TENSORD_FAKE_CUDA_DEVICES": "1"}, capture_output=True,
+               text=True, timeout=60)
+    try:
+        produced = subprocess.run([peer, "produce", e.socket, "shared/on-device", "0", "300000"], **run)
+        assert produced.returncode == 0 and "published 0" in produced.stdout, produced.stdout + produced.stderr
+        # The directory may be a moment behind the publish: retry what is not found yet.
+        deadline = time.monotonic() + 30
+        while True:
+            consumed = subprocess.run([peer, "consume", f.socket, "shared/on-device", "300000"], **run)
+            if consumed.returncode == 0 or "NOT_FOUND" not in consumed.stderr + consumed.stdout \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert consumed.returncode == 0, consumed.stdout + consumed.stderr
+        assert "device 2 0" in consumed.stdout and "ok" in consumed.stdout.split(), consumed.stdout
+        for node in nodes:
+            assert "started the staging helper" in node.log(), node.log()[-2000:]
+        assert "pulled shared/on-device from node e" in f.log()
+    finally:
+        for node in nodes:
+            node.stop()
+            node.killed = True  # stopped on purpose
+    for node in nodes:  # the helper exits with its daemon
+        assert "staging helper (pid" in node.log() and "exited with status 0" in node.log(), node.log()[-2000:]
+
+
 def test_an_owner_killed_mid_pull_fails_the_acquire_and_leaks_nothing(cluster):
     owner, reader = cluster.nodes["c"], cluster.nodes["b"]
     c, b = owner.client(), reader.client()
