@@ -121,6 +121,13 @@ def body():
              "{{.HostConfig.SecurityOpt}}, health log: {{range .State.Health.Log}}"
              "[exit {{.ExitCode}}: {{.Output}}] {{end}}", DAEMON])
 
+        # The staging helper the daemon starts for device tensors across nodes is beside it
+        # and runs in the image (started by hand, it says it is not for that).
+        helper = subprocess.run([docker, "exec", DAEMON, "/usr/bin/tensord-stage"], capture_output=True, text=True)
+        expect(helper.returncode == 2 and "usage: tensord-stage FD" in helper.stdout + helper.stderr,
+               "the daemon image holds /usr/bin/tensord-stage, and it runs",
+               f"exit {helper.returncode}: {helper.stdout}{helper.stderr}")
+
         published = json_line(run(client_container(docker, live_dir, "publish", NAME,
                                                     NBYTES, 7)), "the publishing container")
         log(f"published in a client container: {published}")
