@@ -38,8 +38,8 @@ std::string DeviceForms() {
   for (const MemoryKindInfo& kind : Kinds()) {
     if (!kind.own_memory) continue;
     if (!forms.empty()) forms += ", ";
-    forms += "'" + std::string(kind.device_prefix) + "'";
-    if (kind.numbered) forms += ", '" + std::string(kind.device_prefix) + ":N'";
+    forms.append("'").append(kind.device_prefix).append("'");
+    if (kind.numbered) forms.append(", '").append(kind.device_prefix).append(":N'");
   }
   return forms;
 }

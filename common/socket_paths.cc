@@ -148,8 +148,8 @@ absl::Status CheckSocketDirectoryInfo(const std::string& dir, const std::string&
 
 absl::Status CheckSocketDirectory(const std::string& socket_path, uid_t our_uid,
                                   std::span<const uint32_t> trusted_uids) {
-  std::string dir = std::filesystem::path(socket_path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::string parent = std::filesystem::path(socket_path).parent_path().string();
+  const std::string dir = parent.empty() ? std::string(".") : parent;
   const SocketDirectoryKind kind = socket_path == PerUserSocketPath() ? SocketDirectoryKind::kPerUser
                                                                       : SocketDirectoryKind::kOther;
   struct stat info {};

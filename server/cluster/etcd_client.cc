@@ -64,7 +64,12 @@ absl::Status Failed(const grpc::Status& status, const std::string& etcd, const s
                       absl::StrCat(etcd, ": ", what, ": ", status.error_message()));
 }
 
-std::string Quoted(std::string_view key) { return "'" + std::string(key) + "'"; }
+std::string Quoted(std::string_view key) {
+  std::string quoted;
+  quoted.reserve(key.size() + 2);
+  quoted.append("'").append(key).append("'");
+  return quoted;
+}
 
 }  // namespace
 
