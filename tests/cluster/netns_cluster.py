@@ -100,6 +100,17 @@ class Network:
         self.links = []
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         self.links.append(self.bridge)
+        # Where bridged frames pass the host's iptables (br_netfilter, loaded by dockerd,
+        # which also sets the FORWARD policy to DROP), let the nodes' frames through.
+        self.forward_rule = None
+        try:
+            with open("/proc/sys/net/bridge/bridge-nf-call-iptables") as f:
+                filtered = f.read().strip() == "1"
+        except OSError:
+            filtered = False
+        if filtered and shutil.which("iptables"):
+            self.forward_rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+            sh("iptables", "-I", *self.forward_rule)
         sh("ip", "addr", "add", f"{self.prefix}.1/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
         self.tag = tag
@@ -123,6 +134,8 @@ class Network:
         return ns, outside, ip
 
     def close(self):
+        if self.forward_rule:
+            sh("iptables", "-D", *self.forward_rule, check=False)
         for ns in self.namespaces:
             sh("ip", "netns", "del", ns, check=False)
         for link in reversed(self.links):
