@@ -168,7 +168,8 @@ BrokerStatus ToPublicStatus(const tensord::v1::StatusResponse& status) {
                                 .pulls_failed = c.pulls_failed(),
                                 .reads_open = c.reads_open(),
                                 .reads_served = c.reads_served(),
-                                .bytes_served = c.bytes_served()};
+                                .bytes_served = c.bytes_served(),
+                                .device_copies = c.device_copies()};
   }
   for (const tensord::v1::QueueStatus& queue : status.queues()) {
     out.queues.push_back(QueueStatus{queue.prefix(), queue.depth(), queue.slots_held(), queue.published(),

@@ -47,9 +47,9 @@ void PrintStatusHuman(const BrokerStatus& s, const std::string& socket_asked) {
                 namespaces.c_str(), c.joined ? "joined" : "NOT joined: its names are not in the directory",
                 c.etcd_endpoint.c_str());
     std::printf("             %" PRIu64 " names recorded, %" PRIu64 " replicas; pulled %" PRIu64 " (%s, %" PRIu64
-                " failed); served %" PRIu64 " reads (%s), %" PRIu64 " open\n",
+                " failed); served %" PRIu64 " reads (%s), %" PRIu64 " open; %" PRIu64 " device copies\n",
                 c.names_recorded, c.replicas, c.pulls, BytesText(c.bytes_pulled).c_str(), c.pulls_failed,
-                c.reads_served, BytesText(c.bytes_served).c_str(), c.reads_open);
+                c.reads_served, BytesText(c.bytes_served).c_str(), c.reads_open, c.device_copies);
   }
   // Memory only pending hand-overs may be keeping, by the uid charged for it.
   for (const HandOverPins& p : s.hand_over_pins) {

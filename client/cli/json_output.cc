@@ -182,7 +182,8 @@ Json StatusJson(const BrokerStatus& s, const RateMap* rates) {
                           {"pulls_failed", c.pulls_failed},
                           {"reads_open", c.reads_open},
                           {"reads_served", c.reads_served},
-                          {"bytes_served", c.bytes_served}};
+                          {"bytes_served", c.bytes_served},
+                          {"device_copies", c.device_copies}};
   }
   return out;
 }

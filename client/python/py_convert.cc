@@ -206,6 +206,7 @@ py::dict StatusToDict(const BrokerStatus& s, bool sessions, bool queues) {
     e["reads_open"] = c.reads_open;
     e["reads_served"] = c.reads_served;
     e["bytes_served"] = c.bytes_served;
+    e["device_copies"] = c.device_copies;
     d["cluster"] = e;
   }
   if (queues) {

@@ -219,6 +219,7 @@ void ClusterNode::Describe(v1::ClusterStatus& status) const {
   status.set_reads_open(served.reads_open);
   status.set_reads_served(served.reads_served);
   status.set_bytes_served(served.bytes_served);
+  status.set_device_copies(stager_->copies());
 }
 
 bool ClusterNode::Shares(std::string_view name) const {

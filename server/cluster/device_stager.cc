@@ -58,11 +58,6 @@ pid_t DeviceStager::helper_pid() const {
   return pid_;
 }
 
-uint64_t DeviceStager::copies() const {
-  absl::MutexLock lock(&mu_);
-  return copies_;
-}
-
 absl::Status DeviceStager::ToHost(const DeviceBuffer& buffer, uint64_t offset, uint64_t nbytes,
                                   const std::string& ready_fence, int host_fd, const std::string& what) {
   cv1::StageRequest request;
@@ -116,7 +111,7 @@ absl::Status DeviceStager::Call(cv1::StageRequest& request, const DeviceBuffer& 
         absl::StrCat("stage ", what, ": the staging helper ", StopLocked(/*kill=*/true), " before it answered"));
   }
   if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
-  ++copies_;
+  copies_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

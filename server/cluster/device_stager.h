@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,9 +79,10 @@ class DeviceStager {
   absl::Status ToDevice(const DeviceBuffer& buffer, uint64_t offset, uint64_t nbytes, int host_fd,
                         const std::string& what);
 
-  // The helper's pid; 0 while none runs. Copies done since this stager began.
+  // The helper's pid; 0 while none runs (waits for a copy under way).
   pid_t helper_pid() const;
-  uint64_t copies() const;
+  // Copies done since this stager began (never waits).
+  uint64_t copies() const { return copies_.load(std::memory_order_relaxed); }
 
  private:
   absl::Status Call(tensord::cluster::v1::StageRequest& request, const DeviceBuffer& buffer, int host_fd);
@@ -93,7 +95,7 @@ class DeviceStager {
   mutable absl::Mutex mu_;  // one copy at a time
   common::UniqueFd socket_ ABSL_GUARDED_BY(mu_);
   pid_t pid_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t copies_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> copies_{0};
 };
 
 }  // namespace tensord::server::cluster

@@ -188,6 +188,14 @@ absl::Status ReplicaPuller::Transfer(const std::string& name, const cv1::NameRec
   const bool on_device = desc.device().type() != v1::DEVICE_TYPE_CPU;
   if (on_device) desc.mutable_device()->clear_uuid();
   absl::StatusOr<v1::AllocateResponse> replica = session_.Allocate(std::string(common::NamespaceOf(name)), desc, tags);
+  if (!replica.ok() && on_device &&
+      (replica.status().code() == absl::StatusCode::kNotFound ||
+       replica.status().code() == absl::StatusCode::kFailedPrecondition)) {
+    // Not "no such name": the name is there, and this node has no device to copy it to.
+    return absl::FailedPreconditionError(absl::StrCat(name, " is device memory on ", NodeWhere(owner),
+                                                      ", and this node cannot hold a replica of it: ",
+                                                      replica.status().message()));
+  }
   if (!replica.ok()) return replica.status();
   absl::Cleanup release = [&] { session_.Release(replica->lease_id()); };
   const v1::TensorInfo& tensor = replica->tensor();

@@ -51,6 +51,8 @@ void AppendCluster(std::string& out, const tensord::v1::ClusterStatus& cluster) 
       {"tensord_cluster_reads_served_total", "counter", cluster.reads_served(),
        "Reads of tensors here that other nodes completed."},
       {"tensord_cluster_served_bytes_total", "counter", cluster.bytes_served(), "Bytes of those reads."},
+      {"tensord_cluster_device_copies_total", "counter", cluster.device_copies(),
+       "Device tensors the staging helper copied to or from host memory."},
   };
   for (const Figure& figure : figures) {
     Family(out, figure.name, figure.type, figure.help);

@@ -548,6 +548,12 @@ TEST_F(ClusterNodeDeviceTest, ADeviceTensorCrossesNodesThroughHostMemory) {
   PutOnDevice(a_, "shared/queue/1", 0, 1024, 9);
   ExpectOnDevice(b_, "shared/queue/1", 0, 1024, 9, /*take=*/true);
   EXPECT_EQ(Read(a_, "shared/queue/1").status().code(), absl::StatusCode::kNotFound);
+  // Each of the three crossings: one copy to host memory on a, one to the device on b.
+  v1::ClusterStatus after_a, after_b;
+  a_.cluster->Describe(after_a);
+  b_.cluster->Describe(after_b);
+  EXPECT_EQ(after_a.device_copies(), 3u);
+  EXPECT_EQ(after_b.device_copies(), 3u);
 }
 #endif  // TENSORD_FAKE_CUDA_PATH
 

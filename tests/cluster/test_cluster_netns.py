@@ -361,15 +361,14 @@ def test_a_cuda_tensor_crosses_nodes_through_the_staging_helpers(cluster):
     fake, peer = os.environ.get("TENSORD_FAKE_CUDA_PATH"), os.environ.get("TENSORD_CUDA_PEER")
     if not fake or not peer:
         pytest.skip("this build has no software CUDA stand-in (no cuda.h when it was configured)")
-    env = (f"TENSORD_LIBCUDA={fake}", "TENSORD_FAKE_CUDA_DEVICES=1")
     nodes = []
-    for letter in "ef":
+    for letter, devices in (("e", 2), ("f", 1)):  # f has no cuda:1
         node = cluster.nodes.get(letter) or cluster.add_node(letter)
         node.cert, node.key = cluster.certs.sign(f"node-{letter}", node.ip, dns=netns_cluster.PEER_NAME)
-        node.start(env=env)
+        node.start(env=(f"TENSORD_LIBCUDA={fake}", f"TENSORD_FAKE_CUDA_DEVICES={devices}"))
         nodes.append(node)
     e, f = nodes
-    run = dict(env={**os.environ, "TENSORD_LIBCUDA": fake, "TENSORD_FAKE_CUDA_DEVICES": "1"}, capture_output=True,
+    run = dict(env={**os.environ, "TENSORD_LIBCUDA": fake, "TENSORD_FAKE_CUDA_DEVICES": "2"}, capture_output=True,
                text=True, timeout=60)
     try:
         produced = subprocess.run([peer, "produce", e.socket, "shared/on-device", "0", "300000"], **run)
@@ -387,6 +386,23 @@ def test_a_cuda_tensor_crosses_nodes_through_the_staging_helpers(cluster):
         for node in nodes:
             assert "started the staging helper" in node.log(), node.log()[-2000:]
         assert "pulled shared/on-device from node e" in f.log()
+        for node in nodes:
+            client = tensord.connect(socket=node.socket)
+            try:
+                assert client.status()["cluster"]["device_copies"] == 1, client.status()["cluster"]
+            finally:
+                client.close()
+        # A tensor on a device f does not have: refused, saying so, not "not found".
+        produced = subprocess.run([peer, "produce", e.socket, "shared/on-device-1", "1", "1024"], **run)
+        assert produced.returncode == 0 and "published 1" in produced.stdout, produced.stdout + produced.stderr
+        deadline = time.monotonic() + 30
+        while True:
+            refused = subprocess.run([peer, "consume", f.socket, "shared/on-device-1", "1024"], **run)
+            if "NOT_FOUND" not in refused.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert refused.returncode != 0 and "FAILED_PRECONDITION" in refused.stdout, refused.stdout + refused.stderr
+        assert "cannot hold a replica" in refused.stdout, refused.stdout
     finally:
         for node in nodes:
             node.stop()

@@ -287,6 +287,7 @@ struct ClusterStatus {
   uint64_t reads_open = 0;              // other nodes' reads of tensors here, open now
   uint64_t reads_served = 0;            // since start
   uint64_t bytes_served = 0;
+  uint64_t device_copies = 0;           // device tensors staged through host memory, since start
 };
 
 struct BrokerStatus {

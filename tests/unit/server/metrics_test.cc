@@ -70,11 +70,13 @@ TEST(MetricsTextTest, LabelsAreEscapedAndEveryFamilyIsTyped) {
   cluster->set_joined(true);
   cluster->set_pulls(3);
   cluster->set_bytes_served(4096);
+  cluster->set_device_copies(2);
   RpcMetrics rpcs;
   const std::string text = PrometheusText(status, rpcs);
   EXPECT_TRUE(Contains(text, "tensord_cluster_joined{node=\"node-a\",etcd=\"https://10.0.0.2:2379\"} 1\n")) << text;
   EXPECT_TRUE(Contains(text, "tensord_cluster_pulls_total 3\n")) << text;
   EXPECT_TRUE(Contains(text, "tensord_cluster_served_bytes_total 4096\n")) << text;
+  EXPECT_TRUE(Contains(text, "tensord_cluster_device_copies_total 2\n")) << text;
   EXPECT_TRUE(Contains(text, "tensord_tensors 7\n"));
   EXPECT_TRUE(Contains(text, "tensord_leases_reclaimed_total 5\n"));
   EXPECT_TRUE(Contains(text, "tensord_namespace_bytes{namespace=\"we\\\"ird\\\\ns\",device=\"host\"} 128\n")) << text;
