@@ -1,5 +1,6 @@
 #include "server/cluster/device_stager.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -8,7 +9,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fcntl.h>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +146,8 @@ absl::Status DeviceStager::StartLocked() {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), kHelperFd);
+  // Nothing else of the daemon's: the sockets systemd passed it are not close-on-exec.
+  posix_spawn_file_actions_addclosefrom_np(&actions, kHelperFd + 1);
   const std::string fd_arg = absl::StrCat(kHelperFd);
   char* argv[] = {const_cast<char*>(helper_path_.c_str()), const_cast<char*>(fd_arg.c_str()), nullptr};
   pid_t pid = 0;
