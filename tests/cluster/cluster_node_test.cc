@@ -105,8 +105,9 @@ class ClusterNodeTest : public ::testing::Test {
     if (started.ok()) node.cluster = *std::move(started);
   }
 
-  // Publishes `count` int32s of value `fill` under `name` on `node`.
-  static uint64_t Put(Node& node, const std::string& name, int64_t count, int32_t fill) {
+  // An allocation of `count` int32s for `name` on device `type` `ordinal`.
+  static v1::AllocateRequest Int32s(const std::string& name, int64_t count, v1::DeviceType type = v1::DEVICE_TYPE_CPU,
+                                    int32_t ordinal = 0) {
     v1::AllocateRequest request;
     request.set_ns(name.substr(0, name.find('/')));
     v1::TensorDesc* desc = request.mutable_desc();
@@ -114,7 +115,14 @@ class ClusterNodeTest : public ::testing::Test {
     desc->mutable_dtype()->set_bits(32);
     desc->mutable_dtype()->set_lanes(1);
     desc->add_shape(count);
-    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CPU);
+    desc->mutable_device()->set_type(type);
+    desc->mutable_device()->set_index(ordinal);
+    return request;
+  }
+
+  // Publishes `count` int32s of value `fill` under `name` on `node`.
+  static uint64_t Put(Node& node, const std::string& name, int64_t count, int32_t fill) {
+    const v1::AllocateRequest request = Int32s(name, count);
     std::promise<absl::StatusOr<v1::AllocateResponse>> allocated;
     node.broker->Allocate(node.session, request, [&](auto r) { allocated.set_value(std::move(r)); });
     absl::StatusOr<v1::AllocateResponse> tensor = allocated.get_future().get();
@@ -443,15 +451,7 @@ class ClusterNodeDeviceTest : public ClusterNodeTest {
 
   // Publishes `count` int32s (i * 3 + fill) on cuda device `ordinal` of `node`.
   static void PutOnDevice(Node& node, const std::string& name, int32_t ordinal, int64_t count, int32_t fill) {
-    v1::AllocateRequest request;
-    request.set_ns(name.substr(0, name.find('/')));
-    v1::TensorDesc* desc = request.mutable_desc();
-    desc->mutable_dtype()->set_code(v1::DTYPE_CODE_INT);
-    desc->mutable_dtype()->set_bits(32);
-    desc->mutable_dtype()->set_lanes(1);
-    desc->add_shape(count);
-    desc->mutable_device()->set_type(v1::DEVICE_TYPE_CUDA);
-    desc->mutable_device()->set_index(ordinal);
+    const v1::AllocateRequest request = Int32s(name, count, v1::DEVICE_TYPE_CUDA, ordinal);
     std::promise<absl::StatusOr<v1::AllocateResponse>> allocated;
     node.broker->Allocate(node.session, request, [&](auto r) { allocated.set_value(std::move(r)); });
     absl::StatusOr<v1::AllocateResponse> tensor = allocated.get_future().get();
