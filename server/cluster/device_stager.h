@@ -19,13 +19,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/status/statusor.h"
 #include "common/memory/host/mapped_region.h"
 #include "common/memory/importer.h"
 #include "common/memory/memory_handle.h"

@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
